@@ -1,0 +1,306 @@
+"""HTTP transport shared by the v2 and v1 clients: timeouts, retries with backoff and jitter, parsing.
+
+A request is prepared (and so signed) once; every retry sends the very same bytes, so the idempotency
+key fixed before the first attempt is what the gateway sees each time.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import logging
+import platform
+import random
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from email.utils import parsedate_to_datetime
+from typing import Any, Final, Generic, TypeVar
+
+import requests
+from pydantic import BaseModel
+from pydantic import ValidationError as PydanticValidationError
+from requests.auth import AuthBase
+
+from flask_gateway._version import __version__
+from flask_gateway.core.errors import (
+    GatewayConnectionError,
+    GatewayError,
+    GatewayTimeoutError,
+    InvalidResponseError,
+    error_for_status,
+)
+from flask_gateway.core.timestamps import utcnow
+
+__all__ = [
+    "USER_AGENT",
+    "ApiResponse",
+    "RetryMode",
+    "RetryPolicy",
+    "Transport",
+    "describe_validation_error",
+    "parse_retry_after",
+]
+
+log = logging.getLogger("flask_gateway.client")
+
+USER_AGENT: Final = (
+    f"flask-gateway/{__version__} python-requests/{requests.__version__} "
+    f"{platform.python_implementation()}/{platform.python_version()}"
+)
+
+ModelT = TypeVar("ModelT", bound=BaseModel)
+T_co = TypeVar("T_co", covariant=True)
+
+
+class RetryMode(enum.Enum):
+    """Which failures an operation may retry."""
+
+    #: Safe to repeat (idempotency key, or an operation with the same effect twice): retry on connection
+    #: errors, timeouts, 429 and 5xx.
+    IDEMPOTENT = "idempotent"
+    #: Not safe to repeat: retry only when the gateway surely did not process the request (the
+    #: connection was never made, or 429).
+    UNSAFE = "unsafe"
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Retries after the first attempt, and the backoff between them (seconds)."""
+
+    max_retries: int = 2
+    backoff_base: float = 0.5
+    backoff_max: float = 8.0
+    #: Longest ``Retry-After`` honoured; a longer one ends the retries (the caller decides what to do).
+    retry_after_max: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.max_retries < 0:
+            raise ValueError("max_retries must be 0 or more")
+
+
+@dataclass(frozen=True)
+class ApiResponse(Generic[T_co]):
+    """A parsed answer and what came with it."""
+
+    data: T_co
+    status_code: int
+    headers: Mapping[str, str]
+    #: The idempotency key sent (create, refund), else None.
+    request_id: str | None = None
+    #: How many attempts it took (1 when the first one succeeded).
+    attempts: int = 1
+
+    @property
+    def idempotent_replay(self) -> bool:
+        """True when the gateway answered from its idempotency store (header ``idempotent-replay: true``)."""
+        return str(self.headers.get("idempotent-replay", "")).lower() == "true"
+
+
+def parse_retry_after(value: str | None) -> float | None:
+    """Seconds to wait from a ``Retry-After`` header (delta-seconds or an HTTP date), or None."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:
+        return None
+    return max(0.0, (when - utcnow()).total_seconds())
+
+
+def describe_validation_error(error: PydanticValidationError) -> str:
+    """Field locations and messages of a validation error, never the input values (they may be secrets)."""
+    items = []
+    for detail in error.errors(include_input=False, include_url=False):
+        location = ".".join(str(part) for part in detail["loc"]) or "body"
+        items.append(f"{location}: {detail['msg']}")
+    return "; ".join(items)
+
+
+class Transport:
+    """Sends prepared requests with timeouts and retries; turns answers into models or errors."""
+
+    def __init__(
+        self,
+        *,
+        timeout: float | tuple[float, float] = (5.0, 30.0),
+        retry: RetryPolicy | None = None,
+        session: requests.Session | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+        rng: random.Random | None = None,
+    ) -> None:
+        if timeout is None or (isinstance(timeout, tuple) and None in timeout):
+            raise ValueError("a timeout is required: pass seconds, or (connect, read) seconds")
+        self.timeout = timeout
+        self.retry = retry or RetryPolicy()
+        self.session = session or requests.Session()
+        self.sleep = sleep
+        self._rng = rng or random.Random()  # noqa: S311 - jitter, not cryptography
+
+    def backoff(self, retry_number: int) -> float:
+        """Seconds before retry ``retry_number`` (1-based): exponential, capped, with "equal jitter"."""
+        ceiling = min(self.retry.backoff_max, self.retry.backoff_base * 2.0 ** (retry_number - 1))
+        return ceiling / 2 + self._rng.uniform(0, ceiling / 2)
+
+    def send(
+        self,
+        method: str,
+        url: str,
+        *,
+        operation: str,
+        body: bytes | None = None,
+        auth: AuthBase | None = None,
+        mode: RetryMode = RetryMode.IDEMPOTENT,
+    ) -> tuple[requests.Response, int]:
+        """Send until success or a final error; return the 2xx response and the attempts it took."""
+        headers = {"User-Agent": USER_AGENT, "Accept": "application/json"}
+        if body is not None:
+            headers["Content-Type"] = "application/json"
+        prepared = self.session.prepare_request(
+            requests.Request(method, url, data=body, headers=headers, auth=auth)
+        )
+        settings = self.session.merge_environment_settings(prepared.url, {}, None, None, None)
+        attempt = 0
+        while True:
+            attempt += 1
+            started = time.perf_counter()
+            try:
+                response = self.session.send(prepared, timeout=self.timeout, **settings)
+            except requests.RequestException as exc:
+                failure = _connection_error(exc, operation)
+                retryable = mode is RetryMode.IDEMPOTENT or _never_reached_gateway(exc)
+                self._log_attempt(operation, method, url, attempt, started, f"failed: {failure.message}")
+                if retryable and attempt <= self.retry.max_retries:
+                    self._wait(operation, attempt, failure.message, None)
+                    continue
+                raise failure from exc
+            self._log_attempt(operation, method, url, attempt, started, f"HTTP {response.status_code}")
+            if 200 <= response.status_code < 300:
+                return response, attempt
+            error = error_for_status(
+                response.status_code, _json_object(response), response.headers, operation=operation
+            )
+            if self._should_retry(error, mode, attempt):
+                self._wait(operation, attempt, str(error), _retry_after(response))
+                continue
+            raise error
+
+    def call(
+        self,
+        method: str,
+        url: str,
+        model: type[ModelT],
+        *,
+        operation: str,
+        body: bytes | None = None,
+        auth: AuthBase | None = None,
+        mode: RetryMode = RetryMode.IDEMPOTENT,
+        request_id: str | None = None,
+    ) -> ApiResponse[ModelT]:
+        """``send`` then parse the JSON answer into ``model``."""
+        response, attempts = self.send(method, url, operation=operation, body=body, auth=auth, mode=mode)
+        data = _json_object(response)
+        if data is None:
+            raise InvalidResponseError(
+                "the gateway answered success without a JSON object",
+                http_status=response.status_code,
+                headers=response.headers,
+                operation=operation,
+            )
+        try:
+            parsed = model.model_validate(data)
+        except PydanticValidationError as exc:
+            raise InvalidResponseError(
+                f"the gateway's answer does not match the API: {describe_validation_error(exc)}",
+                http_status=response.status_code,
+                headers=response.headers,
+                operation=operation,
+            ) from None
+        return ApiResponse(
+            data=parsed,
+            status_code=response.status_code,
+            headers=response.headers,
+            request_id=request_id,
+            attempts=attempts,
+        )
+
+    def _should_retry(self, error: GatewayError, mode: RetryMode, attempt: int) -> bool:
+        if attempt > self.retry.max_retries or not error.retryable:
+            return False
+        if error.http_status == 429:
+            return True  # refused before processing: safe for every operation
+        return mode is RetryMode.IDEMPOTENT
+
+    def _wait(self, operation: str, attempt: int, reason: str, retry_after: float | None) -> None:
+        if retry_after is not None:
+            if retry_after > self.retry.retry_after_max:
+                return
+            delay = retry_after
+        else:
+            delay = self.backoff(attempt)
+        log.warning(
+            "gateway %s: retry %d of %d in %.2f s after: %s",
+            operation,
+            attempt,
+            self.retry.max_retries,
+            delay,
+            reason,
+        )
+        self.sleep(delay)
+
+    @staticmethod
+    def _log_attempt(
+        operation: str, method: str, url: str, attempt: int, started: float, outcome: str
+    ) -> None:
+        elapsed_ms = (time.perf_counter() - started) * 1000
+        log.info(
+            "gateway %s: %s %s attempt %d %s in %.0f ms", operation, method, url, attempt, outcome, elapsed_ms
+        )
+
+
+def _retry_after(response: requests.Response) -> float | None:
+    return parse_retry_after(response.headers.get("Retry-After"))
+
+
+def _json_object(response: requests.Response) -> dict[str, Any] | None:
+    try:
+        data = json.loads(response.content)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _connection_error(exc: requests.RequestException, operation: str) -> GatewayConnectionError:
+    if isinstance(exc, requests.Timeout):
+        return GatewayTimeoutError(
+            f"the gateway did not answer in time ({type(exc).__name__})", operation=operation
+        )
+    return GatewayConnectionError(f"could not reach the gateway ({type(exc).__name__})", operation=operation)
+
+
+def _never_reached_gateway(exc: requests.RequestException) -> bool:
+    """True when the request surely was not processed: the TCP connection was never established."""
+    if isinstance(exc, requests.ConnectTimeout):
+        return True
+    if isinstance(exc, requests.ConnectionError):
+        # requests wraps urllib3's MaxRetryError, whose ``reason`` says why the connection failed.
+        pending: list[object] = [exc]
+        seen = 0
+        while pending and seen < 20:
+            current = pending.pop()
+            seen += 1
+            if not isinstance(current, BaseException):
+                continue
+            if type(current).__name__ in ("NewConnectionError", "NameResolutionError", "ConnectTimeoutError"):
+                return True
+            pending.extend(
+                [getattr(current, "reason", None), current.__cause__, current.__context__, *current.args]
+            )
+    return False

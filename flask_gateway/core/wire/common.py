@@ -1,0 +1,230 @@
+"""Types shared by every wire model: money, timestamps, statuses, URLs, secrets and JSON encoding."""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import datetime
+from decimal import Decimal, InvalidOperation
+from enum import StrEnum
+from typing import Annotated, Any, ClassVar, Final, Self
+from urllib.parse import urlsplit
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    SecretStr,
+    Strict,
+    WithJsonSchema,
+)
+
+from flask_gateway.core.timestamps import (
+    format_timestamp,
+    format_v1_timestamp,
+    parse_timestamp,
+    parse_v1_timestamp,
+)
+
+__all__ = [
+    "AbsoluteUrl",
+    "Cents",
+    "CheckoutStatus",
+    "EmailAddress",
+    "PositiveCents",
+    "PreciseTimestamp",
+    "SecretText",
+    "StatusValue",
+    "Text",
+    "Timestamp",
+    "V1Amount",
+    "V1Timestamp",
+    "WireModel",
+    "dumps",
+]
+
+
+def dumps(data: Any) -> bytes:
+    """Compact, ASCII-only JSON: the exact bytes we send and sign."""
+    return json.dumps(data, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode("ascii")
+
+
+class CheckoutStatus(StrEnum):
+    """Values of ``checkoutPaymentStatus``; the last two are our decisions on gaps (docs/decisions.md)."""
+
+    PENDING_ORDER = "PENDING_ORDER"
+    CANCELLED_BY_CONSUMER = "CANCELLED_BY_CONSUMER"
+    CANCELLED_BY_MERCHANT = "CANCELLED_BY_MERCHANT"
+    PAID = "PAID"
+    PAID_PENDING_CALLBACK = "PAID_PENDING_CALLBACK"
+    PARTIALLY_REFUNDED = "PARTIALLY_REFUNDED"
+    FULLY_REFUNDED = "FULLY_REFUNDED"
+    EXPIRED = "EXPIRED"
+
+    @property
+    def is_paid(self) -> bool:
+        """Money was taken (refunds included): the only statuses that prove a payment."""
+        return self in _PAID_STATUSES
+
+    @property
+    def is_open(self) -> bool:
+        """The consumer may still pay (after an update, for a consumer cancellation)."""
+        return self in (CheckoutStatus.PENDING_ORDER, CheckoutStatus.CANCELLED_BY_CONSUMER)
+
+
+_PAID_STATUSES: Final = frozenset(
+    {
+        CheckoutStatus.PAID,
+        CheckoutStatus.PAID_PENDING_CALLBACK,
+        CheckoutStatus.PARTIALLY_REFUNDED,
+        CheckoutStatus.FULLY_REFUNDED,
+    }
+)
+
+#: A status as parsed from the wire: a known ``CheckoutStatus`` or, for a value this version does not
+#: know yet, the plain string (kept, never a crash).
+StatusValue = Annotated[CheckoutStatus | str, Field(union_mode="left_to_right")]
+
+#: Money: a whole number of cents, never a float or a numeric string.
+Cents = Annotated[int, Strict(), Field(ge=0, le=10**12)]
+PositiveCents = Annotated[int, Strict(), Field(gt=0, le=10**12)]
+
+#: Free text of bounded length (the spec shows no limits; docs/decisions.md gives ours).
+Text = Annotated[str, Strict(), Field(max_length=255)]
+
+
+def _check_absolute_url(value: str) -> str:
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("must be an absolute http(s) URL such as https://shop.example/path")
+    if any(ch.isspace() for ch in value):
+        raise ValueError("must not contain whitespace")
+    return value
+
+
+AbsoluteUrl = Annotated[
+    str,
+    Strict(),
+    Field(max_length=2048),
+    AfterValidator(_check_absolute_url),
+    WithJsonSchema({"type": "string", "format": "uri", "maxLength": 2048}),
+]
+
+_EMAIL: Final = re.compile(r"[^@\s]+@[^@\s]+\.[^@\s]+\Z")
+
+
+def _check_email(value: str) -> str:
+    if _EMAIL.match(value) is None:
+        raise ValueError("must be an e-mail address such as owner@shop.example")
+    return value
+
+
+EmailAddress = Annotated[
+    str,
+    Strict(),
+    Field(max_length=254),
+    AfterValidator(_check_email),
+    WithJsonSchema({"type": "string", "format": "email", "maxLength": 254}),
+]
+
+
+def _parse_timestamp(value: object) -> object:
+    return parse_timestamp(value) if isinstance(value, str) else value
+
+
+def _ts_schema(example: str) -> WithJsonSchema:
+    return WithJsonSchema({"type": "string", "format": "date-time", "examples": [example]})
+
+
+#: A v2 timestamp, written with millisecond precision (``2024-05-01T10:00:00.123Z``).
+Timestamp = Annotated[
+    datetime,
+    BeforeValidator(_parse_timestamp),
+    PlainSerializer(lambda v: format_timestamp(v, "ms"), return_type=str),
+    _ts_schema("2024-05-01T10:00:00.123Z"),
+]
+#: A v2 timestamp written with microsecond precision, as the gateway writes ``paidAt``.
+PreciseTimestamp = Annotated[
+    datetime,
+    BeforeValidator(_parse_timestamp),
+    PlainSerializer(lambda v: format_timestamp(v, "us"), return_type=str),
+    _ts_schema("2024-05-01T10:00:00.123456Z"),
+]
+
+
+def _parse_v1_timestamp(value: object) -> object:
+    return parse_v1_timestamp(value) if isinstance(value, str) else value
+
+
+#: A v1 timestamp, ``YYYY-MM-DD HH:MM:SS`` in UTC.
+V1Timestamp = Annotated[
+    datetime,
+    BeforeValidator(_parse_v1_timestamp),
+    PlainSerializer(format_v1_timestamp, return_type=str),
+    WithJsonSchema({"type": "string", "pattern": r"^\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}$"}),
+]
+
+
+def _parse_v1_amount(value: object) -> object:
+    """v1 amounts arrive as integers or numeric text ("1000", "1000.00"); only whole cents are money."""
+    if isinstance(value, bool):
+        raise ValueError("an amount must be a number of cents, not a boolean")
+    if isinstance(value, str):
+        try:
+            number = Decimal(value.strip())
+        except InvalidOperation:
+            raise ValueError(f"not a numeric amount: {value!r}") from None
+        if not number.is_finite() or number != number.to_integral_value():
+            raise ValueError(f"not a whole number of cents: {value!r}")
+        return int(number)
+    if isinstance(value, float):
+        if not value.is_integer():
+            raise ValueError(f"not a whole number of cents: {value!r}")
+        return int(value)
+    return value
+
+
+#: A v1 amount in cents as the gateway sends it: an integer or numeric text, parsed to ``int``.
+V1Amount = Annotated[
+    int,
+    BeforeValidator(_parse_v1_amount),
+    Field(ge=0),
+    WithJsonSchema({"oneOf": [{"type": "integer"}, {"type": "string", "pattern": r"^\d+(\.0+)?$"}]}),
+]
+
+#: A secret (API key, signing key): masked in ``repr`` and ``str``, revealed only in the JSON we send.
+SecretText = Annotated[
+    SecretStr,
+    PlainSerializer(lambda s: s.get_secret_value(), return_type=str, when_used="json"),
+    WithJsonSchema({"type": "string", "writeOnly": True}),
+]
+
+
+class WireModel(BaseModel):
+    """Base of every request and response body.
+
+    Field names are the exact JSON names. Unknown fields are kept (``model_extra``) and written back,
+    so a newer gateway never breaks parsing. ``None`` fields are left out when writing, except in
+    models that set ``keep_nulls`` (the status payload always carries its 16 keys).
+    """
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True, validate_assignment=False)
+
+    #: Write ``null`` for ``None`` fields instead of leaving them out.
+    keep_nulls: ClassVar[bool] = False
+
+    def to_wire(self) -> dict[str, Any]:
+        """The JSON-ready dict, with exact field names."""
+        return self.model_dump(mode="json", by_alias=True, exclude_none=not self.keep_nulls)
+
+    def to_json(self) -> bytes:
+        """Compact ASCII JSON bytes, ready to sign and send."""
+        return dumps(self.to_wire())
+
+    @classmethod
+    def from_json(cls, data: bytes | str) -> Self:
+        """Parse JSON text; raises ``pydantic.ValidationError`` with field locations on bad input."""
+        return cls.model_validate_json(data)
