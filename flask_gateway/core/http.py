@@ -187,8 +187,9 @@ class Transport:
             error = error_for_status(
                 response.status_code, _json_object(response), response.headers, operation=operation
             )
-            if self._should_retry(error, mode, attempt):
-                self._wait(operation, attempt, str(error), _retry_after(response))
+            if self._should_retry(error, mode, attempt) and self._wait(
+                operation, attempt, str(error), _retry_after(response)
+            ):
                 continue
             raise error
 
@@ -238,10 +239,11 @@ class Transport:
             return True  # refused before processing: safe for every operation
         return mode is RetryMode.IDEMPOTENT
 
-    def _wait(self, operation: str, attempt: int, reason: str, retry_after: float | None) -> None:
+    def _wait(self, operation: str, attempt: int, reason: str, retry_after: float | None) -> bool:
+        """Sleep before the next attempt; False (no sleep, no retry) when ``Retry-After`` is too long."""
         if retry_after is not None:
             if retry_after > self.retry.retry_after_max:
-                return
+                return False
             delay = retry_after
         else:
             delay = self.backoff(attempt)
@@ -254,6 +256,7 @@ class Transport:
             reason,
         )
         self.sleep(delay)
+        return True
 
     @staticmethod
     def _log_attempt(

@@ -64,7 +64,7 @@ def format_timestamp(value: datetime, precision: Precision = "ms") -> str:
     if value.tzinfo is None:
         raise ValueError("refusing to format a naive datetime: attach tzinfo=UTC first")
     utc = value.astimezone(UTC)
-    base = utc.strftime("%Y-%m-%dT%H:%M:%S")
+    base = _date_time(utc, "T")
     if precision == "s":
         return f"{base}Z"
     if precision == "ms":
@@ -83,4 +83,12 @@ def format_v1_timestamp(value: datetime) -> str:
     """Format an aware datetime as a v1 timestamp (UTC, whole seconds)."""
     if value.tzinfo is None:
         raise ValueError("refusing to format a naive datetime: attach tzinfo=UTC first")
-    return value.astimezone(UTC).strftime(_V1_FORMAT)
+    return _date_time(value.astimezone(UTC), " ")
+
+
+def _date_time(utc: datetime, separator: str) -> str:
+    # strftime("%Y") does not pad years below 1000 on every platform.
+    return (
+        f"{utc.year:04d}-{utc.month:02d}-{utc.day:02d}{separator}"
+        f"{utc.hour:02d}:{utc.minute:02d}:{utc.second:02d}"
+    )

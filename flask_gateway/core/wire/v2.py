@@ -207,7 +207,8 @@ class CheckoutStatusPayload(WireModel):
 
 
 class RefundRequest(WireModel):
-    requestId: RequestId
+    # Optional like create's: the client generates one before the first attempt when it is missing.
+    requestId: RequestId | None = None
     checkoutToken: Token
     merchantRefundReference: Annotated[Text, Field(min_length=1)]
     refundAmountCents: PositiveCents
