@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from requests.structures import CaseInsensitiveDict
+
 __all__ = [
     "AlreadyInstalledError",
     "AuthenticationError",
@@ -57,7 +59,7 @@ class GatewayError(Exception):
         self.message = message or self.default_message
         self.http_status = http_status
         self.body = dict(body) if body is not None else None
-        self.headers = dict(headers) if headers is not None else {}
+        self.headers: CaseInsensitiveDict[str] = CaseInsensitiveDict(headers or {})
         self.operation = operation
         raw_errors = self.body.get("errors") if self.body else None
         self.field_errors: list[dict[str, str]] = [
@@ -165,7 +167,7 @@ class RateLimitError(GatewayError):
     def retry_after(self) -> float | None:
         from flask_gateway.core.http import parse_retry_after  # local: http imports this module
 
-        return parse_retry_after(self.headers.get("Retry-After") or self.headers.get("retry-after"))
+        return parse_retry_after(self.headers.get("Retry-After"))
 
 
 class GatewayServerError(GatewayError):

@@ -118,9 +118,14 @@ def parse_retry_after(value: str | None) -> float | None:
 def describe_validation_error(error: PydanticValidationError) -> str:
     """Field locations and messages of a validation error, never the input values (they may be secrets)."""
     items = []
-    for detail in error.errors(include_input=False, include_url=False):
+    for detail in error.errors(include_url=False):
         location = ".".join(str(part) for part in detail["loc"]) or "body"
-        items.append(f"{location}: {detail['msg']}")
+        message = detail["msg"]
+        value = detail.get("input")
+        if isinstance(value, str) and value:
+            # Our own validators quote the offending text ("not a timestamp ...: 'x'"): leave it out.
+            message = message.replace(repr(value), "<value>")
+        items.append(f"{location}: {message}")
     return "; ".join(items)
 
 

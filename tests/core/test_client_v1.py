@@ -5,13 +5,14 @@ from __future__ import annotations
 import base64
 import re
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 import responses
 from responses import matchers
 
 from flask_gateway.core.client import V1Client
-from flask_gateway.core.errors import RefundRefusedError
+from flask_gateway.core.errors import InvalidResponseError, RefundRefusedError
 from flask_gateway.core.wire import (
     V1Address,
     V1CheckoutRequest,
@@ -26,7 +27,7 @@ V1 = "https://v1.gateway.test"
 ACCOUNT = "merchant-1"
 API_KEY = "api-key-1"
 BASIC = "Basic " + base64.b64encode(b"merchant-1:api-key-1").decode("ascii")
-HEADERS = {
+HEADERS: dict[str, str | re.Pattern[str]] = {
     "Authorization": BASIC,
     "Content-Type": "application/json",
     "User-Agent": re.compile(r"^flask-gateway/"),
@@ -45,12 +46,14 @@ def sleeps() -> list[float]:
 
 
 @pytest.fixture
-def client(sleeps) -> V1Client:
+def client(sleeps: list[float]) -> V1Client:
     return V1Client(v1_base_url=V1 + "/", merchant_account_id=ACCOUNT, api_key=API_KEY, sleep=sleeps.append)
 
 
-def expect(rsps, operation: str, body: bytes, answer: dict, status: int = 200):
-    return rsps.add(
+def expect(
+    rsps: responses.RequestsMock, operation: str, body: bytes, answer: dict[str, Any], status: int = 200
+) -> None:
+    rsps.add(
         "POST",
         f"{V1}/api/v1/merchant/{operation}",
         json=answer,
@@ -225,3 +228,13 @@ def test_refund_refusal_raises_with_gateway_message(rsps, client, sleeps, status
     assert caught.value.operation == "v1_refund"
     assert len(rsps.calls) == 1
     assert sleeps == []
+
+
+def test_configuration_with_non_numeric_amount_is_invalid_response(rsps, client):
+    expect(rsps, "configuration", b"{}", {"data": {"minimum_amount": "one-thousand", "maximum_amount": 5}})
+
+    with pytest.raises(InvalidResponseError) as caught:
+        client.configuration()
+
+    assert "data.minimum_amount" in caught.value.message
+    assert "one-thousand" not in str(caught.value)

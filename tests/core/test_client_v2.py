@@ -6,6 +6,7 @@ import json
 import re
 import uuid
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 import responses
@@ -43,7 +44,7 @@ SERVICE_JSON = (
 )
 
 
-def service_fields() -> dict:
+def service_fields() -> dict[str, Any]:
     return {
         "merchantOrderReference": "order-7",
         "orderAmountCents": 3000,
@@ -63,7 +64,7 @@ def service_fields() -> dict:
     }
 
 
-def create_request(request_id: str | None = None, **service_extra) -> CreateCheckoutRequest:
+def create_request(request_id: str | None = None, **service_extra: Any) -> CreateCheckoutRequest:
     return CreateCheckoutRequest(
         requestId=request_id,
         service=CreateService(**service_fields(), **service_extra),
@@ -81,7 +82,7 @@ def refund_request(request_id: str | None = None) -> RefundRequest:
     )
 
 
-def checkout_answer(request_id: str | None = "req-1", **extra) -> dict:
+def checkout_answer(request_id: str | None = "req-1", **extra: Any) -> dict[str, Any]:
     answer = {
         "requestId": request_id,
         "checkoutToken": TOKEN,
@@ -97,7 +98,7 @@ def checkout_answer(request_id: str | None = "req-1", **extra) -> dict:
     return answer
 
 
-def signed_headers(body: bytes) -> dict:
+def signed_headers(body: bytes) -> dict[str, str | re.Pattern[str]]:
     return {
         "Content-Type": "application/json",
         "User-Agent": re.compile(r"^flask-gateway/"),
@@ -106,12 +107,21 @@ def signed_headers(body: bytes) -> dict:
     }
 
 
-def expect(rsps, method: str, url: str, body: bytes, answer: dict, *, signed: bool = True, headers=None):
+def expect(
+    rsps: responses.RequestsMock,
+    method: str,
+    url: str,
+    body: bytes,
+    answer: dict[str, Any],
+    *,
+    signed: bool = True,
+    headers: dict[str, str] | None = None,
+) -> None:
     """Register one answer that only matches the exact body and the expected headers."""
     match = [matchers.body_matcher(body.decode("ascii"))]
     if signed:
         match.append(matchers.header_matcher(signed_headers(body)))
-    return rsps.add(method, url, json=answer, match=match, headers=headers)
+    rsps.add(method, url, json=answer, match=match, headers=headers)
 
 
 @pytest.fixture
@@ -126,7 +136,7 @@ def sleeps() -> list[float]:
 
 
 @pytest.fixture
-def client(sleeps) -> GatewayClient:
+def client(sleeps: list[float]) -> GatewayClient:
     return GatewayClient(
         base_url=BASE + "/",
         install_url=INSTALL,
@@ -136,7 +146,7 @@ def client(sleeps) -> GatewayClient:
     )
 
 
-def sent_body(rsps, index: int = -1) -> bytes:
+def sent_body(rsps: responses.RequestsMock, index: int = -1) -> bytes:
     body = rsps.calls[index].request.body
     assert isinstance(body, bytes)
     return body

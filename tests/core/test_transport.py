@@ -58,7 +58,7 @@ def sleeps() -> list[float]:
 
 
 @pytest.fixture
-def client(sleeps) -> GatewayClient:
+def client(sleeps: list[float]) -> GatewayClient:
     return GatewayClient(base_url=BASE, merchant_account_id=ACCOUNT, signing_key=KEY, sleep=sleeps.append)
 
 
@@ -82,11 +82,15 @@ def create_request(request_id: str | None = None) -> CreateCheckoutRequest:
     return CreateCheckoutRequest(requestId=request_id, service=service, checkoutTotalCents=3000)
 
 
-def bodies(rsps) -> list[bytes]:
-    return [call.request.body for call in rsps.calls]
+def bodies(rsps: responses.RequestsMock) -> list[bytes]:
+    sent = []
+    for call in rsps.calls:
+        assert isinstance(call.request.body, bytes)
+        sent.append(call.request.body)
+    return sent
 
 
-def request_ids(rsps) -> list[str]:
+def request_ids(rsps: responses.RequestsMock) -> list[str]:
     return [json.loads(body)["requestId"] for body in bodies(rsps)]
 
 
@@ -292,7 +296,8 @@ def test_cancel_retried_after_connect_timeout(rsps, client, sleeps):
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        port: int = sock.getsockname()[1]
+        return port
 
 
 def test_refused_connection_is_retried_for_unsafe_operation_then_raises():
