@@ -11,11 +11,11 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import DateTime, event
+from sqlalchemy import DateTime, MetaData, event
 from sqlalchemy.engine import Dialect, Engine
 from sqlalchemy.types import TypeDecorator
 
-__all__ = ["UTCDateTime", "configure_sqlite"]
+__all__ = ["UTCDateTime", "configure_sqlite", "create_all_safely"]
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -62,3 +62,11 @@ def configure_sqlite(engine: Engine, *, busy_timeout_ms: int = 30_000) -> None:
 
     engine._flask_gateway_configured = True  # type: ignore[attr-defined]
     engine.dispose()  # connections opened before the listeners existed lack the settings
+
+
+def create_all_safely(engine: Engine, metadata: MetaData) -> None:
+    """``metadata.create_all`` that several processes may run at once (PostgreSQL: under an advisory lock)."""
+    with engine.begin() as connection:
+        if connection.dialect.name == "postgresql":
+            connection.exec_driver_sql("SELECT pg_advisory_xact_lock(7305213)")
+        metadata.create_all(connection)

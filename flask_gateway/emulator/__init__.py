@@ -1,0 +1,100 @@
+"""A faithful, stateful emulator of the checkout gateway (``flask --app flask_gateway.emulator run``).
+
+See docs/emulator.md. Built on ``flask_gateway.core`` (signing, wire models, timestamps).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from flask import Flask, Response
+from flask_wtf.csrf import CSRFProtect
+from sqlalchemy.exc import IntegrityError
+
+from flask_gateway.core.sql import configure_sqlite, create_all_safely
+from flask_gateway.emulator.api import MAX_BODY_BYTES, register_error_handlers
+from flask_gateway.emulator.models import Account, ClockState, db
+from flask_gateway.emulator.settings import EmulatorSettings, SettingsError
+
+__all__ = ["EmulatorSettings", "SettingsError", "create_app"]
+
+
+def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
+    """The emulator app. ``test_config`` may carry ``EMULATOR_SETTINGS`` (an ``EmulatorSettings``)."""
+    app = Flask(__name__, instance_relative_config=True)
+    config = dict(test_config or {})
+    settings = config.pop("EMULATOR_SETTINGS", None) or EmulatorSettings.from_env()
+    Path(app.instance_path).mkdir(parents=True, exist_ok=True)
+    app.config.from_mapping(
+        SECRET_KEY=os.environ.get("EMULATOR_SECRET_KEY") or _instance_secret(Path(app.instance_path)),
+        SQLALCHEMY_DATABASE_URI=settings.database_url
+        or f"sqlite:///{Path(app.instance_path) / 'emulator.sqlite3'}",
+        SQLALCHEMY_ENGINE_OPTIONS={"pool_pre_ping": True},
+        MAX_CONTENT_LENGTH=MAX_BODY_BYTES,
+        WTF_CSRF_TIME_LIMIT=None,
+        JSON_SORT_KEYS=False,
+    )
+    app.config.update(config)
+    app.extensions["gateway_emulator"] = settings
+
+    db.init_app(app)
+    csrf = CSRFProtect(app)
+    register_error_handlers(app)
+    _register_blueprints(app, csrf)
+
+    @app.after_request
+    def _no_framing(response: Response) -> Response:
+        # The hosted payment page must never be framed; the same holds for every other page here.
+        response.headers.setdefault("X-Frame-Options", "DENY")
+        response.headers.setdefault("Content-Security-Policy", "frame-ancestors 'none'")
+        response.headers.setdefault("X-Content-Type-Options", "nosniff")
+        return response
+
+    with app.app_context():
+        configure_sqlite(db.engine)
+        create_all_safely(db.engine, db.metadata)
+        seed_accounts(settings)
+
+    if settings.worker and not app.testing:
+        from flask_gateway.emulator.delivery import start_worker
+
+        start_worker(app)
+    return app
+
+
+def seed_accounts(settings: EmulatorSettings) -> None:
+    """Create the accounts of ``EMULATOR_ACCOUNTS`` that do not exist yet, and the clock row."""
+    for account_id, api_key in settings.accounts.items():
+        if db.session.get(Account, account_id) is None:
+            db.session.add(Account(merchant_account_id=account_id, api_key=api_key))
+    if db.session.get(ClockState, 1) is None:
+        db.session.add(ClockState(id=1, offset_seconds=0.0))
+    try:
+        db.session.commit()
+    except IntegrityError:  # another worker process seeded them first
+        db.session.rollback()
+
+
+def _register_blueprints(app: Flask, csrf: CSRFProtect) -> None:
+    from flask_gateway.emulator.views import control, dashboard, deliveries, hosted, v1, v2
+
+    for json_api in (v2.bp, v1.bp, control.bp, deliveries.bp):
+        csrf.exempt(json_api)  # machine-to-machine JSON: authenticated by signature/Basic, or test-only
+        app.register_blueprint(json_api)
+    app.register_blueprint(hosted.bp)
+    app.register_blueprint(dashboard.bp)
+
+
+def _instance_secret(instance: Path) -> str:
+    """A secret shared by every worker process: created once in the instance folder."""
+    path = instance / "emulator-secret-key"
+    try:
+        with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as handle:
+            handle.write(secrets.token_hex(32))
+    except FileExistsError:
+        pass
+    return path.read_text().strip()

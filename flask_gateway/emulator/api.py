@@ -1,0 +1,160 @@
+"""Request plumbing shared by the emulator's JSON routes: body parsing, authentication, answers."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hmac
+import json
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+from flask import Flask, Response, current_app, request
+from pydantic import BaseModel, ValidationError
+from werkzeug.exceptions import HTTPException
+
+from flask_gateway.core.auth import ACCOUNT_HEADER, SIGNATURE_HEADER
+from flask_gateway.core.signing import sign, verify
+from flask_gateway.core.wire import dumps
+from flask_gateway.emulator.models import Account, db
+from flask_gateway.emulator.problems import ApiProblem, validation_problem
+from flask_gateway.emulator.settings import EmulatorSettings
+
+__all__ = [
+    "authenticate_v1",
+    "authenticate_v2",
+    "base_url",
+    "json_response",
+    "parse",
+    "raw_body",
+    "read_json",
+    "register_error_handlers",
+    "settings",
+]
+
+ModelT = TypeVar("ModelT", bound=BaseModel)
+
+#: Bodies over this size answer 413 (DESIGN: 64 KiB).
+MAX_BODY_BYTES = 64 * 1024
+
+
+def settings() -> EmulatorSettings:
+    value: EmulatorSettings = current_app.extensions["gateway_emulator"]
+    return value
+
+
+def base_url() -> str:
+    """Where consumers reach this emulator (for ``paymentUrl`` and ``redirect_to``)."""
+    return settings().public_url or request.host_url.rstrip("/")
+
+
+def raw_body() -> bytes:
+    """The exact bytes received (signatures are checked on these, never on re-serialised JSON)."""
+    return request.get_data(cache=True)
+
+
+def read_json() -> dict[str, Any]:
+    """The body as a JSON object; 400 for anything else (empty, malformed, an array, bad UTF-8)."""
+    raw = raw_body()
+    if not raw.strip():
+        raise ApiProblem(400, "The request body is empty: send a JSON object.")
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ApiProblem(400, f"The request body is not valid JSON: {exc}.") from None
+    if not isinstance(data, dict):
+        raise ApiProblem(400, "The request body must be a JSON object.")
+    return data
+
+
+def parse(model: type[ModelT], data: Mapping[str, Any]) -> ModelT:
+    """Validate ``data`` against ``model``; 400 naming each invalid field."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise validation_problem(exc) from None
+
+
+def json_response(
+    body: BaseModel | Mapping[str, Any], status: int = 200, headers: Mapping[str, str] | None = None
+) -> Response:
+    payload = body.to_json() if hasattr(body, "to_json") else dumps(body)
+    return Response(payload, status=status, headers=dict(headers or {}), mimetype="application/json")
+
+
+def _unauthorized(message: str, account: Account | None) -> ApiProblem:
+    extra: dict[str, Any] = {}
+    if settings().sandbox and account is not None and account.signing_key:
+        extra["expectedSignature"] = sign(raw_body(), account.signing_key)
+    return ApiProblem(401, message, extra=extra)
+
+
+def authenticate_v2() -> Account:
+    """The installed account that signed the request; 401 otherwise (sandbox: with the expected signature)."""
+    account_id = request.headers.get(ACCOUNT_HEADER, "")
+    signature = request.headers.get(SIGNATURE_HEADER, "")
+    account = db.session.get(Account, account_id) if account_id else None
+    if account is None:
+        raise ApiProblem(401, f"Missing or unknown {ACCOUNT_HEADER}.")
+    if not account.installed or not account.signing_key:
+        raise ApiProblem(401, "This merchant account is not installed: call the installation first.")
+    if not signature:
+        raise _unauthorized(f"Missing {SIGNATURE_HEADER}.", account)
+    if not verify(raw_body(), account.signing_key, signature):
+        raise _unauthorized(f"Invalid {ACCOUNT_HEADER} / {SIGNATURE_HEADER} combination.", account)
+    return account
+
+
+def authenticate_v1() -> Account:
+    """HTTP Basic ``merchantAccountId:apiKey``; 401 with a ``WWW-Authenticate`` challenge otherwise."""
+    challenge = {"WWW-Authenticate": 'Basic realm="gateway v1"'}
+    header = request.headers.get("Authorization", "")
+    scheme, _, encoded = header.partition(" ")
+    if scheme.lower() != "basic" or not encoded:
+        raise ApiProblem(
+            401, "v1 endpoints need HTTP Basic authentication (merchantAccountId:apiKey).", headers=challenge
+        )
+    try:
+        account_id, sep, api_key = (
+            base64.b64decode(encoded.strip(), validate=True).decode("utf-8").partition(":")
+        )
+    except (binascii.Error, UnicodeDecodeError):
+        raise ApiProblem(401, "Malformed HTTP Basic credentials.", headers=challenge) from None
+    account = db.session.get(Account, account_id) if sep and account_id else None
+    if account is None or not hmac.compare_digest(account.api_key.encode(), api_key.encode()):
+        raise ApiProblem(401, "Unknown merchant account or wrong API key.", headers=challenge)
+    return account
+
+
+def register_error_handlers(app: Flask) -> None:
+    """JSON answers for API problems and HTTP errors on API paths; HTML pages keep Flask's pages."""
+
+    @app.errorhandler(ApiProblem)
+    def _problem(problem: ApiProblem) -> Response:
+        return json_response(problem.body(), problem.status, problem.headers)
+
+    @app.errorhandler(HTTPException)
+    def _http(error: HTTPException) -> Response | HTTPException:
+        if _wants_html():
+            return error
+        message = {
+            413: f"The request body is larger than {MAX_BODY_BYTES // 1024} KiB.",
+            404: "Not found.",
+            405: "Method not allowed.",
+        }.get(error.code or 500, error.description or error.name)
+        return json_response({"message": message}, error.code or 500)
+
+    @app.errorhandler(Exception)
+    def _unexpected(error: Exception) -> Response:
+        current_app.logger.exception("unexpected error in the emulator")
+        return json_response({"message": "The emulator failed unexpectedly; see its log."}, 500)
+
+
+def _wants_html() -> bool:
+    """Hosted payment pages and the dashboard are HTML; everything else answers JSON."""
+    path = request.path
+    return path in ("/", "/_emulator/") or path.startswith(HTML_PREFIXES)
+
+
+#: Path prefixes that serve HTML pages.
+HTML_PREFIXES = ("/api/v2/app/", "/api/v1/app/", "/_emulator/dashboard")

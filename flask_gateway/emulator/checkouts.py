@@ -1,0 +1,464 @@
+"""The gateway's checkouts: one forward-only state machine, every change under a row lock.
+
+Callers run inside a request (or app) context and commit. Every function that changes a checkout first
+takes its row lock (``SELECT ... FOR UPDATE``; on SQLite the transaction holds the write lock from
+``BEGIN IMMEDIATE``), then applies expiry, then checks the transition.
+"""
+
+from __future__ import annotations
+
+import secrets
+import uuid
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+from ipaddress import ip_address
+from typing import Any, Final
+from urllib.parse import urlsplit
+
+from sqlalchemy import or_, select
+
+from flask_gateway.core.wire import (
+    CheckoutResponse,
+    CheckoutStatus,
+    CheckoutStatusPayload,
+    CreateCheckoutRequest,
+    RefundRequest,
+    RefundResponse,
+    ServiceEcho,
+    UpdateCheckoutRequest,
+    V1CheckoutRequest,
+    V1RefundRequest,
+    V1RefundType,
+)
+from flask_gateway.emulator import clock
+from flask_gateway.emulator.models import (
+    Account,
+    ApiVersion,
+    Checkout,
+    CheckoutEvent,
+    Delivery,
+    DeliveryKind,
+    Refund,
+    db,
+)
+from flask_gateway.emulator.problems import ApiProblem
+
+__all__ = [
+    "DEFAULT_EXPIRY",
+    "UPDATE_WINDOW",
+    "cancel",
+    "check_firewall",
+    "checkout_response",
+    "consumer_cancel",
+    "create",
+    "create_v1",
+    "expire_due",
+    "find",
+    "lock",
+    "needs_expiry",
+    "pay",
+    "payment_url",
+    "record_event",
+    "refund",
+    "refund_v1",
+    "reopen_v1",
+    "status_payload",
+    "update",
+]
+
+#: Expiry when a create gives no ``orderExpiryMinutes``, and the v1 default.
+DEFAULT_EXPIRY: Final = timedelta(minutes=60)
+#: The consumer's payment window after an update (when ``service.expiresAt`` is not given).
+UPDATE_WINDOW: Final = timedelta(minutes=60)
+
+S = CheckoutStatus
+OPEN: Final = (S.PENDING_ORDER.value, S.CANCELLED_BY_CONSUMER.value)
+REFUNDABLE: Final = (S.PAID.value, S.PAID_PENDING_CALLBACK.value, S.PARTIALLY_REFUNDED.value)
+
+
+# --- firewall and limits -------------------------------------------------------------------------
+
+
+def is_local_host(url: str) -> bool:
+    """True for URLs on ``localhost``, ``*.localhost`` or an IP literal (what the real firewall refuses)."""
+    host = (urlsplit(url).hostname or "").rstrip(".").lower()
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def check_firewall(urls: Iterable[object], *, strict: bool) -> None:
+    """403 ``{"message": "Forbidden"}`` when a redirect URL is local and the firewall is strict."""
+    if strict and any(isinstance(url, str) and is_local_host(url) for url in urls):
+        raise ApiProblem(403, "Forbidden")
+
+
+def _check_limits(account: Account, total_cents: int, field: str) -> None:
+    if not account.minimum_cents <= total_cents <= account.maximum_cents:
+        raise ApiProblem(
+            400,
+            "The checkout total is outside the merchant's limits.",
+            errors=[
+                {
+                    "field": field,
+                    "message": f"must be between {account.minimum_cents} and {account.maximum_cents} cents",
+                }
+            ],
+        )
+
+
+# --- loading ---------------------------------------------------------------------------------------
+
+
+def find(account_id: str | None, token: str, *, for_update: bool = False) -> Checkout:
+    """The checkout with ``token`` of ``account_id`` (None: any account); 404 otherwise."""
+    query = select(Checkout).where(Checkout.token == token)
+    if account_id is not None:
+        query = query.where(Checkout.account_id == account_id)
+    if for_update:
+        query = query.with_for_update()
+    checkout = db.session.scalars(query).one_or_none()
+    if checkout is None:
+        raise ApiProblem(404, "No checkout with this checkoutToken for this merchant account.")
+    return checkout
+
+
+def lock(account_id: str | None, token: str) -> Checkout:
+    """Row-lock the checkout and bring its expiry up to date."""
+    checkout = find(account_id, token, for_update=True)
+    _apply_expiry(checkout, clock.now())
+    return checkout
+
+
+def _expires(checkout: Checkout) -> bool:
+    # A v1 order the merchant let be cancelled is final; only a v1 order still awaiting payment expires.
+    if checkout.api_version == ApiVersion.V1:
+        return checkout.status == S.PENDING_ORDER
+    return checkout.status in OPEN
+
+
+def needs_expiry(checkout: Checkout) -> bool:
+    """True when the checkout is open but its ``expiresAt`` has passed (it must be locked and expired)."""
+    return _expires(checkout) and clock.now() >= checkout.expires_at
+
+
+def _apply_expiry(checkout: Checkout, now: datetime) -> bool:
+    if _expires(checkout) and now >= checkout.expires_at:
+        _transition(
+            checkout, S.EXPIRED, now, "expired", f"expiresAt {checkout.expires_at.isoformat()} passed"
+        )
+        if checkout.api_version == ApiVersion.V1:
+            _enqueue(checkout, DeliveryKind.V1_ABANDONED, checkout.details["order"]["fail_callback_url"], now)
+        return True
+    return False
+
+
+def expire_due(now: datetime | None = None, *, limit: int = 500) -> int:
+    """Expire every open checkout whose ``expiresAt`` has passed; returns how many."""
+    now = now or clock.now()
+    due = db.session.scalars(
+        select(Checkout)
+        .where(
+            Checkout.status.in_(OPEN),
+            Checkout.expires_at <= now,
+            or_(Checkout.api_version == ApiVersion.V2, Checkout.status == S.PENDING_ORDER.value),
+        )
+        .order_by(Checkout.id)
+        .limit(limit)
+        .with_for_update(skip_locked=True)
+    ).all()
+    return sum(_apply_expiry(checkout, now) for checkout in due)
+
+
+# --- transitions -----------------------------------------------------------------------------------
+
+
+def _event(checkout: Checkout, now: datetime, kind: str, detail: str = "") -> None:
+    checkout.events.append(CheckoutEvent(at=now, kind=kind, detail=detail))
+
+
+def record_event(checkout: Checkout, kind: str, detail: str = "") -> None:
+    """Add a line to the checkout's timeline (shown on the dashboard)."""
+    _event(checkout, clock.now(), kind, detail)
+
+
+def _transition(checkout: Checkout, to: CheckoutStatus, now: datetime, kind: str, detail: str = "") -> None:
+    before = checkout.status
+    checkout.status = to.value
+    checkout.updated_at = now
+    _event(checkout, now, kind, f"{before} -> {to.value}" + (f": {detail}" if detail else ""))
+
+
+def _refuse(checkout: Checkout, operation: str) -> ApiProblem:
+    return ApiProblem(409, f"Cannot {operation} a checkout in status {checkout.status}.")
+
+
+def _enqueue(checkout: Checkout, kind: DeliveryKind, url: str | None, now: datetime) -> None:
+    if url:
+        db.session.add(
+            Delivery(checkout=checkout, kind=kind.value, url=url, next_attempt_at=now, created_at=now)
+        )
+
+
+def _v2_token(account: Account) -> str:
+    return f"v2.{account.merchant_account_id}.{uuid.uuid4()}"
+
+
+def create(account: Account, request: CreateCheckoutRequest) -> Checkout:
+    """PENDING_ORDER with a new token; expiry from ``orderExpiryMinutes`` (default 60)."""
+    _check_limits(account, request.checkoutTotalCents, "checkoutTotalCents")
+    now = clock.now()
+    minutes = request.service.orderExpiryMinutes
+    expiry = timedelta(minutes=minutes) if minutes is not None else DEFAULT_EXPIRY
+    checkout = Checkout(
+        token=_v2_token(account),
+        account_id=account.merchant_account_id,
+        api_version=ApiVersion.V2,
+        status=S.PENDING_ORDER.value,
+        request_id=request.requestId,
+        total_cents=request.checkoutTotalCents,
+        merchant_order_reference=request.service.merchantOrderReference,
+        click_trace_id=request.clickTraceId,
+        details=request.service.to_wire(),
+        created_at=now,
+        updated_at=now,
+        expires_at=now + expiry,
+    )
+    db.session.add(checkout)
+    _event(checkout, now, "created", f"total {request.checkoutTotalCents} cents")
+    db.session.flush()
+    return checkout
+
+
+def update(account: Account, request: UpdateCheckoutRequest) -> Checkout:
+    """Replace the order of an open checkout; a new payment window; CANCELLED_BY_CONSUMER reopens."""
+    checkout = lock(account.merchant_account_id, request.checkoutToken)
+    if checkout.status == S.EXPIRED:
+        raise ApiProblem(403, "The checkout has expired and can no longer be updated: create a new checkout.")
+    if checkout.status not in OPEN:
+        raise _refuse(checkout, "update")
+    _check_limits(account, request.checkoutTotalCents, "checkoutTotalCents")
+    now = clock.now()
+    service = request.service
+    if service.expiresAt is not None and service.expiresAt <= now:
+        raise ApiProblem(
+            400,
+            "The new expiry time is in the past.",
+            errors=[{"field": "service.expiresAt", "message": "must be in the future"}],
+        )
+    details = service.to_wire()
+    details.pop("expiresAt", None)
+    checkout.details = details
+    checkout.total_cents = request.checkoutTotalCents
+    checkout.merchant_order_reference = service.merchantOrderReference
+    if request.clickTraceId is not None:
+        checkout.click_trace_id = request.clickTraceId
+    checkout.expires_at = service.expiresAt or now + UPDATE_WINDOW
+    if checkout.status == S.CANCELLED_BY_CONSUMER:
+        _transition(checkout, S.PENDING_ORDER, now, "updated", "reopened by an update")
+    else:
+        checkout.updated_at = now
+        _event(checkout, now, "updated", f"total {request.checkoutTotalCents} cents")
+    return checkout
+
+
+def cancel(account: Account, token: str) -> Checkout:
+    """The merchant cancels: PENDING_ORDER or CANCELLED_BY_CONSUMER -> CANCELLED_BY_MERCHANT."""
+    checkout = lock(account.merchant_account_id, token)
+    if checkout.status not in OPEN:
+        raise _refuse(checkout, "cancel")
+    now = clock.now()
+    checkout.cancelled_at = now
+    _transition(checkout, S.CANCELLED_BY_MERCHANT, now, "cancelled", "by the merchant")
+    return checkout
+
+
+def pay(checkout: Checkout, account: Account) -> None:
+    """The consumer pays (row already locked). v2: PAID_PENDING_CALLBACK and a callback; v1: PAID."""
+    if checkout.status != S.PENDING_ORDER:
+        raise _refuse(checkout, "pay")
+    now = clock.now()
+    checkout.paid_at = now
+    checkout.payment_reference = 700_000_000 + checkout.id
+    if checkout.api_version == ApiVersion.V1:
+        _transition(checkout, S.PAID, now, "paid", "by the consumer")
+        return
+    _transition(checkout, S.PAID_PENDING_CALLBACK, now, "paid", "by the consumer")
+    _enqueue(checkout, DeliveryKind.CALLBACK, account.callback_url, now)
+
+
+def consumer_cancel(checkout: Checkout, account: Account) -> None:
+    """The consumer cancels on the payment page (row already locked)."""
+    if checkout.status != S.PENDING_ORDER:
+        raise _refuse(checkout, "cancel")
+    now = clock.now()
+    _transition(checkout, S.CANCELLED_BY_CONSUMER, now, "consumer-cancelled", "on the payment page")
+    if checkout.api_version == ApiVersion.V2 and account.cancel_callbacks:
+        _enqueue(checkout, DeliveryKind.CALLBACK, account.callback_url, now)
+
+
+def reopen_v1(checkout: Checkout) -> None:
+    """The merchant's fail URL answered ``cancel_on_service: false``: the consumer may try again."""
+    if checkout.status == S.CANCELLED_BY_CONSUMER:
+        _transition(checkout, S.PENDING_ORDER, clock.now(), "reopened", "cancel_on_service: false")
+
+
+def _apply_refund(
+    checkout: Checkout, amount: int, reference: str, description: str, request_id: str | None
+) -> None:
+    if checkout.status not in REFUNDABLE:
+        raise _refuse(checkout, "refund")
+    remaining = checkout.total_cents - checkout.refunded_cents
+    if amount > remaining:
+        raise ApiProblem(
+            409,
+            f"The refund of {amount} cents exceeds the {remaining} cents that remain refundable.",
+        )
+    now = clock.now()
+    checkout.refunded_cents += amount
+    checkout.refunds.append(
+        Refund(
+            request_id=request_id, amount_cents=amount, reference=reference, description=description, at=now
+        )
+    )
+    to = S.FULLY_REFUNDED if checkout.refunded_cents >= checkout.total_cents else S.PARTIALLY_REFUNDED
+    _transition(checkout, to, now, "refunded", f"{amount} cents ({reference})")
+
+
+def refund(account: Account, request: RefundRequest) -> RefundResponse:
+    checkout = lock(account.merchant_account_id, request.checkoutToken)
+    _apply_refund(
+        checkout,
+        request.refundAmountCents,
+        request.merchantRefundReference,
+        request.refundDescription,
+        request.requestId,
+    )
+    return RefundResponse(
+        requestId=request.requestId,
+        refundedAmountCents=request.refundAmountCents,
+        refundStatus="SUCCESS",
+        refundStatusAt=checkout.updated_at,
+        refundStatusDescription=request.refundDescription or "Refund processed",
+    )
+
+
+# --- v1 ---------------------------------------------------------------------------------------------
+
+
+def create_v1(account: Account, request: V1CheckoutRequest) -> Checkout:
+    order = request.order
+    _check_limits(account, order.amount, "order.amount")
+    now = clock.now()
+    if order.expires_at is not None and order.expires_at <= now:
+        raise ApiProblem(
+            400,
+            "The order expiry is in the past.",
+            errors=[{"field": "order.expires_at", "message": "must be in the future"}],
+        )
+    checkout = Checkout(
+        token=secrets.token_hex(16),
+        account_id=account.merchant_account_id,
+        api_version=ApiVersion.V1,
+        status=S.PENDING_ORDER.value,
+        total_cents=order.amount,
+        merchant_order_reference=order.merchant_reference,
+        details=request.to_wire(),
+        created_at=now,
+        updated_at=now,
+        expires_at=order.expires_at or now + DEFAULT_EXPIRY,
+    )
+    db.session.add(checkout)
+    _event(checkout, now, "created", f"v1 order of {order.amount} cents")
+    db.session.flush()
+    return checkout
+
+
+def refund_v1(account: Account, request: V1RefundRequest) -> Checkout:
+    """A v1 refund; raises ApiProblem(400) with the reason when refused (the v1 route shapes the body)."""
+    try:
+        checkout = lock(account.merchant_account_id, request.token)
+    except ApiProblem:
+        raise ApiProblem(400, "No order with this token for this merchant account.") from None
+    if (
+        checkout.api_version != ApiVersion.V1
+        or checkout.merchant_order_reference != request.merchant_reference
+    ):
+        raise ApiProblem(400, "The token and merchant_reference do not name the same order.")
+    remaining = checkout.total_cents - checkout.refunded_cents
+    if request.type == V1RefundType.FULL and request.amount != remaining:
+        raise ApiProblem(400, f"A full refund must be for the remaining {remaining} cents.")
+    try:
+        _apply_refund(checkout, request.amount, request.merchant_reference, request.reason, None)
+    except ApiProblem as problem:
+        raise ApiProblem(400, problem.message) from None
+    return checkout
+
+
+# --- answers ----------------------------------------------------------------------------------------
+
+
+def payment_url(checkout: Checkout, base_url: str) -> str:
+    version = "v1" if checkout.api_version == ApiVersion.V1 else "v2"
+    return f"{base_url.rstrip('/')}/api/{version}/app/checkout/{checkout.token}"
+
+
+_REDUCED_ECHO: Final = (
+    "merchantOrderReference",
+    "confirmRedirectUrl",
+    "cancelRedirectUrl",
+    "orderAmountCents",
+    "orderItems",
+)
+
+
+def checkout_response(checkout: Checkout, base_url: str, *, reduced: bool = False) -> CheckoutResponse:
+    """The create/update answer (full ``service`` echo) or the cancel answer (reduced echo)."""
+    details: dict[str, Any] = dict(checkout.details)
+    if reduced:
+        echo = ServiceEcho.model_validate({k: details[k] for k in _REDUCED_ECHO if k in details})
+    else:
+        echo = ServiceEcho.model_validate(
+            {**details, "expiresAt": checkout.expires_at, "checkoutPaymentStatus": checkout.status}
+        )
+    return CheckoutResponse(
+        requestId=checkout.request_id,
+        checkoutToken=checkout.token,
+        checkoutTotalCents=checkout.total_cents,
+        paymentUrl=payment_url(checkout, base_url),
+        checkoutPaymentStatus=checkout.status,
+        merchantOrderReference=checkout.merchant_order_reference,
+        clickTraceId=checkout.click_trace_id,
+        createdAt=checkout.created_at,
+        updatedAt=checkout.updated_at,
+        expiresAt=checkout.expires_at,
+        cancelledAt=checkout.cancelled_at,
+        service=echo,
+        merchantAccountId=checkout.account_id,
+    )
+
+
+def status_payload(checkout: Checkout, base_url: str) -> CheckoutStatusPayload:
+    """The getstatus answer and callback body: exactly the 16 keys."""
+    return CheckoutStatusPayload(
+        requestId=checkout.request_id,
+        checkoutToken=checkout.token,
+        checkoutTotalCents=checkout.total_cents,
+        paymentUrl=payment_url(checkout, base_url),
+        checkoutPaymentStatus=checkout.status,
+        paidAt=checkout.paid_at,
+        paymentReference=checkout.payment_reference,
+        merchantOrderReference=checkout.merchant_order_reference,
+        serviceOrderReference=checkout.id,
+        clickTraceId=checkout.click_trace_id,
+        createdAt=checkout.created_at,
+        updatedAt=checkout.updated_at,
+        expiresAt=checkout.expires_at,
+        cancelledAt=checkout.cancelled_at,
+        lastCallbackAttemptedAt=checkout.last_callback_attempted_at,
+        lastCallbackAttemptStatusMessage=checkout.last_callback_status_message,
+    )

@@ -1,0 +1,64 @@
+"""What the consumer does on the hosted payment page: pay or cancel (also driven by the control API)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from flask_gateway.core.wire import V1FailReason, V1OutcomeStatus
+from flask_gateway.emulator import checkouts, merchant
+from flask_gateway.emulator.models import Account, ApiVersion, Checkout, db
+
+__all__ = ["Outcome", "cancel", "pay"]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """Where the consumer goes next, and what happened."""
+
+    status: str
+    #: The merchant page to send the consumer to (None: the v1 merchant gave no usable answer).
+    redirect_url: str | None
+    #: For v1: what the merchant's success/fail URL answered (``OK`` or why it failed).
+    merchant_message: str | None = None
+
+
+def _locked(token: str) -> tuple[Checkout, Account]:
+    checkout = checkouts.lock(None, token)
+    account = db.session.get(Account, checkout.account_id)
+    if account is None:  # pragma: no cover - the foreign key prevents it
+        raise LookupError(f"checkout {token} has no account")
+    return checkout, account
+
+
+def pay(token: str) -> Outcome:
+    """Pay the checkout; v1 then asks the merchant's success URL where to send the consumer."""
+    checkout, account = _locked(token)
+    checkouts.pay(checkout, account)
+    db.session.commit()
+    if checkout.api_version == ApiVersion.V2:
+        return Outcome(checkout.status, checkout.details["confirmRedirectUrl"])
+    order = checkout.details["order"]
+    reply = merchant.call_v1_outcome(order["success_callback_url"], checkout.token, V1OutcomeStatus.SUCCESS)
+    checkout, _ = _locked(token)
+    checkouts.record_event(checkout, "merchant-notified", f"success URL: {reply.message}")
+    db.session.commit()
+    return Outcome(checkout.status, reply.answer.return_url if reply.answer else None, reply.message)
+
+
+def cancel(token: str) -> Outcome:
+    """Cancel on the payment page; v1 asks the fail URL, whose ``cancel_on_service: false`` reopens it."""
+    checkout, account = _locked(token)
+    checkouts.consumer_cancel(checkout, account)
+    db.session.commit()
+    if checkout.api_version == ApiVersion.V2:
+        return Outcome(checkout.status, checkout.details["cancelRedirectUrl"])
+    order = checkout.details["order"]
+    reply = merchant.call_v1_outcome(
+        order["fail_callback_url"], checkout.token, V1OutcomeStatus.FAIL, V1FailReason.CANCELLED
+    )
+    checkout, _ = _locked(token)
+    checkouts.record_event(checkout, "merchant-notified", f"fail URL (CANCELLED): {reply.message}")
+    if reply.answer is not None and reply.answer.cancel_on_service is False:
+        checkouts.reopen_v1(checkout)
+    db.session.commit()
+    return Outcome(checkout.status, reply.answer.return_url if reply.answer else None, reply.message)

@@ -1,0 +1,185 @@
+"""Deterministic fault injection, stored in the database so every worker process sees the same rules.
+
+Rules (``POST /_emulator/faults``):
+
+- ``status``: the next ``count`` calls to ``operation`` answer ``status`` (and ``Retry-After``), unprocessed.
+- ``delay``: the next ``count`` calls to ``operation`` wait ``delayMs`` before being processed.
+- ``drop_response``: create/refund: the work is committed, then the connection is reset, no answer.
+- ``callback_fail``: the next ``count`` callback attempts fail (HTTP 500 recorded, nothing sent).
+- ``callback_timeout``: the next ``count`` callback attempts time out (nothing sent).
+
+``count`` omitted: the rule stays until ``DELETE /_emulator/faults`` or a reset.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import time
+from typing import Annotated, Any, Final, Literal
+
+from flask import g, request
+from pydantic import Field, Strict, model_validator
+from sqlalchemy import select
+
+from flask_gateway.core.wire import WireModel
+from flask_gateway.emulator import clock
+from flask_gateway.emulator.models import FaultRule, db
+from flask_gateway.emulator.problems import ApiProblem
+
+__all__ = [
+    "API_OPERATIONS",
+    "FaultSpec",
+    "ResponseDropped",
+    "add",
+    "before_operation",
+    "describe",
+    "drop_connection",
+    "take",
+    "take_drop",
+]
+
+API_OPERATIONS: Final = (
+    "create",
+    "update",
+    "cancel",
+    "getstatus",
+    "refund",
+    "install",
+    "settings",
+    "v1_configuration",
+    "v1_checkout",
+    "v1_refund",
+)
+FaultKind = Literal["status", "delay", "drop_response", "callback_fail", "callback_timeout"]
+
+
+class FaultSpec(WireModel):
+    """The body of ``POST /_emulator/faults``."""
+
+    operation: Literal[
+        "create",
+        "update",
+        "cancel",
+        "getstatus",
+        "refund",
+        "install",
+        "settings",
+        "v1_configuration",
+        "v1_checkout",
+        "v1_refund",
+        "callback",
+    ]
+    kind: FaultKind
+    status: Annotated[int, Strict(), Field(ge=400, le=599)] | None = None
+    retryAfter: Annotated[int, Strict(), Field(ge=0, le=3600)] | None = None
+    delayMs: Annotated[int, Strict(), Field(ge=0, le=60_000)] | None = None
+    count: Annotated[int, Strict(), Field(ge=1, le=1_000_000)] | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> FaultSpec:
+        callback_kind = self.kind in ("callback_fail", "callback_timeout")
+        if callback_kind != (self.operation == "callback"):
+            raise ValueError(
+                "callback_fail and callback_timeout go with operation 'callback', and only they do"
+            )
+        if self.kind == "status" and self.status is None:
+            raise ValueError("a 'status' fault needs the status to answer")
+        if self.kind == "delay" and self.delayMs is None:
+            raise ValueError("a 'delay' fault needs delayMs")
+        if self.kind == "drop_response" and self.operation not in ("create", "refund"):
+            raise ValueError("drop_response applies to create and refund")
+        return self
+
+
+class ResponseDropped(Exception):
+    """Raised instead of answering when no socket can be reset (the in-process test client)."""
+
+
+def add(spec: FaultSpec) -> FaultRule:
+    rule = FaultRule(
+        operation=spec.operation,
+        kind=spec.kind,
+        status=spec.status,
+        retry_after=spec.retryAfter,
+        delay_ms=spec.delayMs,
+        remaining=spec.count,
+        created_at=clock.now(),
+    )
+    db.session.add(rule)
+    db.session.flush()
+    return rule
+
+
+def describe(rule: FaultRule) -> dict[str, Any]:
+    return {
+        "id": rule.id,
+        "operation": rule.operation,
+        "kind": rule.kind,
+        "status": rule.status,
+        "retryAfter": rule.retry_after,
+        "delayMs": rule.delay_ms,
+        "remaining": rule.remaining,
+    }
+
+
+def take(operation: str, *kinds: str) -> FaultRule | None:
+    """Consume one use of the oldest matching rule (row-locked, so workers never share a use)."""
+    rule = db.session.scalars(
+        select(FaultRule)
+        .where(FaultRule.operation == operation, FaultRule.kind.in_(kinds))
+        .order_by(FaultRule.id)
+        .limit(1)
+        .with_for_update(skip_locked=True)
+    ).first()
+    if rule is None:
+        return None
+    if rule.remaining is not None:
+        rule.remaining -= 1
+        if rule.remaining <= 0:
+            db.session.delete(rule)
+    db.session.commit()
+    return rule
+
+
+def before_operation(operation: str) -> None:
+    """Apply ``status`` and ``delay`` rules for an API operation, before it is processed."""
+    if not _any_rules():
+        return
+    rule = take(operation, "status", "delay")
+    if rule is None:
+        return
+    if rule.kind == "delay":
+        time.sleep((rule.delay_ms or 0) / 1000)
+        return
+    headers = {"Retry-After": str(rule.retry_after)} if rule.retry_after is not None else None
+    raise ApiProblem(
+        rule.status or 500, f"Injected fault: {operation} answers {rule.status}.", headers=headers
+    )
+
+
+def _any_rules() -> bool:
+    # One cheap query per request, remembered for the request: the hot path when no fault is configured.
+    cached = g.get("_emulator_any_faults")
+    if cached is None:
+        cached = g._emulator_any_faults = db.session.scalar(select(FaultRule.id).limit(1)) is not None
+    return bool(cached)
+
+
+def take_drop(operation: str) -> bool:
+    """True (one use consumed) when a ``drop_response`` rule applies to this operation's answer."""
+    return _any_rules() and take(operation, "drop_response") is not None
+
+
+def drop_connection() -> None:
+    """Reset the client's connection (RST) after the work was committed; the answer is never sent."""
+    sock = request.environ.get("werkzeug.socket") or request.environ.get("gunicorn.socket")
+    if not isinstance(sock, socket.socket):
+        raise ResponseDropped("the response was dropped by an injected fault (connection reset after commit)")
+    try:
+        # Linger 0: when the server closes the descriptor the peer gets a reset. shutdown() makes the
+        # connection end now (the server's own file objects keep the descriptor open a little longer).
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:  # pragma: no cover - already gone
+        pass

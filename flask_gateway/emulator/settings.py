@@ -1,0 +1,86 @@
+"""The emulator's settings, read from ``EMULATOR_*`` environment variables (docs/emulator.md)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Final
+
+__all__ = ["DEFAULT_ACCOUNTS", "EmulatorSettings", "SettingsError"]
+
+DEFAULT_ACCOUNTS: Final = "demo-merchant:demo-api-key"
+
+
+class SettingsError(ValueError):
+    """An ``EMULATOR_*`` variable has a value the emulator cannot use; the message says which and why."""
+
+
+@dataclass(frozen=True)
+class EmulatorSettings:
+    #: Accounts "issued by the account manager": merchant account id -> API key.
+    accounts: Mapping[str, str] = field(default_factory=lambda: {"demo-merchant": "demo-api-key"})
+    #: Strict: redirect URLs on localhost, *.localhost or an IP literal are refused (403).
+    waf_strict: bool = True
+    #: Sandbox: 401 bodies carry ``expectedSignature``.
+    sandbox: bool = True
+    database_url: str | None = None
+    #: Seconds between callback attempts (attempts = len + 1).
+    callback_retry_delays: tuple[float, ...] = (2.0, 10.0)
+    smtp_url: str | None = None
+    #: Run the background delivery worker in the server process.
+    worker: bool = True
+    #: Base URL for ``paymentUrl``/``redirect_to``; defaults to the URL the request came in on.
+    public_url: str | None = None
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> EmulatorSettings:
+        env = os.environ if environ is None else environ
+        return cls(
+            accounts=_parse_accounts(env.get("EMULATOR_ACCOUNTS", DEFAULT_ACCOUNTS)),
+            waf_strict=_choice(env, "EMULATOR_WAF", {"strict": True, "allow-local": False}, "strict"),
+            sandbox=_choice(env, "EMULATOR_SANDBOX", {"1": True, "0": False}, "1"),
+            database_url=env.get("EMULATOR_DATABASE_URL") or None,
+            callback_retry_delays=_parse_delays(env.get("EMULATOR_CALLBACK_RETRY_DELAYS", "2,10")),
+            smtp_url=env.get("EMULATOR_SMTP_URL") or None,
+            worker=_choice(env, "EMULATOR_WORKER", {"1": True, "0": False}, "1"),
+            public_url=(env.get("EMULATOR_PUBLIC_URL") or "").rstrip("/") or None,
+        )
+
+    @property
+    def max_callback_attempts(self) -> int:
+        return len(self.callback_retry_delays) + 1
+
+
+def _parse_accounts(value: str) -> dict[str, str]:
+    accounts: dict[str, str] = {}
+    for entry in filter(None, (part.strip() for part in value.split(","))):
+        account_id, sep, api_key = entry.partition(":")
+        if not sep or not account_id or not api_key:
+            raise SettingsError(
+                f"EMULATOR_ACCOUNTS entry {entry.split(':')[0]!r}... is not 'id:apikey' "
+                "(expected EMULATOR_ACCOUNTS=id:apikey[,id:apikey...])"
+            )
+        accounts[account_id] = api_key
+    if not accounts:
+        raise SettingsError("EMULATOR_ACCOUNTS names no account (expected id:apikey[,id:apikey...])")
+    return accounts
+
+
+def _parse_delays(value: str) -> tuple[float, ...]:
+    try:
+        delays = tuple(float(part) for part in value.split(",") if part.strip())
+    except ValueError:
+        raise SettingsError(
+            f"EMULATOR_CALLBACK_RETRY_DELAYS={value!r} is not a comma-separated list of seconds (e.g. 2,10)"
+        ) from None
+    if any(d < 0 for d in delays):
+        raise SettingsError("EMULATOR_CALLBACK_RETRY_DELAYS must not be negative")
+    return delays
+
+
+def _choice(env: Mapping[str, str], name: str, choices: Mapping[str, bool], default: str) -> bool:
+    value = env.get(name, default).strip().lower() or default
+    if value not in choices:
+        raise SettingsError(f"{name}={value!r}: expected one of {', '.join(choices)}")
+    return choices[value]
