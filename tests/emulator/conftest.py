@@ -1,0 +1,50 @@
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from flask import Flask
+from flask.testing import FlaskClient
+
+from flask_gateway.emulator import EmulatorSettings, create_app
+from tests.emulator.support import Gateway
+
+
+def make_emulator(tmp_path: Path, **settings: object) -> Flask:
+    options: dict[str, object] = {"worker": False, "callback_retry_delays": (2.0, 10.0)}
+    options.update(settings)
+    return create_app(
+        {
+            "TESTING": True,
+            "SQLALCHEMY_DATABASE_URI": f"sqlite:///{tmp_path / 'emulator.sqlite3'}",
+            "EMULATOR_SETTINGS": EmulatorSettings(**options),  # type: ignore[arg-type]
+        }
+    )
+
+
+@pytest.fixture
+def emulator_app(tmp_path: Path) -> Iterator[Flask]:
+    app = make_emulator(tmp_path)
+    yield app
+    from flask_gateway.emulator.models import db
+
+    with app.app_context():
+        db.engine.dispose()
+
+
+@pytest.fixture
+def emulator_client(emulator_app: Flask) -> FlaskClient:
+    return emulator_app.test_client()
+
+
+@pytest.fixture
+def gateway(emulator_client: FlaskClient) -> Gateway:
+    return Gateway(emulator_client)
+
+
+@pytest.fixture
+def installed(gateway: Gateway) -> Gateway:
+    """A gateway with the demo account installed (limits 100..10,000,000 cents)."""
+    gateway.install()
+    return gateway
