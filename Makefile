@@ -17,7 +17,7 @@ setup: $(STAMP)
 
 ## Start the demo (the emulator for now; the example shop joins it later). Ctrl-C stops it.
 demo: setup
-	$(BIN)/python -m flask_gateway.demo
+	$(BIN)/python -m example_shop.demo
 
 ## The whole test suite.
 test: setup

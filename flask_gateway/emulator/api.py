@@ -17,7 +17,7 @@ from flask_gateway.core.auth import ACCOUNT_HEADER, SIGNATURE_HEADER
 from flask_gateway.core.signing import sign, verify
 from flask_gateway.core.wire import dumps
 from flask_gateway.emulator.models import Account, db
-from flask_gateway.emulator.problems import ApiProblem, validation_problem
+from flask_gateway.emulator.problems import ApiProblem, ResponseDropped, validation_problem
 from flask_gateway.emulator.settings import EmulatorSettings
 
 __all__ = [
@@ -146,6 +146,8 @@ def register_error_handlers(app: Flask) -> None:
 
     @app.errorhandler(Exception)
     def _unexpected(error: Exception) -> Response:
+        if isinstance(error, ResponseDropped):
+            raise error
         current_app.logger.exception("unexpected error in the emulator")
         return json_response({"message": "The emulator failed unexpectedly; see its log."}, 500)
 

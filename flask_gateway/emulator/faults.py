@@ -25,7 +25,7 @@ from sqlalchemy import select
 from flask_gateway.core.wire import WireModel
 from flask_gateway.emulator import clock
 from flask_gateway.emulator.models import FaultRule, db
-from flask_gateway.emulator.problems import ApiProblem
+from flask_gateway.emulator.problems import ApiProblem, ResponseDropped
 
 __all__ = [
     "API_OPERATIONS",
@@ -90,10 +90,6 @@ class FaultSpec(WireModel):
         if self.kind == "drop_response" and self.operation not in ("create", "refund"):
             raise ValueError("drop_response applies to create and refund")
         return self
-
-
-class ResponseDropped(Exception):
-    """Raised instead of answering when no socket can be reset (the in-process test client)."""
 
 
 def add(spec: FaultSpec) -> FaultRule:
