@@ -10,7 +10,7 @@ from pydantic import ValidationError
 __all__ = ["ApiProblem", "ResponseDropped", "field_path", "validation_problem"]
 
 
-class ResponseDropped(Exception):  # noqa: N818 - an injected event, not an error of the request
+class ResponseDropped(Exception):
     """An injected fault dropped the answer where no socket could be reset (the in-process test client).
 
     It propagates out of the app on purpose: the test client sees an exception, as a real client sees a
