@@ -56,7 +56,10 @@ def parse_timestamp(value: str) -> datetime:
         digits = zone[1:].replace(":", "")
         tz = timezone(sign * timedelta(hours=int(digits[:2]), minutes=int(digits[2:])))
     naive = datetime.fromisoformat(f"{match['date']}T{match['time']}.{fraction}")
-    return naive.replace(tzinfo=tz).astimezone(UTC)
+    try:
+        return naive.replace(tzinfo=tz).astimezone(UTC)
+    except OverflowError:  # e.g. 0001-01-01T00:00:00+01:00 is before year 1 in UTC
+        raise ValueError(f"timestamp out of range in UTC: {value!r}") from None
 
 
 def format_timestamp(value: datetime, precision: Precision = "ms") -> str:

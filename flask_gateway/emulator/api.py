@@ -142,13 +142,22 @@ def register_error_handlers(app: Flask) -> None:
             404: "Not found.",
             405: "Method not allowed.",
         }.get(error.code or 500, error.description or error.name)
-        return json_response({"message": message}, error.code or 500)
+        # Keep the error's own headers (405: ``Allow``), not its HTML content type.
+        headers = {name: value for name, value in error.get_headers() if name.lower() != "content-type"}
+        return json_response({"message": message}, error.code or 500, headers)
 
     @app.errorhandler(Exception)
     def _unexpected(error: Exception) -> Response:
         if isinstance(error, ResponseDropped):
             raise error
         current_app.logger.exception("unexpected error in the emulator")
+        if _wants_html():
+            return Response(
+                "<!doctype html><title>Error</title><h1>Something went wrong</h1>"
+                "<p>The gateway emulator failed unexpectedly; its log has the details.</p>",
+                status=500,
+                mimetype="text/html",
+            )
         return json_response({"message": "The emulator failed unexpectedly; see its log."}, 500)
 
 

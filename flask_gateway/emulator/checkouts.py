@@ -55,6 +55,7 @@ __all__ = [
     "expire_due",
     "find",
     "lock",
+    "mark_callback_delivered",
     "needs_expiry",
     "pay",
     "payment_url",
@@ -130,7 +131,10 @@ def find(account_id: str | None, token: str, *, for_update: bool = False) -> Che
 def lock(account_id: str | None, token: str) -> Checkout:
     """Row-lock the checkout and bring its expiry up to date."""
     checkout = find(account_id, token, for_update=True)
-    _apply_expiry(checkout, clock.now())
+    if _apply_expiry(checkout, clock.now()):
+        # Keep the expiry (and a v1 ABANDONED notice) even if the caller's action is refused and rolled back.
+        db.session.commit()
+        checkout = find(account_id, token, for_update=True)
     return checkout
 
 
@@ -299,6 +303,18 @@ def consumer_cancel(checkout: Checkout, account: Account) -> None:
     _transition(checkout, S.CANCELLED_BY_CONSUMER, now, "consumer-cancelled", "on the payment page")
     if checkout.api_version == ApiVersion.V2 and account.cancel_callbacks:
         _enqueue(checkout, DeliveryKind.CALLBACK, account.callback_url, now)
+
+
+def mark_callback_delivered(checkout: Checkout) -> bool:
+    """The merchant answered HTTP 200 to a callback (row already locked): PAID_PENDING_CALLBACK -> PAID.
+
+    Any other status is left alone (a cancel callback, or a checkout refunded meanwhile); returns whether
+    the checkout moved.
+    """
+    if checkout.status != S.PAID_PENDING_CALLBACK:
+        return False
+    _transition(checkout, S.PAID, clock.now(), "callback-acknowledged", "the merchant answered HTTP 200")
+    return True
 
 
 def reopen_v1(checkout: Checkout) -> None:

@@ -544,3 +544,16 @@ def test_reset_forgets_everything(installed):
     assert installed.control("clock", method="GET").json["offsetSeconds"] == 0
     # The account is back to "issued, not installed".
     assert installed.client.post("/install/v2", json=install_body()).status_code == 200
+
+
+def test_expiry_found_by_a_refused_action_is_kept(installed):
+    from flask_gateway.emulator.models import ClockState, db
+
+    token = installed.create(create_body(orderExpiryMinutes=10))["checkoutToken"]
+    with installed.client.application.app_context():
+        # Move time without processing what became due: only the refused pay can notice the expiry.
+        db.session.get(ClockState, 1).offset_seconds += 601
+        db.session.commit()
+    assert installed.pay(token).status_code == 409
+    detail = installed.control(f"checkouts/{token}", method="GET").json
+    assert detail["checkoutPaymentStatus"] == "EXPIRED"
