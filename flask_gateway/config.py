@@ -1,0 +1,156 @@
+"""The extension's configuration: every ``GATEWAY_*`` key, its default, read once in ``init_app``.
+
+docs/configuration.md documents each key; keep the two in step (a test compares them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, MutableMapping
+from dataclasses import dataclass
+from typing import Any, Final, Literal
+from urllib.parse import urlsplit
+
+__all__ = ["DEFAULTS", "ENVIRONMENT_URLS", "ConfigurationError", "GatewayConfig"]
+
+Environment = Literal["sandbox", "production", "emulator"]
+ApiVersion = Literal["v2", "v1"]
+
+
+class ConfigurationError(RuntimeError):
+    """A ``GATEWAY_*`` key is missing or wrong; the message names it and says how to fix it."""
+
+
+#: The emulator's URLs when it runs locally as in the demo (``flask --app flask_gateway.emulator run
+#: --port 5050``). The sandbox and production URLs are issued with the merchant account, so for those
+#: environments the three URL keys must be set explicitly.
+ENVIRONMENT_URLS: Final[Mapping[str, Mapping[str, str]]] = {
+    "emulator": {
+        "GATEWAY_BASE_URL": "http://127.0.0.1:5050",
+        "GATEWAY_INSTALL_URL": "http://127.0.0.1:5050/install",
+        "GATEWAY_V1_BASE_URL": "http://127.0.0.1:5050",
+    },
+}
+
+#: Every key with its default (``None``: no default).
+DEFAULTS: Final[Mapping[str, Any]] = {
+    "GATEWAY_ENVIRONMENT": "emulator",
+    "GATEWAY_BASE_URL": None,
+    "GATEWAY_INSTALL_URL": None,
+    "GATEWAY_V1_BASE_URL": None,
+    "GATEWAY_PUBLIC_URL": None,
+    "GATEWAY_API_VERSION": "v2",
+    "GATEWAY_TIMEOUT": (5.0, 30.0),
+    "GATEWAY_MAX_RETRIES": 2,
+    "GATEWAY_URL_PREFIX": "/gateway",
+    "GATEWAY_ORDER_ENDPOINT": None,
+    "GATEWAY_ORDER_EXPIRY_MINUTES": 60,
+    "GATEWAY_V1_CANCEL_ON_SERVICE": True,
+    "GATEWAY_ENCRYPTION_KEY": None,
+    "GATEWAY_RECONCILE_AFTER_SECONDS": 300,
+    "GATEWAY_CURRENCY_SYMBOL": "R",
+}
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    environment: Environment
+    base_url: str
+    install_url: str
+    v1_base_url: str
+    public_url: str | None
+    api_version: ApiVersion
+    timeout: tuple[float, float]
+    max_retries: int
+    url_prefix: str
+    order_endpoint: str | None
+    order_expiry_minutes: int
+    v1_cancel_on_service: bool
+    encryption_key: str | None
+    reconcile_after_seconds: int
+    currency_symbol: str
+
+    def __repr__(self) -> str:  # the encryption key never appears in a repr or a log line
+        return (
+            f"GatewayConfig(environment={self.environment!r}, base_url={self.base_url!r}, "
+            f"api_version={self.api_version!r}, public_url={self.public_url!r})"
+        )
+
+    @classmethod
+    def from_mapping(cls, config: MutableMapping[str, Any]) -> GatewayConfig:
+        """Fill in defaults (``setdefault``, so the app sees them) and validate every key."""
+        for key, default in DEFAULTS.items():
+            config.setdefault(key, default)
+        environment = config["GATEWAY_ENVIRONMENT"]
+        if environment not in ("sandbox", "production", "emulator"):
+            raise ConfigurationError(
+                f"GATEWAY_ENVIRONMENT={environment!r}: use 'sandbox', 'production' or 'emulator'."
+            )
+        urls = dict(ENVIRONMENT_URLS.get(environment, {}))
+        for key in ("GATEWAY_BASE_URL", "GATEWAY_INSTALL_URL", "GATEWAY_V1_BASE_URL"):
+            if config[key]:
+                urls[key] = str(config[key])
+            if key not in urls:
+                raise ConfigurationError(
+                    f"{key} is not set. With GATEWAY_ENVIRONMENT={environment!r} the gateway's URLs come "
+                    f"with your merchant account: set {key} in the app config (see docs/configuration.md)."
+                )
+            _check_url(key, urls[key])
+        public_url = config["GATEWAY_PUBLIC_URL"]
+        if public_url:
+            _check_url("GATEWAY_PUBLIC_URL", public_url)
+            if environment == "production" and urlsplit(public_url).scheme != "https":
+                raise ConfigurationError(
+                    "GATEWAY_PUBLIC_URL must be https:// in production: the gateway posts callbacks and "
+                    "sends shoppers there."
+                )
+        api_version = config["GATEWAY_API_VERSION"]
+        if api_version not in ("v2", "v1"):
+            raise ConfigurationError(f"GATEWAY_API_VERSION={api_version!r}: use 'v2' (default) or 'v1'.")
+        expiry = config["GATEWAY_ORDER_EXPIRY_MINUTES"]
+        if not isinstance(expiry, int) or isinstance(expiry, bool) or not 10 <= expiry <= 7200:
+            raise ConfigurationError(
+                f"GATEWAY_ORDER_EXPIRY_MINUTES={expiry!r}: a whole number from 10 to 7200."
+            )
+        retries = config["GATEWAY_MAX_RETRIES"]
+        if not isinstance(retries, int) or isinstance(retries, bool) or not 0 <= retries <= 10:
+            raise ConfigurationError(f"GATEWAY_MAX_RETRIES={retries!r}: a whole number from 0 to 10.")
+        prefix = str(config["GATEWAY_URL_PREFIX"]).rstrip("/")
+        if not prefix.startswith("/"):
+            raise ConfigurationError(f"GATEWAY_URL_PREFIX={prefix!r} must start with '/', e.g. '/gateway'.")
+        return cls(
+            environment=environment,
+            base_url=urls["GATEWAY_BASE_URL"].rstrip("/"),
+            install_url=urls["GATEWAY_INSTALL_URL"].rstrip("/"),
+            v1_base_url=urls["GATEWAY_V1_BASE_URL"].rstrip("/"),
+            public_url=public_url.rstrip("/") if public_url else None,
+            api_version=api_version,
+            timeout=_timeout(config["GATEWAY_TIMEOUT"]),
+            max_retries=retries,
+            url_prefix=prefix,
+            order_endpoint=config["GATEWAY_ORDER_ENDPOINT"],
+            order_expiry_minutes=expiry,
+            v1_cancel_on_service=bool(config["GATEWAY_V1_CANCEL_ON_SERVICE"]),
+            encryption_key=config["GATEWAY_ENCRYPTION_KEY"],
+            reconcile_after_seconds=int(config["GATEWAY_RECONCILE_AFTER_SECONDS"]),
+            currency_symbol=str(config["GATEWAY_CURRENCY_SYMBOL"]),
+        )
+
+
+def _check_url(key: str, value: object) -> None:
+    parts = urlsplit(str(value))
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigurationError(f"{key}={value!r} is not an absolute http(s) URL such as https://host/path.")
+
+
+def _timeout(value: object) -> tuple[float, float]:
+    if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+        return (float(value), float(value))
+    if (
+        isinstance(value, tuple | list)
+        and len(value) == 2
+        and all(isinstance(v, int | float) and not isinstance(v, bool) and v > 0 for v in value)
+    ):
+        return (float(value[0]), float(value[1]))
+    raise ConfigurationError(
+        f"GATEWAY_TIMEOUT={value!r}: seconds (e.g. 10) or a (connect, read) pair (e.g. (5, 30))."
+    )

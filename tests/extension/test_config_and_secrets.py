@@ -1,0 +1,102 @@
+from __future__ import annotations
+
+import pytest
+from cryptography.fernet import Fernet
+
+from flask_gateway.config import DEFAULTS, ConfigurationError, GatewayConfig
+from flask_gateway.secrets import SecretBox, SecretUnreadable, mask
+
+
+def test_defaults_select_the_local_emulator_and_are_written_back():
+    config: dict[str, object] = {}
+    parsed = GatewayConfig.from_mapping(config)
+    assert parsed.environment == "emulator"
+    assert parsed.base_url == "http://127.0.0.1:5050"
+    assert parsed.install_url == "http://127.0.0.1:5050/install"
+    assert parsed.timeout == (5.0, 30.0)
+    assert set(DEFAULTS) <= set(config)
+
+
+def test_explicit_urls_override_the_environment():
+    parsed = GatewayConfig.from_mapping({"GATEWAY_BASE_URL": "https://gw.example/", "GATEWAY_TIMEOUT": 7})
+    assert parsed.base_url == "https://gw.example"
+    assert parsed.install_url == "http://127.0.0.1:5050/install"
+    assert parsed.timeout == (7.0, 7.0)
+
+
+def test_sandbox_without_urls_names_the_missing_key():
+    with pytest.raises(ConfigurationError, match="GATEWAY_BASE_URL is not set") as info:
+        GatewayConfig.from_mapping({"GATEWAY_ENVIRONMENT": "sandbox"})
+    assert "docs/configuration.md" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "fragment"),
+    [
+        ("GATEWAY_ENVIRONMENT", "staging", "GATEWAY_ENVIRONMENT"),
+        ("GATEWAY_API_VERSION", "v3", "GATEWAY_API_VERSION"),
+        ("GATEWAY_ORDER_EXPIRY_MINUTES", 5, "10 to 7200"),
+        ("GATEWAY_TIMEOUT", "fast", "GATEWAY_TIMEOUT"),
+        ("GATEWAY_PUBLIC_URL", "shop.example", "absolute"),
+        ("GATEWAY_URL_PREFIX", "gateway", "must start with"),
+    ],
+)
+def test_bad_values_are_explained(key, value, fragment):
+    with pytest.raises(ConfigurationError, match=fragment):
+        GatewayConfig.from_mapping({key: value})
+
+
+def test_production_needs_an_https_public_url():
+    urls = {
+        "GATEWAY_ENVIRONMENT": "production",
+        "GATEWAY_BASE_URL": "https://gw.example",
+        "GATEWAY_INSTALL_URL": "https://install.gw.example",
+        "GATEWAY_V1_BASE_URL": "https://v1.gw.example",
+    }
+    with pytest.raises(ConfigurationError, match="https"):
+        GatewayConfig.from_mapping({**urls, "GATEWAY_PUBLIC_URL": "http://shop.example"})
+    assert (
+        GatewayConfig.from_mapping({**urls, "GATEWAY_PUBLIC_URL": "https://shop.example"}).environment
+        == "production"
+    )
+
+
+def test_config_repr_hides_the_encryption_key():
+    key = Fernet.generate_key().decode()
+    assert key not in repr(GatewayConfig.from_mapping({"GATEWAY_ENCRYPTION_KEY": key}))
+
+
+def test_secret_box_round_trip_and_ciphertext_hides_the_secret():
+    box = SecretBox(None, "app-secret-key")
+    token = box.encrypt("sk-live-0123456789")
+    assert "0123456789" not in token
+    assert box.decrypt(token) == "sk-live-0123456789"
+    assert SecretBox(None, "app-secret-key").decrypt(token) == "sk-live-0123456789"
+
+
+def test_changed_secret_key_is_a_clear_error():
+    token = SecretBox(None, "old").encrypt("sk")
+    with pytest.raises(SecretUnreadable, match="SECRET_KEY or GATEWAY_ENCRYPTION_KEY changed"):
+        SecretBox(None, "new").decrypt(token)
+
+
+def test_key_rotation_with_a_list_of_keys():
+    old, new = Fernet.generate_key().decode(), Fernet.generate_key().decode()
+    token = SecretBox(old, None).encrypt("signing-key")
+    rotated_box = SecretBox(f"{new},{old}", None)
+    assert rotated_box.decrypt(token) == "signing-key"
+    fresh = rotated_box.rotate(token)
+    assert SecretBox(new, None).decrypt(fresh) == "signing-key"
+
+
+def test_missing_keys_and_bad_keys_are_explained():
+    with pytest.raises(ConfigurationError, match="SECRET_KEY"):
+        SecretBox(None, None)
+    with pytest.raises(ConfigurationError, match="Fernet"):
+        SecretBox("not-a-key", None)
+
+
+def test_mask_shows_only_the_last_four():
+    assert mask("abcdefghijklmnop") == "****mnop"
+    assert mask("short") == "****"
+    assert mask(None) == "(not set)"
