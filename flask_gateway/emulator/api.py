@@ -6,7 +6,7 @@ import base64
 import binascii
 import hmac
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, TypeVar
 
 from flask import Flask, Response, current_app, request
@@ -17,7 +17,7 @@ from flask_gateway.core.auth import ACCOUNT_HEADER, SIGNATURE_HEADER
 from flask_gateway.core.signing import sign, verify
 from flask_gateway.core.wire import dumps
 from flask_gateway.emulator.models import Account, db
-from flask_gateway.emulator.problems import ApiProblem, ResponseDropped, validation_problem
+from flask_gateway.emulator.problems import ApiProblem, ResponseDropped, field_path, validation_problem
 from flask_gateway.emulator.settings import EmulatorSettings
 
 __all__ = [
@@ -64,7 +64,35 @@ def read_json() -> dict[str, Any]:
         raise ApiProblem(400, f"The request body is not valid JSON: {exc}.") from None
     if not isinstance(data, dict):
         raise ApiProblem(400, "The request body must be a JSON object.")
+    nul = _nul_at(data)
+    if nul is not None:
+        # PostgreSQL text cannot hold U+0000 (a 500 there); refuse it on every backend alike.
+        raise ApiProblem(
+            400,
+            "Text must not contain the NUL character (\\u0000).",
+            errors=[{"field": field_path(nul), "message": "must not contain \\u0000"}],
+        )
     return data
+
+
+def _nul_at(value: object, location: tuple[int | str, ...] = ()) -> tuple[int | str, ...] | None:
+    """Where the first U+0000 is in a parsed JSON value (in a key or a string), or None."""
+    if isinstance(value, str):
+        return location if "\x00" in value else None
+    items: Iterable[tuple[int | str, object]]
+    if isinstance(value, dict):
+        items = value.items()
+    elif isinstance(value, list):
+        items = enumerate(value)
+    else:
+        return None
+    for key, item in items:
+        if isinstance(key, str) and "\x00" in key:
+            return (*location, key)
+        found = _nul_at(item, (*location, key))
+        if found is not None:
+            return found
+    return None
 
 
 def parse(model: type[ModelT], data: Mapping[str, Any]) -> ModelT:
@@ -120,7 +148,9 @@ def authenticate_v1() -> Account:
         )
     except (binascii.Error, UnicodeDecodeError):
         raise ApiProblem(401, "Malformed HTTP Basic credentials.", headers=challenge) from None
-    account = db.session.get(Account, account_id) if sep and account_id else None
+    # U+0000 cannot name an account (and PostgreSQL refuses it in a query: a 500).
+    known = sep and account_id and "\x00" not in account_id
+    account = db.session.get(Account, account_id) if known else None
     if account is None or not hmac.compare_digest(account.api_key.encode(), api_key.encode()):
         raise ApiProblem(401, "Unknown merchant account or wrong API key.", headers=challenge)
     return account

@@ -117,6 +117,8 @@ def _check_limits(account: Account, total_cents: int, field: str) -> None:
 
 def find(account_id: str | None, token: str, *, for_update: bool = False) -> Checkout:
     """The checkout with ``token`` of ``account_id`` (None: any account); 404 otherwise."""
+    if "\x00" in token:  # no token has one, and PostgreSQL refuses it in a query (a 500)
+        raise ApiProblem(404, "No checkout with this checkoutToken for this merchant account.")
     query = select(Checkout).where(Checkout.token == token)
     if account_id is not None:
         query = query.where(Checkout.account_id == account_id)

@@ -1,5 +1,170 @@
-"""(being written)"""
+"""The human dashboard at ``/_emulator/`` (server-rendered HTML, no JavaScript) and the OpenAPI document.
 
-from flask import Blueprint
+It shows what the control API returns as JSON: accounts, checkouts with their timelines, the test clock,
+fault rules, callback attempts, dead letters (with a redeliver button) and the e-mail outbox.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from typing import Any, Final
+
+from flask import Blueprint, Response, abort, flash, redirect, render_template, url_for
+from sqlalchemy import func, select
+from sqlalchemy.orm import selectinload
+from werkzeug.wrappers import Response as WerkzeugResponse
+
+from flask_gateway.core.timestamps import format_timestamp
+from flask_gateway.emulator import checkouts, clock, faults
+from flask_gateway.emulator.api import base_url
+from flask_gateway.emulator.models import (
+    Account,
+    Checkout,
+    Delivery,
+    DeliveryAttempt,
+    DeliveryState,
+    Email,
+    FaultRule,
+    db,
+)
+from flask_gateway.emulator.openapi import render
+from flask_gateway.emulator.problems import ApiProblem
+from flask_gateway.emulator.views.control import describe_account
+
+__all__ = ["bp"]
 
 bp = Blueprint("emulator_dashboard", __name__)
+
+#: Rows shown on list pages (newest first).
+PAGE_ROWS: Final = 200
+#: Checkouts shown on the overview.
+RECENT_CHECKOUTS: Final = 25
+
+
+@bp.app_template_filter("when")
+def _when(value: Any) -> str:
+    """A timestamp as the API writes it, or a dash."""
+    return format_timestamp(value) if value is not None else "—"
+
+
+@bp.app_template_filter("cents")
+def _cents(value: int | None) -> str:
+    """``12345`` -> ``123.45``: amounts are cents on the wire, read as currency units here."""
+    if value is None:
+        return "—"
+    sign = "-" if value < 0 else ""
+    units, cents = divmod(abs(value), 100)
+    return f"{sign}{units:,}.{cents:02d}"
+
+
+def _count(query: Any) -> int:
+    return int(db.session.scalar(query) or 0)
+
+
+@bp.get("/_emulator/")
+def overview() -> str:
+    accounts = db.session.scalars(select(Account).order_by(Account.merchant_account_id)).all()
+    recent = db.session.scalars(select(Checkout).order_by(Checkout.id.desc()).limit(RECENT_CHECKOUTS)).all()
+    rules = db.session.scalars(select(FaultRule).order_by(FaultRule.id)).all()
+    return render_template(
+        "emulator/dashboard/overview.html",
+        accounts=[describe_account(a) for a in accounts],
+        checkouts=recent,
+        checkout_count=_count(select(func.count(Checkout.id))),
+        overdue={c.id for c in recent if checkouts.needs_expiry(c)},
+        now=clock.now(),
+        offset=clock.offset(),
+        faults=[faults.describe(rule) for rule in rules],
+        dead_letters=_count(select(func.count(Delivery.id)).where(Delivery.state == DeliveryState.DEAD)),
+        pending=_count(select(func.count(Delivery.id)).where(Delivery.state == DeliveryState.PENDING)),
+        attempts=_count(select(func.count(DeliveryAttempt.id))),
+        emails=_count(select(func.count(Email.id))),
+    )
+
+
+@bp.get("/_emulator/dashboard/checkouts/<token>")
+def checkout(token: str) -> str:
+    found = None
+    if "\x00" not in token:  # PostgreSQL refuses U+0000 in a query
+        found = db.session.scalars(select(Checkout).where(Checkout.token == token)).one_or_none()
+    if found is None:
+        abort(404, description=f"No checkout with token {token!r}.")
+    deliveries = db.session.scalars(
+        select(Delivery)
+        .where(Delivery.checkout_id == found.id)
+        .options(selectinload(Delivery.attempt_log))
+        .order_by(Delivery.id)
+    ).all()
+    return render_template(
+        "emulator/dashboard/checkout.html",
+        checkout=found,
+        overdue=checkouts.needs_expiry(found),
+        # Pretty JSON in the wire's own key order (the ``tojson`` filter would sort the keys).
+        status=json.dumps(checkouts.status_payload(found, base_url()).to_wire(), indent=2),
+        details=json.dumps(found.details, indent=2, ensure_ascii=False),
+        deliveries=deliveries,
+    )
+
+
+@bp.get("/_emulator/dashboard/callbacks")
+def callbacks() -> str:
+    attempts = db.session.scalars(
+        select(DeliveryAttempt)
+        .options(selectinload(DeliveryAttempt.delivery).selectinload(Delivery.checkout))
+        .order_by(DeliveryAttempt.id.desc())
+        .limit(PAGE_ROWS)
+    ).all()
+    pending = db.session.scalars(
+        select(Delivery)
+        .where(Delivery.state == DeliveryState.PENDING)
+        .options(selectinload(Delivery.checkout))
+        .order_by(Delivery.next_attempt_at, Delivery.id)
+        .limit(PAGE_ROWS)
+    ).all()
+    return render_template("emulator/dashboard/callbacks.html", attempts=attempts, pending=pending)
+
+
+@bp.get("/_emulator/dashboard/dead-letters")
+def dead_letters() -> str:
+    rows = db.session.scalars(
+        select(Delivery)
+        .where(Delivery.state == DeliveryState.DEAD)
+        .options(selectinload(Delivery.checkout), selectinload(Delivery.attempt_log))
+        .order_by(Delivery.id.desc())
+        .limit(PAGE_ROWS)
+    ).all()
+    return render_template("emulator/dashboard/dead_letters.html", deliveries=rows)
+
+
+@bp.post("/_emulator/dashboard/dead-letters/<int:delivery_id>/redeliver")
+def redeliver(delivery_id: int) -> WerkzeugResponse:
+    """The redeliver button (CSRF-protected form): queue the dead letter again, then back to the list."""
+    # Imported when the button is pressed: the delivery module owns redelivery (404/409 as ApiProblem).
+    from flask_gateway.emulator.delivery import redeliver as queue_again
+
+    try:
+        queue_again(delivery_id)
+    except ApiProblem as problem:
+        db.session.rollback()
+        flash(f"Dead letter #{delivery_id} was not redelivered: {problem.message}", "error")
+    else:
+        flash(f"Dead letter #{delivery_id} is back in the outbox and was sent again.", "success")
+    return redirect(url_for(".dead_letters"), 303)
+
+
+@bp.get("/_emulator/dashboard/emails")
+def emails() -> str:
+    rows = db.session.scalars(select(Email).order_by(Email.id.desc()).limit(PAGE_ROWS)).all()
+    return render_template("emulator/dashboard/emails.html", emails=rows)
+
+
+@cache
+def _openapi_json() -> bytes:
+    return render().encode("ascii")
+
+
+@bp.get("/_emulator/openapi.json")
+def openapi() -> Response:
+    """The OpenAPI 3.1 document of the v2 and v1 APIs (the same text as docs/openapi.json)."""
+    return Response(_openapi_json(), mimetype="application/json")
