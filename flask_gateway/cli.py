@@ -1,0 +1,5 @@
+"""(being written) ``flask gateway ...`` commands."""
+
+import click
+
+gateway_cli = click.Group("gateway", help="Flask-Gateway: database, reconciliation, status.")

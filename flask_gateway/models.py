@@ -1,0 +1,170 @@
+"""The extension's tables, all prefixed ``gateway_``.
+
+They live on their own ``MetaData`` (``GatewayBase.metadata``). ``Gateway.init_app`` adds them to the app's
+Flask-SQLAlchemy metadata, so ``db.create_all()`` and Flask-Migrate's autogenerate see them like the app's
+own tables; ``flask gateway init-db`` creates just these.
+"""
+
+from __future__ import annotations
+
+import enum
+from datetime import datetime
+from typing import Any, ClassVar
+
+from sqlalchemy import JSON, BigInteger, Boolean, ForeignKey, Index, Integer, String, Text
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+from flask_gateway.core.sql import UTCDateTime
+
+__all__ = [
+    "CallbackLog",
+    "CheckoutEvent",
+    "GatewayBase",
+    "GatewayCheckout",
+    "Installation",
+    "LocalStatus",
+    "RefundRecord",
+    "RefundState",
+]
+
+
+class GatewayBase(DeclarativeBase):
+    type_annotation_map: ClassVar[dict[Any, Any]] = {datetime: UTCDateTime(), dict[str, Any]: JSON()}
+
+
+class LocalStatus(enum.StrEnum):
+    """Statuses only the merchant side has (the rest are the gateway's ``CheckoutStatus`` values)."""
+
+    #: Saved with its requestId, before the create request was sent (or while its outcome is unknown).
+    CREATING = "CREATING"
+    #: The create request failed for good (the gateway refused it); nothing exists on the gateway.
+    FAILED = "FAILED"
+
+
+class Installation(GatewayBase):
+    """The shop's installation of the gateway (one row per merchant account and environment)."""
+
+    __tablename__ = "gateway_installations"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    environment: Mapped[str] = mapped_column(String(20))
+    merchant_account_id: Mapped[str] = mapped_column(String(255))
+    #: Fernet tokens (flask_gateway.secrets): never the plain secrets.
+    api_key_encrypted: Mapped[str] = mapped_column(Text)
+    signing_key_encrypted: Mapped[str] = mapped_column(Text)
+    callback_url: Mapped[str] = mapped_column(String(2048))
+    callback_failures_email: Mapped[str | None] = mapped_column(String(254))
+    minimum_cents: Mapped[int] = mapped_column(BigInteger)
+    maximum_cents: Mapped[int] = mapped_column(BigInteger)
+    installed_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+
+
+class GatewayCheckout(GatewayBase):
+    """The local, truthful record of one checkout (v2 or v1) for one shop order."""
+
+    __tablename__ = "gateway_checkouts"
+    __table_args__ = (
+        Index("ix_gateway_checkouts_status_updated", "status", "updated_at"),
+        Index("ix_gateway_checkouts_reference", "order_reference"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    api_version: Mapped[str] = mapped_column(String(2), default="v2")
+    order_reference: Mapped[str] = mapped_column(String(255))
+    #: The idempotency key of the create request, saved before the first attempt.
+    request_id: Mapped[str] = mapped_column(String(64), unique=True)
+    #: v2 checkoutToken or v1 token; unknown until the gateway answered.
+    token: Mapped[str | None] = mapped_column(String(255), unique=True)
+    merchant_account_id: Mapped[str] = mapped_column(String(255))
+    status: Mapped[str] = mapped_column(String(40), default=LocalStatus.CREATING)
+    total_cents: Mapped[int] = mapped_column(BigInteger)
+    paid_cents: Mapped[int] = mapped_column(BigInteger, default=0)
+    refunded_cents: Mapped[int] = mapped_column(BigInteger, default=0)
+    payment_url: Mapped[str | None] = mapped_column(String(2048))
+    #: What was sent: the order (items, customer, addresses), for updates and for the admin.
+    order: Mapped[dict[str, Any]]
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+    expires_at: Mapped[datetime | None]
+    paid_at: Mapped[datetime | None]
+    #: Set once, when the payment-confirmed signal fired: the shop fulfils exactly once.
+    payment_confirmed_at: Mapped[datetime | None]
+    last_callback_at: Mapped[datetime | None]
+    last_polled_at: Mapped[datetime | None]
+    #: Something did not add up (amount or account mismatch): never paid automatically.
+    flagged: Mapped[bool] = mapped_column(Boolean, default=False)
+    flag_reason: Mapped[str | None] = mapped_column(Text)
+    #: v1: how the consumer left (CANCELLED or ABANDONED), recorded distinctly.
+    fail_reason: Mapped[str | None] = mapped_column(String(20))
+
+    events: Mapped[list[CheckoutEvent]] = relationship(
+        back_populates="checkout", order_by="CheckoutEvent.id", cascade="all, delete-orphan"
+    )
+    refunds: Mapped[list[RefundRecord]] = relationship(
+        back_populates="checkout", order_by="RefundRecord.id", cascade="all, delete-orphan"
+    )
+
+
+class CheckoutEvent(GatewayBase):
+    """One line of a checkout's timeline: what was learnt, from where, and what it changed."""
+
+    __tablename__ = "gateway_checkout_events"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    checkout_id: Mapped[int] = mapped_column(
+        ForeignKey("gateway_checkouts.id", ondelete="CASCADE"), index=True
+    )
+    at: Mapped[datetime]
+    #: callback, return, v1, poll, reconcile, admin, create, update, cancel, refund
+    source: Mapped[str] = mapped_column(String(20))
+    from_status: Mapped[str | None] = mapped_column(String(40))
+    to_status: Mapped[str | None] = mapped_column(String(40))
+    applied: Mapped[bool] = mapped_column(Boolean, default=True)
+    detail: Mapped[str] = mapped_column(Text, default="")
+
+    checkout: Mapped[GatewayCheckout] = relationship(back_populates="events")
+
+
+class RefundState(enum.StrEnum):
+    PENDING = "PENDING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+
+
+class RefundRecord(GatewayBase):
+    """A refund, saved with its requestId before the first request (reused on every retry)."""
+
+    __tablename__ = "gateway_refunds"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    checkout_id: Mapped[int] = mapped_column(
+        ForeignKey("gateway_checkouts.id", ondelete="CASCADE"), index=True
+    )
+    request_id: Mapped[str] = mapped_column(String(64), unique=True)
+    amount_cents: Mapped[int] = mapped_column(BigInteger)
+    reason: Mapped[str] = mapped_column(Text, default="")
+    state: Mapped[str] = mapped_column(String(20), default=RefundState.PENDING)
+    error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime]
+    completed_at: Mapped[datetime | None]
+
+    checkout: Mapped[GatewayCheckout] = relationship(back_populates="refunds")
+
+
+class CallbackLog(GatewayBase):
+    """Every callback received, stored before it is processed (headers without secrets, raw body)."""
+
+    __tablename__ = "gateway_callback_log"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    received_at: Mapped[datetime] = mapped_column(index=True)
+    checkout_id: Mapped[int | None] = mapped_column(ForeignKey("gateway_checkouts.id", ondelete="SET NULL"))
+    merchant_account_id: Mapped[str | None] = mapped_column(String(255))
+    headers: Mapped[dict[str, Any]]
+    body: Mapped[str] = mapped_column(Text)
+    verified: Mapped[bool] = mapped_column(Boolean, default=False)
+    #: accepted, duplicate, rejected-signature, unknown-checkout, mismatch, invalid-body, ignored
+    outcome: Mapped[str] = mapped_column(String(40))
+    http_status: Mapped[int]
+    detail: Mapped[str] = mapped_column(Text, default="")

@@ -1,0 +1,36 @@
+"""Asking the gateway (getstatus) and applying its answer through the state machine."""
+
+from __future__ import annotations
+
+from flask_gateway.core.timestamps import utcnow
+from flask_gateway.extension import get_state
+from flask_gateway.models import GatewayCheckout
+from flask_gateway.transitions import Observation, Transition, apply, send_pending
+
+__all__ = ["refresh"]
+
+
+def refresh(checkout: GatewayCheckout, *, source: str = "poll") -> Transition:
+    """getstatus for a v2 checkout, applied as an observation of ``source`` (poll, return, reconcile, admin).
+
+    Raises ``flask_gateway.core.errors.GatewayError`` when the gateway cannot be asked; nothing changes then.
+    """
+    if checkout.api_version != "v2" or not checkout.token:
+        raise ValueError("only a v2 checkout that the gateway created can be polled")
+    state = get_state()
+    checkout_id = checkout.id
+    payload = state.client().get_status(checkout.token).data
+    state.session.rollback()  # nothing pending: the lock below starts a fresh transaction
+    observed = Observation(
+        status=str(payload.checkoutPaymentStatus),
+        source=source,
+        total_cents=payload.checkoutTotalCents,
+        paid_at=payload.paidAt,
+        expires_at=payload.expiresAt,
+        detail=f"getstatus: {payload.checkoutPaymentStatus}",
+    )
+    transition = apply(state.session, checkout_id, observed, commit=False)
+    transition.checkout.last_polled_at = utcnow()
+    state.session.commit()
+    send_pending(transition)
+    return transition

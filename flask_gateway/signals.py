@@ -1,0 +1,40 @@
+"""Signals the extension sends (blinker), each exactly once per event, after the change is committed.
+
+Connect with ``@checkout_paid.connect_via(app)`` or ``checkout_paid.connect(receiver)``. Every signal
+sends the app as sender and ``checkout`` (a ``GatewayCheckout``) plus the keyword arguments listed.
+"""
+
+from __future__ import annotations
+
+from blinker import Namespace
+
+__all__ = [
+    "callback_rejected",
+    "checkout_cancelled",
+    "checkout_created",
+    "checkout_expired",
+    "payment_confirmed",
+    "refund_succeeded",
+]
+
+_signals = Namespace()
+
+#: A checkout was created on the gateway. Sends ``checkout``.
+checkout_created = _signals.signal("gateway-checkout-created")
+
+#: The payment is proven (a verified callback, getstatus, or a signed v1 success URL) for the first time:
+#: fulfil the order here. Sends ``checkout`` and ``source`` (callback, return, poll, reconcile, v1, admin).
+payment_confirmed = _signals.signal("gateway-payment-confirmed")
+
+#: The checkout was cancelled (by the consumer or the merchant). Sends ``checkout``, ``status``, ``source``.
+checkout_cancelled = _signals.signal("gateway-checkout-cancelled")
+
+#: The checkout expired unpaid. Sends ``checkout`` and ``source``.
+checkout_expired = _signals.signal("gateway-checkout-expired")
+
+#: A refund succeeded. Sends ``checkout``, ``refund`` (a ``RefundRecord``) and ``amount_cents``.
+refund_succeeded = _signals.signal("gateway-refund-succeeded")
+
+#: A callback was refused (bad signature, unknown checkout, mismatch). Sends ``checkout`` (or None),
+#: ``reason`` and ``log`` (the ``CallbackLog`` row).
+callback_rejected = _signals.signal("gateway-callback-rejected")

@@ -1,0 +1,69 @@
+"""URLs the extension hands out: the callback URL, signed return URLs (v2) and signed outcome URLs (v1).
+
+Return and outcome URLs carry an itsdangerous signature of the checkout's id (keyed with the app's
+``SECRET_KEY``), so a forged or edited URL is refused. The v1 outcome URL is only ever given to the
+gateway, which alone can therefore complete it.
+"""
+
+from __future__ import annotations
+
+from typing import Final, Literal
+
+from flask import current_app, url_for
+from itsdangerous import BadSignature, URLSafeSerializer
+
+from flask_gateway.extension import get_state
+
+__all__ = [
+    "ReturnKind",
+    "callback_url",
+    "external_url",
+    "load_signed_reference",
+    "return_url",
+    "v1_outcome_url",
+]
+
+ReturnKind = Literal["confirm", "cancel", "v1-success", "v1-fail"]
+_SALT: Final = "flask-gateway.reference"
+
+
+def _serializer() -> URLSafeSerializer:
+    return URLSafeSerializer(current_app.config["SECRET_KEY"], salt=_SALT)
+
+
+def external_url(endpoint: str, **values: object) -> str:
+    """An absolute URL under ``GATEWAY_PUBLIC_URL`` (or the request's host when it is not set)."""
+    public = get_state().config.public_url
+    if public:
+        return public + url_for(endpoint, _external=False, **values)
+    return url_for(endpoint, _external=True, **values)
+
+
+def callback_url() -> str:
+    return external_url("gateway.callback")
+
+
+def _sign(checkout_id: int, kind: ReturnKind) -> str:
+    return str(_serializer().dumps({"c": checkout_id, "k": kind}))
+
+
+def load_signed_reference(value: str, kind: ReturnKind) -> int | None:
+    """The checkout id in a signed reference of ``kind``, or None when forged, edited or of another kind."""
+    try:
+        data = _serializer().loads(value)
+    except BadSignature:
+        return None
+    if not isinstance(data, dict) or data.get("k") != kind or not isinstance(data.get("c"), int):
+        return None
+    return int(data["c"])
+
+
+def return_url(checkout_id: int, kind: Literal["confirm", "cancel"]) -> str:
+    """Where the gateway sends the consumer back (v2 ``confirmRedirectUrl`` / ``cancelRedirectUrl``)."""
+    return external_url("gateway.return_page", kind=kind, ref=_sign(checkout_id, kind))
+
+
+def v1_outcome_url(checkout_id: int, kind: Literal["v1-success", "v1-fail"]) -> str:
+    """The v1 ``success_callback_url`` / ``fail_callback_url`` for one order."""
+    endpoint = "gateway.v1_success" if kind == "v1-success" else "gateway.v1_fail"
+    return external_url(endpoint, ref=_sign(checkout_id, kind))

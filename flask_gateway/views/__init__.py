@@ -1,0 +1,1 @@
+"""The extension's blueprints: ``public`` (gateway-facing endpoints) and ``admin`` (screens)."""
