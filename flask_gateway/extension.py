@@ -41,7 +41,8 @@ class GatewayState:
 
     @property
     def session(self) -> Session:
-        session: Session = self.db.session
+        # The scoped session's current Session (Flask-SQLAlchemy scopes it to the app context).
+        session: Session = self.db.session()
         return session
 
     def installation(self) -> Installation | None:

@@ -7,7 +7,7 @@ gateway, which alone can therefore complete it.
 
 from __future__ import annotations
 
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 from flask import current_app, url_for
 from itsdangerous import BadSignature, URLSafeSerializer
@@ -31,7 +31,7 @@ def _serializer() -> URLSafeSerializer:
     return URLSafeSerializer(current_app.config["SECRET_KEY"], salt=_SALT)
 
 
-def external_url(endpoint: str, **values: object) -> str:
+def external_url(endpoint: str, **values: Any) -> str:
     """An absolute URL under ``GATEWAY_PUBLIC_URL`` (or the request's host when it is not set)."""
     public = get_state().config.public_url
     if public:
