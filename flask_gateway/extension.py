@@ -68,11 +68,17 @@ class GatewayState:
     def client(self, installation: Installation | None = None) -> GatewayClient:
         """A v2 client signed with the stored signing key (decrypted only here, only in memory)."""
         installation = installation or self.require_installation()
+        return self.signed_client(
+            installation.merchant_account_id, self.box.decrypt(installation.signing_key_encrypted)
+        )
+
+    def signed_client(self, merchant_account_id: str, signing_key: str | None) -> GatewayClient:
+        """A v2 client for an account; unsigned (installation only) when ``signing_key`` is None."""
         return GatewayClient(
             base_url=self.config.base_url,
             install_url=self.config.install_url,
-            merchant_account_id=installation.merchant_account_id,
-            signing_key=self.box.decrypt(installation.signing_key_encrypted),
+            merchant_account_id=merchant_account_id,
+            signing_key=signing_key,
             timeout=self.config.timeout,
             max_retries=self.config.max_retries,
             **self.client_options,
@@ -80,14 +86,7 @@ class GatewayState:
 
     def install_client(self, merchant_account_id: str) -> GatewayClient:
         """An unsigned v2 client for the installation call."""
-        return GatewayClient(
-            base_url=self.config.base_url,
-            install_url=self.config.install_url,
-            merchant_account_id=merchant_account_id,
-            timeout=self.config.timeout,
-            max_retries=self.config.max_retries,
-            **self.client_options,
-        )
+        return self.signed_client(merchant_account_id, None)
 
     def v1_client(self, installation: Installation | None = None) -> V1Client:
         installation = installation or self.require_installation()

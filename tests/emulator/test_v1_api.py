@@ -11,13 +11,10 @@ import copy
 import re
 from collections.abc import Iterator
 from datetime import timedelta
-from urllib.parse import urlsplit
 
 import pytest
 import requests
 import responses
-from requests.adapters import BaseAdapter
-from requests.structures import CaseInsensitiveDict
 
 from flask_gateway.core import V1Client
 from flask_gateway.core.errors import AuthenticationError, FirewallRejectedError, RefundRefusedError
@@ -25,6 +22,7 @@ from flask_gateway.core.timestamps import format_v1_timestamp, parse_timestamp, 
 from flask_gateway.core.wire import V1CheckoutRequest, V1RefundRequest, V1RefundResult
 from tests.emulator.conftest import make_emulator
 from tests.emulator.support import ACCOUNT, API_KEY, Gateway, v1_checkout_body
+from tests.wsgi_adapter import FlaskAdapter
 
 V1_TIME = re.compile(r"\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}\Z")
 SUCCESS_URL = "https://shop.example/gateway/v1/success"
@@ -448,36 +446,6 @@ def test_refund_answers_parse_as_v1_refund_results(installed):
 
 
 # --- V1Client against the emulator --------------------------------------------------------------------
-
-
-class FlaskAdapter(BaseAdapter):
-    """A ``requests`` transport that hands every request to the Flask test client."""
-
-    def __init__(self, client) -> None:
-        super().__init__()
-        self.client = client
-
-    def send(self, request, stream=False, timeout=None, verify=True, cert=None, proxies=None):
-        url = urlsplit(request.url)
-        answer = self.client.open(
-            url.path,
-            base_url=f"{url.scheme}://{url.netloc}",
-            method=request.method,
-            query_string=url.query,
-            data=request.body,
-            headers=dict(request.headers),
-        )
-        response = requests.Response()
-        response.status_code = answer.status_code
-        response.reason = answer.status.partition(" ")[2]
-        response.headers = CaseInsensitiveDict(answer.headers)
-        response._content = answer.get_data()
-        response.url = request.url
-        response.request = request
-        return response
-
-    def close(self) -> None:
-        pass
 
 
 @pytest.fixture

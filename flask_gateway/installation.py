@@ -1,0 +1,113 @@
+"""Installing the gateway for this shop, adopting a signing key issued before, and changing settings.
+
+The secrets are encrypted before they are stored, and never logged (flask_gateway.secrets).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from flask_gateway.core.timestamps import utcnow
+from flask_gateway.core.wire import InstallRequest, SettingsUpdateRequest
+from flask_gateway.extension import get_state
+from flask_gateway.models import Installation
+
+__all__ = ["InstallSettings", "adopt_signing_key", "install", "update_settings"]
+
+
+@dataclass(frozen=True)
+class InstallSettings:
+    merchant_account_id: str
+    api_key: str
+    callback_url: str
+    callback_failures_email: str | None
+    minimum_cents: int
+    maximum_cents: int
+
+    def __repr__(self) -> str:
+        return f"InstallSettings(merchant_account_id={self.merchant_account_id!r}, api_key='****')"
+
+
+def _store(settings: InstallSettings, signing_key: str) -> Installation:
+    state = get_state()
+    now = utcnow()
+    installation = state.installation() or Installation(
+        environment=state.config.environment, installed_at=now
+    )
+    installation.merchant_account_id = settings.merchant_account_id
+    installation.api_key_encrypted = state.box.encrypt(settings.api_key)
+    installation.signing_key_encrypted = state.box.encrypt(signing_key)
+    installation.callback_url = settings.callback_url
+    installation.callback_failures_email = settings.callback_failures_email
+    installation.minimum_cents = settings.minimum_cents
+    installation.maximum_cents = settings.maximum_cents
+    installation.updated_at = now
+    state.session.add(installation)
+    state.session.commit()
+    return installation
+
+
+def install(settings: InstallSettings) -> Installation:
+    """Call the installation operation and store the returned signing key (encrypted).
+
+    Raises ``AlreadyInstalledError`` (403, from ``flask_gateway.core.errors``) when the account was installed
+    before: then ask the owner for the signing key they were given and call :func:`adopt_signing_key`.
+    """
+    request = InstallRequest.model_validate(
+        {
+            "merchantAccountId": settings.merchant_account_id,
+            "merchantAccountApiKey": settings.api_key,
+            "checkoutStatusCallbackUrl": settings.callback_url,
+            "callbackFailuresEmail": settings.callback_failures_email,
+            "minimumCheckoutAmountCents": settings.minimum_cents,
+            "maximumCheckoutAmountCents": settings.maximum_cents,
+        }
+    )
+    answer = get_state().install_client(settings.merchant_account_id).install(request)
+    return _store(settings, answer.data.secretSigningKey.get_secret_value())
+
+
+def adopt_signing_key(settings: InstallSettings, signing_key: str) -> Installation:
+    """Store a signing key the owner already has (after "already installed"), once the gateway accepts it.
+
+    The key is checked with a settings update carrying the same settings: a wrong key gives
+    ``AuthenticationError`` and nothing is stored.
+    """
+    client = get_state().signed_client(settings.merchant_account_id, signing_key)
+    answer = client.update_settings(
+        SettingsUpdateRequest(
+            checkoutStatusCallbackUrl=settings.callback_url,
+            callbackFailuresEmail=settings.callback_failures_email,
+            minimumCheckoutAmountCents=settings.minimum_cents,
+            maximumCheckoutAmountCents=settings.maximum_cents,
+        )
+    )
+    return _store(settings, answer.data.signingKey.get_secret_value())
+
+
+def update_settings(
+    *,
+    callback_url: str,
+    callback_failures_email: str | None,
+    minimum_cents: int,
+    maximum_cents: int,
+) -> Installation:
+    """Send the four settings (PATCH) and store them with the returned ``signingKey``."""
+    state = get_state()
+    installation = state.require_installation()
+    answer = state.client(installation).update_settings(
+        SettingsUpdateRequest(
+            checkoutStatusCallbackUrl=callback_url,
+            callbackFailuresEmail=callback_failures_email,
+            minimumCheckoutAmountCents=minimum_cents,
+            maximumCheckoutAmountCents=maximum_cents,
+        )
+    )
+    installation.callback_url = answer.data.checkoutStatusCallbackUrl or callback_url
+    installation.callback_failures_email = answer.data.callbackFailuresEmail
+    installation.minimum_cents = answer.data.minimumCheckoutAmountCents or minimum_cents
+    installation.maximum_cents = answer.data.maximumCheckoutAmountCents or maximum_cents
+    installation.signing_key_encrypted = state.box.encrypt(answer.data.signingKey.get_secret_value())
+    installation.updated_at = utcnow()
+    state.session.commit()
+    return installation

@@ -1,0 +1,128 @@
+"""A shop app with the extension, talking to the in-process emulator (and the emulator back to the shop).
+
+- The shop's clients reach the emulator at ``http://emulator.test`` through a ``requests`` adapter.
+- The emulator's callbacks and v1 GETs reach the shop at ``https://shop.example`` the same way.
+No sockets: real HTTP between processes is tested in the end-to-end tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+from flask import Flask
+from flask_sqlalchemy import SQLAlchemy
+from flask_wtf.csrf import CSRFProtect
+
+from flask_gateway import Gateway
+from flask_gateway.emulator import merchant as emulator_merchant
+from flask_gateway.extension import get_state
+from flask_gateway.installation import InstallSettings, install
+from flask_gateway.orders import Address, Customer, OrderDraft, OrderLine
+from tests.emulator.conftest import make_emulator
+from tests.emulator.support import Gateway as EmulatorDriver
+from tests.wsgi_adapter import FlaskAdapter
+
+EMULATOR_URL = "http://emulator.test"
+SHOP_URL = "https://shop.example"
+ACCOUNT = "demo-merchant"
+API_KEY = "demo-api-key"
+
+
+def make_shop(tmp_path: Path, **config: Any) -> tuple[Flask, SQLAlchemy, Gateway]:
+    app = Flask("test_shop")
+    app.config.update(
+        TESTING=True,
+        SECRET_KEY="shop-secret-key-for-tests",
+        SQLALCHEMY_DATABASE_URI=f"sqlite:///{tmp_path / 'shop.sqlite3'}",
+        GATEWAY_ENVIRONMENT="emulator",
+        GATEWAY_BASE_URL=EMULATOR_URL,
+        GATEWAY_INSTALL_URL=f"{EMULATOR_URL}/install",
+        GATEWAY_V1_BASE_URL=EMULATOR_URL,
+        GATEWAY_PUBLIC_URL=SHOP_URL,
+        GATEWAY_ORDER_ENDPOINT="order_page",
+        GATEWAY_MAX_RETRIES=0,
+    )
+    app.config.update(config)
+    db = SQLAlchemy()
+    db.init_app(app)
+    CSRFProtect(app)
+    gateway = Gateway(app, db=db)
+
+    @app.get("/orders/<reference>")
+    def order_page(reference: str) -> str:
+        return f"order {reference}"
+
+    with app.app_context():
+        db.create_all()
+    return app, db, gateway
+
+
+@dataclass
+class Harness:
+    """The shop and the emulator, wired together."""
+
+    shop: Flask
+    db: SQLAlchemy
+    gateway: Gateway
+    emulator: EmulatorDriver
+
+    @property
+    def client(self):  # the shop's test client
+        return self.shop.test_client()
+
+    def install(self, *, minimum: int = 100, maximum: int = 10_000_000) -> None:
+        with self.shop.app_context():
+            install(
+                InstallSettings(
+                    merchant_account_id=ACCOUNT,
+                    api_key=API_KEY,
+                    callback_url=f"{SHOP_URL}/gateway/callback",
+                    callback_failures_email=None,
+                    minimum_cents=minimum,
+                    maximum_cents=maximum,
+                )
+            )
+
+
+def sample_order(reference: str = "ORD-1", *, quantity: int = 2, price: int = 39900) -> OrderDraft:
+    return OrderDraft(
+        reference=reference,
+        lines=(
+            OrderLine(
+                name="Enamel kettle",
+                sku="K-1",
+                quantity=quantity,
+                unit_price_cents=price,
+                image_url=f"{SHOP_URL}/static/kettle.png",
+                page_url=f"{SHOP_URL}/products/kettle",
+            ),
+        ),
+        customer=Customer(
+            first_name="Thandi", last_name="Mokoena", email="thandi@example.com", phone="+27821234567"
+        ),
+        billing_address=Address(line1="1 Long St", city="Cape Town", province="WC", postal_code="8001"),
+        shipping_address=Address(line1="1 Long St", city="Cape Town", province="WC", postal_code="8001"),
+    )
+
+
+@pytest.fixture
+def harness(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Harness]:
+    emulator_app = make_emulator(tmp_path, public_url=EMULATOR_URL)
+    shop, db, gateway = make_shop(tmp_path)
+
+    to_emulator = requests.Session()
+    to_emulator.mount(EMULATOR_URL, FlaskAdapter(emulator_app.test_client()))
+    get_state(shop).client_options.update(session=to_emulator, sleep=lambda seconds: None)
+
+    to_shop = requests.Session()
+    to_shop.mount(SHOP_URL, FlaskAdapter(shop.test_client()))
+    monkeypatch.setattr(emulator_merchant, "_session", to_shop)
+
+    yield Harness(shop=shop, db=db, gateway=gateway, emulator=EmulatorDriver(emulator_app.test_client()))
+    with shop.app_context():
+        db.engine.dispose()
