@@ -1,5 +1,153 @@
-"""(being written) ``flask gateway ...`` commands."""
+"""``flask gateway ...``: create the tables, reconcile, look at one checkout.
+
+- ``flask gateway init-db``: create the extension's ``gateway_*`` tables (only those) when missing.
+- ``flask gateway reconcile [--limit N] [--older-than SECONDS]``: poll the checkouts whose outcome the shop
+  may have missed (see :mod:`flask_gateway.reconcile`); exits 1 when a checkout could not be polled, so a
+  cron job reports it.
+- ``flask gateway status TOKEN [--refresh]``: the local record and the gateway's getstatus answer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
 
 import click
+from flask.cli import AppGroup
+from sqlalchemy import inspect, select
 
-gateway_cli = click.Group("gateway", help="Flask-Gateway: database, reconciliation, status.")
+from flask_gateway.core.errors import GatewayError
+from flask_gateway.core.sql import create_all_safely
+from flask_gateway.core.wire import STATUS_PAYLOAD_KEYS
+from flask_gateway.extension import NotInstalledError, get_state
+from flask_gateway.models import GatewayBase, GatewayCheckout
+
+__all__ = ["gateway_cli"]
+
+#: ``AppGroup``: every command runs inside the app context.
+gateway_cli = AppGroup("gateway", help="Flask-Gateway: database tables, reconciliation, checkout status.")
+
+
+@gateway_cli.command("init-db")
+def init_db() -> None:
+    """Create the gateway_* tables that do not exist yet (your own tables are left alone)."""
+    engine = get_state().db.engine
+    existing = set(inspect(engine).get_table_names())
+    create_all_safely(engine, GatewayBase.metadata)
+    names = [table.name for table in GatewayBase.metadata.sorted_tables]
+    created = [name for name in names if name not in existing]
+    if created:
+        click.echo(f"Created {len(created)} table(s): {', '.join(created)}.")
+    else:
+        click.echo(f"All {len(names)} gateway tables exist already; nothing to do.")
+
+
+@gateway_cli.command("reconcile")
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="Poll at most N checkouts.")
+@click.option(
+    "--older-than",
+    "older_than",
+    type=click.FloatRange(min=0),
+    default=None,
+    help="Only checkouts unchanged and unpolled for this many seconds "
+    "[default: GATEWAY_RECONCILE_AFTER_SECONDS].",
+)
+@click.option("--quiet", is_flag=True, help="No progress bar; only the summary.")
+def reconcile_command(limit: int | None, older_than: float | None, quiet: bool) -> None:
+    """Ask the gateway about checkouts that are not final and apply the answers."""
+    from flask_gateway.reconcile import reconcile
+
+    bar: Any = None
+
+    def progress(done: int, total: int) -> None:
+        nonlocal bar
+        if quiet:
+            return
+        if bar is None:
+            if total == 0:
+                return
+            bar = click.progressbar(length=total, label="Polling checkouts", show_pos=True)
+            bar.__enter__()
+        bar.update(done - bar.pos)
+
+    try:
+        report = reconcile(limit=limit, older_than_seconds=older_than, progress=progress)
+    finally:
+        if bar is not None:
+            bar.__exit__(None, None, None)
+    click.echo(report.summary())
+    if report.errors:
+        raise SystemExit(1)
+
+
+def _when(value: Any) -> str:
+    return value.isoformat(timespec="seconds") if value is not None else "-"
+
+
+@gateway_cli.command("status")
+@click.argument("token")
+@click.option(
+    "--refresh",
+    "apply_answer",
+    is_flag=True,
+    help="Apply the gateway's answer to the local record (through the state machine).",
+)
+def status_command(token: str, apply_answer: bool) -> None:
+    """Show checkout TOKEN: the local record and what the gateway's getstatus says."""
+    state = get_state()
+    session = state.session
+    checkout = session.scalars(select(GatewayCheckout).where(GatewayCheckout.token == token)).first()
+    problems = 0
+    if checkout is None:
+        click.echo(f"No local checkout has token {token}.")
+        problems += 1
+    else:
+        rows = [
+            ("checkout", f"#{checkout.id} ({checkout.api_version})"),
+            ("order", checkout.order_reference),
+            (
+                "status",
+                checkout.status
+                + ("  [FLAGGED: " + (checkout.flag_reason or "") + "]" if checkout.flagged else ""),
+            ),
+            ("total", f"{checkout.total_cents} cents"),
+            ("paid", f"{checkout.paid_cents} cents"),
+            ("refunded", f"{checkout.refunded_cents} cents"),
+            ("merchant account", checkout.merchant_account_id),
+            ("request id", checkout.request_id),
+            ("created", _when(checkout.created_at)),
+            ("updated", _when(checkout.updated_at)),
+            ("expires", _when(checkout.expires_at)),
+            ("paid at", _when(checkout.paid_at)),
+            ("last callback", _when(checkout.last_callback_at)),
+            ("last polled", _when(checkout.last_polled_at)),
+        ]
+        click.echo("Local record")
+        for label, value in rows:
+            click.echo(f"  {label:<17}{value}")
+        if checkout.events:
+            click.echo("  recent events")
+            for event in checkout.events[-5:]:
+                mark = "" if event.applied else " (not applied)"
+                click.echo(
+                    f"    {_when(event.at)}  {event.source:<9} {event.from_status} -> {event.to_status}"
+                    f"{mark}{': ' + event.detail if event.detail else ''}"
+                )
+        if checkout.api_version != "v2":
+            click.echo("The v1 API has no status query: the outcome arrives on the success/fail URLs.")
+            return
+    try:
+        if apply_answer and checkout is not None:
+            from flask_gateway.polling import refresh
+
+            transition = refresh(checkout, source="admin")
+            verb = "applied" if transition.applied else f"not applied ({transition.reason})"
+            click.echo(f"Refreshed: {transition.before} -> {transition.after}, {verb}.")
+        payload = state.client().get_status(token).data.to_wire()
+    except (GatewayError, NotInstalledError) as error:
+        click.echo(f"The gateway could not be asked: {error}", err=True)
+        raise SystemExit(1) from None
+    click.echo("Gateway (getstatus)")
+    for key in STATUS_PAYLOAD_KEYS:
+        click.echo(f"  {key:<33}{'-' if payload.get(key) is None else payload[key]}")
+    if problems:
+        raise SystemExit(1)

@@ -94,8 +94,12 @@ def update_settings(
 ) -> Installation:
     """Send the four settings (PATCH) and store them with the returned ``signingKey``."""
     state = get_state()
-    installation = state.require_installation()
-    answer = state.client(installation).update_settings(
+    client = state.client(state.require_installation())
+    # No transaction open while the gateway answers: on SQLite every transaction holds the write lock
+    # (BEGIN IMMEDIATE), which would stall callbacks for the whole call. (Like every operation, this
+    # commits the caller's pending changes in the shared session.)
+    state.session.commit()
+    answer = client.update_settings(
         SettingsUpdateRequest(
             checkoutStatusCallbackUrl=callback_url,
             callbackFailuresEmail=callback_failures_email,
@@ -103,6 +107,7 @@ def update_settings(
             maximumCheckoutAmountCents=maximum_cents,
         )
     )
+    installation = state.require_installation()
     installation.callback_url = answer.data.checkoutStatusCallbackUrl or callback_url
     installation.callback_failures_email = answer.data.callbackFailuresEmail
     installation.minimum_cents = answer.data.minimumCheckoutAmountCents or minimum_cents

@@ -18,9 +18,13 @@ def refresh(checkout: GatewayCheckout, *, source: str = "poll") -> Transition:
     if checkout.api_version != "v2" or not checkout.token:
         raise ValueError("only a v2 checkout that the gateway created can be polled")
     state = get_state()
-    checkout_id = checkout.id
-    payload = state.client().get_status(checkout.token).data
-    state.session.rollback()  # nothing pending: the lock below starts a fresh transaction
+    checkout_id, token = checkout.id, checkout.token
+    client = state.client()
+    # End the read transaction before waiting on the network: on SQLite every transaction holds the
+    # write lock (BEGIN IMMEDIATE), which would stall callbacks for the whole call. The lock below
+    # starts a fresh transaction.
+    state.session.rollback()
+    payload = client.get_status(token).data
     observed = Observation(
         status=str(payload.checkoutPaymentStatus),
         source=source,

@@ -8,6 +8,7 @@ gateway, which alone can therefore complete it.
 from __future__ import annotations
 
 from typing import Any, Final, Literal
+from urllib.parse import urlsplit
 
 from flask import current_app, url_for
 from itsdangerous import BadSignature, URLSafeSerializer
@@ -35,7 +36,13 @@ def external_url(endpoint: str, **values: Any) -> str:
     """An absolute URL under ``GATEWAY_PUBLIC_URL`` (or the request's host when it is not set)."""
     public = get_state().config.public_url
     if public:
-        return public + url_for(endpoint, _external=False, **values)
+        # Built on the public address itself, so it works without a request too (create_checkout from a
+        # job, reconciliation) and a path in GATEWAY_PUBLIC_URL is the script root, never doubled.
+        parts = urlsplit(public)
+        app = current_app._get_current_object()  # type: ignore[attr-defined]
+        app.inject_url_defaults(endpoint, values)
+        adapter = app.url_map.bind(parts.netloc, script_name=parts.path or "/", url_scheme=parts.scheme)
+        return str(adapter.build(endpoint, values, force_external=True))
     return url_for(endpoint, _external=True, **values)
 
 

@@ -1,5 +1,540 @@
-"""(being written) The admin screens."""
+"""The admin screens: status, install, settings, checkouts (list, detail, refresh, cancel, refund).
 
-from flask import Blueprint
+Registered at ``GATEWAY_URL_PREFIX + "/admin"``. Every request first passes the app's admin guard
+(``@gateway.admin_guard``; without one every screen answers 403), every POST needs a valid CSRF token
+(whether or not the app uses ``CSRFProtect``), and every answer forbids framing.
+"""
 
-bp = Blueprint("gateway_admin", __name__, template_folder="../templates")
+from __future__ import annotations
+
+import ipaddress
+import json
+import logging
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any, Final
+from urllib.parse import urlsplit
+
+from flask import Blueprint, abort, current_app, flash, g, redirect, render_template, request, url_for
+from flask.typing import ResponseReturnValue
+from flask_wtf.csrf import CSRFError, validate_csrf
+from pydantic import ValidationError as ModelValidationError
+from sqlalchemy import func, or_, select
+from werkzeug.wrappers import Response
+from wtforms import ValidationError as FormValidationError
+
+from flask_gateway.core.errors import (
+    AlreadyInstalledError,
+    AuthenticationError,
+    GatewayConnectionError,
+    GatewayError,
+    GatewayServerError,
+)
+from flask_gateway.core.wire import CheckoutStatus
+from flask_gateway.extension import GatewayState, NotInstalledError, get_state
+from flask_gateway.forms import ActionForm, AmountField, InstallForm, RefundForm, SettingsForm, format_money
+from flask_gateway.installation import InstallSettings, adopt_signing_key, install, update_settings
+from flask_gateway.models import CallbackLog, GatewayCheckout, Installation, LocalStatus
+from flask_gateway.polling import refresh
+from flask_gateway.secrets import SecretUnreadable, mask
+from flask_gateway.urls import callback_url
+
+__all__ = ["bp"]
+
+bp = Blueprint(
+    "gateway_admin",
+    __name__,
+    template_folder="../templates",
+    static_folder="../static",
+    static_url_path="/static",
+)
+
+_log = logging.getLogger("flask_gateway.admin")
+
+PER_PAGE: Final = 25
+#: Every status a checkout can have here, in the order the list's filter offers them.
+STATUSES: Final = (
+    *(s.value for s in CheckoutStatus),
+    *(s.value for s in LocalStatus),
+)
+_REFUNDABLE: Final = frozenset(
+    {CheckoutStatus.PAID, CheckoutStatus.PAID_PENDING_CALLBACK, CheckoutStatus.PARTIALLY_REFUNDED}
+)
+_CANCELLABLE: Final = frozenset({CheckoutStatus.PENDING_ORDER, CheckoutStatus.CANCELLED_BY_CONSUMER})
+#: What an action can raise that the owner should read (anything else is a bug: a 500 and a log line).
+_EXPECTED: Final = (GatewayError, ValueError, NotInstalledError, SecretUnreadable)
+
+
+# --- every request: the guard, CSRF, framing headers -------------------------------------------------
+
+
+@bp.before_request
+def _admit() -> ResponseReturnValue | None:
+    guard = get_state().extension._admin_guard
+    if guard is None:
+        _log.warning(
+            "gateway admin refused: no admin guard registered (decorate a function with "
+            "@gateway.admin_guard, see docs/extension.md)"
+        )
+        abort(
+            403,
+            description="The gateway's admin screens are closed: this app has not registered an admin "
+            "guard (see the Flask-Gateway docs, docs/extension.md).",
+        )
+    verdict = guard()
+    if isinstance(verdict, Response):
+        return verdict  # e.g. a redirect to the app's login page
+    if verdict is not True:
+        if verdict:  # truthy but not True: fail closed, and tell the developer why
+            _log.warning(
+                "gateway admin refused: the admin guard returned a %s; return True to allow",
+                type(verdict).__name__,
+            )
+        abort(403, description="You are not allowed to use the gateway's admin screens.")
+    _check_csrf()
+    return None
+
+
+def _check_csrf() -> None:
+    """Every admin POST carries a valid token, also when the app does not use ``CSRFProtect``."""
+    if request.method != "POST" or not current_app.config.get("WTF_CSRF_ENABLED", True):
+        return
+    if g.get("csrf_valid"):  # CSRFProtect checked this request already
+        return
+    field = current_app.config.get("WTF_CSRF_FIELD_NAME", "csrf_token")
+    token = (
+        request.form.get(field) or request.headers.get("X-CSRFToken") or request.headers.get("X-CSRF-Token")
+    )
+    try:
+        validate_csrf(token)
+    except FormValidationError as error:
+        raise CSRFError(error.args[0]) from None
+    g.csrf_valid = True
+
+
+@bp.after_request
+def _framing(response: Response) -> Response:
+    response.headers["X-Frame-Options"] = "DENY"
+    policy = response.headers.get("Content-Security-Policy")
+    if not policy:
+        response.headers["Content-Security-Policy"] = "frame-ancestors 'none'"
+    else:  # keep the app's policy, but these pages are never framed, by anyone
+        directives = [d for d in policy.split(";") if not d.strip().lower().startswith("frame-ancestors")]
+        response.headers["Content-Security-Policy"] = "; ".join(
+            [d.strip() for d in directives if d.strip()] + ["frame-ancestors 'none'"]
+        )
+    response.headers.setdefault("X-Content-Type-Options", "nosniff")
+    response.headers.setdefault("Referrer-Policy", "same-origin")
+    if request.endpoint != "gateway_admin.static":
+        response.headers["Cache-Control"] = "no-store"  # customer data and settings: never cached
+    return response
+
+
+@bp.context_processor
+def _helpers() -> dict[str, Any]:
+    symbol = get_state().config.currency_symbol
+
+    def money(cents: int | None) -> str:
+        return format_money(cents, symbol)
+
+    return {"money": money, "when": _when, "gateway_config": get_state().config}
+
+
+def _when(value: datetime | None) -> str:
+    return value.strftime("%Y-%m-%d %H:%M:%S UTC") if value else "-"
+
+
+# --- status --------------------------------------------------------------------------------------------
+
+
+@bp.get("/")
+def index() -> ResponseReturnValue:
+    state = get_state()
+    installation = state.installation()
+    counts = dict(
+        state.session.execute(
+            select(GatewayCheckout.status, func.count()).group_by(GatewayCheckout.status)
+        ).all()
+    )
+    flagged = state.session.scalar(
+        select(func.count()).select_from(GatewayCheckout).where(GatewayCheckout.flagged.is_(True))
+    )
+    return render_template(
+        "gateway/admin/index.html",
+        installation=installation,
+        secrets=_masked_secrets(state, installation),
+        counts=[(status, counts[status]) for status in STATUSES if status in counts]
+        + [(status, count) for status, count in counts.items() if status not in STATUSES],
+        flagged=flagged or 0,
+        warnings=_address_warnings(installation.callback_url if installation else None),
+    )
+
+
+def _masked_secrets(state: GatewayState, installation: Installation | None) -> dict[str, str]:
+    """The stored secrets, masked (last 4 characters); decrypted only in memory, only to mask them."""
+    if installation is None:
+        return {}
+    try:
+        return {
+            "api_key": mask(state.box.decrypt(installation.api_key_encrypted)),
+            "signing_key": mask(state.box.decrypt(installation.signing_key_encrypted)),
+        }
+    except SecretUnreadable as error:
+        return {"error": str(error)}
+
+
+# --- install and settings ------------------------------------------------------------------------------
+
+
+def _local_kind(url: str | None) -> str | None:
+    """``"localhost"`` or ``"an IP address"`` when ``url``'s host is one, else None."""
+    host = (urlsplit(url or "").hostname or "").rstrip(".").lower()
+    if not host:
+        return None
+    if host == "localhost" or host.endswith(".localhost"):
+        return "localhost"
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return None
+    return "an IP address"
+
+
+def _address_warnings(callback: str | None) -> list[dict[str, str]]:
+    """Why the real gateway would refuse (or not reach) this shop's addresses, before anything is sent."""
+    config = get_state().config
+    public = config.public_url or request.host_url.rstrip("/")
+    warnings = []
+    kind = _local_kind(public)
+    if kind:
+        warnings.append(
+            {
+                "what": "public",
+                "url": public,
+                "kind": kind,
+                "configured": "yes" if config.public_url else "",
+            }
+        )
+    kind = _local_kind(callback)
+    if kind and callback:
+        warnings.append({"what": "callback", "url": callback, "kind": kind, "configured": ""})
+    return warnings
+
+
+def _settings_from(form: InstallForm) -> InstallSettings:
+    return InstallSettings(
+        merchant_account_id=form.merchant_account_id.data,
+        api_key=form.api_key.data,
+        callback_url=form.callback_url.data,
+        callback_failures_email=form.callback_failures_email.data or None,
+        minimum_cents=_cents(form.minimum_amount),
+        maximum_cents=_cents(form.maximum_amount),
+    )
+
+
+def _cents(field: AmountField) -> int:
+    """A validated amount field's cents (its validators made sure there is one)."""
+    if not isinstance(field.data, int):
+        raise TypeError(f"{field.name} was not validated")
+    return field.data
+
+
+def _fill_settings(form: SettingsForm, installation: Installation | None) -> None:
+    """Prefill from the installation; the callback URL always from this app's own callback route."""
+    form.callback_url.data = callback_url()
+    if installation is not None:
+        form.callback_failures_email.data = installation.callback_failures_email or ""
+        form.minimum_amount.data = installation.minimum_cents
+        form.maximum_amount.data = installation.maximum_cents
+
+
+@bp.route("/install", methods=["GET", "POST"])
+def install_screen() -> ResponseReturnValue:
+    state = get_state()
+    installation = state.installation()
+    form = InstallForm()
+    if request.method == "GET":
+        _fill_settings(form, installation)
+        if installation is not None:
+            form.merchant_account_id.data = installation.merchant_account_id
+    warnings = _address_warnings(form.callback_url.data)
+    already_installed: str | None = None
+    adopting = False
+    if form.validate_on_submit():
+        adopting = bool(form.signing_key.data)
+        if warnings and not form.confirm_local.data:
+            form.confirm_local.errors.append(
+                "Tick this box to install with this address anyway, or fix the address first."
+            )
+        else:
+            settings = _settings_from(form)
+            state.session.commit()  # no transaction (SQLite: no write lock) while the gateway answers
+            try:
+                if adopting:
+                    adopt_signing_key(settings, form.signing_key.data)
+                else:
+                    install(settings)
+            except AlreadyInstalledError as error:
+                already_installed = error.message
+            except AuthenticationError as error:
+                flash(_refused_credentials(error, adopting=adopting), "error")
+            except ModelValidationError as error:
+                flash(f"The settings were not sent: {_problem(error)}", "error")
+            except (GatewayConnectionError, GatewayServerError) as error:
+                flash(
+                    f"No usable answer from the gateway ({_problem(error)}); nothing was stored. Try "
+                    "again. If the gateway did install the account, it now answers “already installed”: "
+                    "ask the gateway's account manager for the signing key, or to reset the installation.",
+                    "error",
+                )
+            except GatewayError as error:
+                flash(f"The gateway refused the installation: {_problem(error)}", "error")
+            else:
+                _log.info(
+                    "gateway %s for merchant account %s (%s)",
+                    "signing key adopted" if adopting else "installed",
+                    settings.merchant_account_id,
+                    state.config.environment,
+                )
+                flash(
+                    "The gateway is installed. The signing key is stored encrypted; only its last 4 "
+                    "characters are ever shown.",
+                    "success",
+                )
+                return redirect(url_for(".index"))
+    return render_template(
+        "gateway/admin/install.html",
+        form=form,
+        installation=installation,
+        warnings=warnings,
+        already_installed=already_installed,
+        adopt_open=already_installed is not None or adopting,
+    )
+
+
+def _refused_credentials(error: AuthenticationError, *, adopting: bool) -> str:
+    if adopting:
+        return (
+            "The gateway did not accept this signing key for the merchant account "
+            f"({_problem(error)}). Copy the key you received at the first installation again, whole, "
+            "and check the merchant account id."
+        )
+    return (
+        "The gateway refused the merchant account id or API key "
+        f"({_problem(error)}). Check both against what the account manager issued for this environment "
+        f"({get_state().config.environment})."
+    )
+
+
+@bp.route("/settings", methods=["GET", "POST"])
+def settings_screen() -> ResponseReturnValue:
+    state = get_state()
+    installation = state.installation()
+    if installation is None:
+        flash("Install the gateway first: the settings belong to an installation.", "error")
+        return redirect(url_for(".install_screen"))
+    form = SettingsForm()
+    if request.method == "GET":
+        _fill_settings(form, installation)
+        form.callback_url.data = installation.callback_url
+    if form.validate_on_submit():
+        try:
+            update_settings(
+                callback_url=form.callback_url.data,
+                callback_failures_email=form.callback_failures_email.data or None,
+                minimum_cents=_cents(form.minimum_amount),
+                maximum_cents=_cents(form.maximum_amount),
+            )
+        except AuthenticationError as error:
+            state.session.rollback()
+            flash(
+                f"The gateway refused the stored signing key ({_problem(error)}). If the account was "
+                "installed again elsewhere, enter its current signing key on the install screen.",
+                "error",
+            )
+        except (GatewayError, ModelValidationError, SecretUnreadable) as error:
+            state.session.rollback()
+            flash(f"The settings were not changed: {_problem(error)}", "error")
+        else:
+            _log.info("gateway settings updated for merchant account %s", installation.merchant_account_id)
+            flash(
+                "Settings saved on the gateway. The signing key it returned is stored encrypted.", "success"
+            )
+            return redirect(url_for(".index"))
+    return render_template(
+        "gateway/admin/settings.html",
+        form=form,
+        installation=installation,
+        warnings=_address_warnings(form.callback_url.data),
+    )
+
+
+# --- checkouts -----------------------------------------------------------------------------------------
+
+
+@bp.get("/checkouts")
+def checkouts() -> ResponseReturnValue:
+    state = get_state()
+    status = request.args.get("status", "")
+    if status not in STATUSES:
+        status = ""
+    flagged = request.args.get("flagged") == "1"
+    search = request.args.get("q", "").strip()[:255]
+    page = max(request.args.get("page", 1, type=int) or 1, 1)
+    per_page = min(max(request.args.get("per_page", PER_PAGE, type=int) or PER_PAGE, 1), 100)
+    query = select(GatewayCheckout).order_by(GatewayCheckout.id.desc())
+    if status:
+        query = query.where(GatewayCheckout.status == status)
+    if flagged:
+        query = query.where(GatewayCheckout.flagged.is_(True))
+    if search:
+        query = query.where(
+            or_(
+                GatewayCheckout.order_reference.icontains(search, autoescape=True),
+                GatewayCheckout.token.icontains(search, autoescape=True),
+            )
+        )
+    pagination = state.db.paginate(query, page=page, per_page=per_page, error_out=False)
+    filters: dict[str, Any] = {"status": status or None, "flagged": "1" if flagged else None}
+    filters.update(q=search or None, per_page=per_page if per_page != PER_PAGE else None)
+    return render_template(
+        "gateway/admin/checkouts.html",
+        pagination=pagination,
+        statuses=STATUSES,
+        status=status,
+        flagged=flagged,
+        search=search,
+        filters={k: v for k, v in filters.items() if v is not None},
+    )
+
+
+def _checkout_or_404(checkout_id: int) -> GatewayCheckout:
+    checkout = get_state().session.get(GatewayCheckout, checkout_id)
+    if checkout is None:
+        abort(404, description=f"There is no checkout #{checkout_id}.")
+    return checkout
+
+
+@bp.get("/checkouts/<int:checkout_id>")
+def checkout_detail(checkout_id: int) -> ResponseReturnValue:
+    return _render_detail(_checkout_or_404(checkout_id))
+
+
+def _render_detail(
+    checkout: GatewayCheckout, refund_form: RefundForm | None = None, status: int = 200
+) -> ResponseReturnValue:
+    callbacks = (
+        get_state()
+        .session.scalars(
+            select(CallbackLog).where(CallbackLog.checkout_id == checkout.id).order_by(CallbackLog.id)
+        )
+        .all()
+    )
+    remaining = max(checkout.paid_cents - checkout.refunded_cents, 0)
+    html = render_template(
+        "gateway/admin/checkout.html",
+        checkout=checkout,
+        callbacks=callbacks,
+        action_form=ActionForm(),
+        refund_form=refund_form or RefundForm(),
+        remaining=remaining,
+        can_refund=checkout.status in _REFUNDABLE and remaining > 0,
+        can_cancel=checkout.status in _CANCELLABLE,
+        can_refresh=checkout.api_version == "v2" and bool(checkout.token),
+        order=_order_summary(checkout.order),
+    )
+    return html, status
+
+
+def _order_summary(order: Mapping[str, Any] | None) -> list[tuple[str, str]]:
+    """The stored order as label/value pairs, one level deep (whatever shape operations saved)."""
+    if not isinstance(order, Mapping):
+        return []
+    return [(str(key), _text(value)) for key, value in order.items()]
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, indent=1, ensure_ascii=False, default=str)
+
+
+def _back(checkout_id: int) -> ResponseReturnValue:
+    return redirect(url_for(".checkout_detail", checkout_id=checkout_id))
+
+
+@bp.post("/checkouts/<int:checkout_id>/refresh")
+def refresh_checkout(checkout_id: int) -> ResponseReturnValue:
+    checkout = _checkout_or_404(checkout_id)
+    try:
+        transition = refresh(checkout, source="admin")
+    except _EXPECTED as error:
+        get_state().session.rollback()
+        flash(f"Could not ask the gateway for the status: {_problem(error)}", "error")
+    else:
+        if transition.applied:
+            flash(f"The gateway says {transition.after} (was {transition.before}).", "success")
+        else:
+            flash(f"The gateway says {transition.after}: {transition.reason or 'no change'}.", "info")
+    return _back(checkout_id)
+
+
+@bp.post("/checkouts/<int:checkout_id>/cancel")
+def cancel_checkout(checkout_id: int) -> ResponseReturnValue:
+    from flask_gateway.operations import cancel_checkout as cancel
+
+    checkout = _checkout_or_404(checkout_id)
+    try:
+        cancel(checkout, source="admin")
+    except _EXPECTED as error:
+        get_state().session.rollback()
+        flash(f"The checkout was not cancelled: {_problem(error)}", "error")
+    else:
+        _log.info("admin cancelled gateway checkout %s", checkout_id)
+        flash(f"Checkout cancelled; its status is now {checkout.status}.", "success")
+    return _back(checkout_id)
+
+
+@bp.post("/checkouts/<int:checkout_id>/refund")
+def refund_checkout(checkout_id: int) -> ResponseReturnValue:
+    from flask_gateway.operations import refund
+
+    checkout = _checkout_or_404(checkout_id)
+    form = RefundForm()
+    if not form.validate_on_submit():
+        return _render_detail(checkout, refund_form=form, status=400)
+    symbol = get_state().config.currency_symbol
+    try:
+        record = refund(checkout, _cents(form.amount), reason=form.reason.data or "")
+    except _EXPECTED as error:
+        get_state().session.rollback()
+        flash(f"The refund was not made: {_problem(error)}", "error")
+    else:
+        amount = format_money(record.amount_cents, symbol)
+        _log.info(
+            "admin refund of %s cents on gateway checkout %s: %s",
+            record.amount_cents,
+            checkout_id,
+            record.state,
+        )
+        if record.state == "SUCCEEDED":
+            flash(f"Refunded {amount}.", "success")
+        else:
+            flash(f"The refund of {amount} is {record.state}: {record.error or 'see the timeline'}.", "error")
+    return _back(checkout_id)
+
+
+def _problem(error: Exception) -> str:
+    """What to tell the owner: the gateway's message and field errors; never request data or secrets."""
+    if isinstance(error, ModelValidationError):
+        # Never str(error): pydantic's text repeats the input values, which may include a secret.
+        return "; ".join(
+            f"{'.'.join(str(part) for part in e['loc'])}: {e['msg']}"
+            for e in error.errors(include_input=False, include_url=False)
+        )
+    if isinstance(error, GatewayError):
+        text = error.message
+        if error.http_status is not None:
+            text += f" (HTTP {error.http_status})"
+        if error.field_errors:
+            text += ": " + "; ".join(f"{e['field']}: {e['message']}" for e in error.field_errors)
+        return text
+    return str(error)

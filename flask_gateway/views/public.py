@@ -1,5 +1,129 @@
-"""(being written) The gateway-facing endpoints: callback, v1 success/fail, return pages."""
+"""The gateway-facing endpoints: the signed status callback, the v1 success/fail URLs, the return pages.
 
-from flask import Blueprint
+Registered at ``GATEWAY_URL_PREFIX`` (default ``/gateway``) and exempt from CSRF: each request is proven
+by a signature (HMAC of the callback body, or the itsdangerous-signed ``ref`` of a URL we handed out).
+The logic lives in :mod:`flask_gateway.inbound`; these views only read the request and shape the answer.
 
-bp = Blueprint("gateway", __name__)
+===========================  ===========================================================================
+``POST /callback``           200 ``{"status": "ok", "outcome": ...}``; 400/401/404/413 ``{"message": ...}``
+``GET /v1/success``          200 ``{"token", "return_url"}``; 400/403/404 ``{"message": ...}``
+``GET /v1/fail``             200 ``{"token", "return_url", "cancel_on_service"}``; 400/403/404 JSON
+``GET /return/<kind>``       303 to ``GATEWAY_ORDER_ENDPOINT`` (or 200, the built-in ``gateway/return.html``);
+                             400 page for a forged link; 404 for another ``kind``
+===========================  ===========================================================================
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from flask import (
+    Blueprint,
+    Response,
+    abort,
+    jsonify,
+    make_response,
+    redirect,
+    render_template,
+    request,
+    url_for,
+)
+from werkzeug.exceptions import RequestEntityTooLarge
+from werkzeug.wrappers import Response as BaseResponse
+
+from flask_gateway.core.wire import CheckoutStatus
+from flask_gateway.extension import get_state
+from flask_gateway.inbound import (
+    MAX_CALLBACK_BYTES,
+    process_callback,
+    process_return,
+    process_v1_outcome,
+    refuse_oversize,
+)
+from flask_gateway.models import GatewayCheckout, LocalStatus
+
+__all__ = ["bp"]
+
+bp = Blueprint("gateway", __name__, template_folder="../templates")
+
+S = CheckoutStatus
+
+
+@bp.after_request
+def _private(response: Response) -> Response:
+    # Signed references and order states: never cached, never leaked through a Referer header.
+    response.headers.setdefault("Cache-Control", "no-store")
+    response.headers.setdefault("Referrer-Policy", "no-referrer")
+    return response
+
+
+def _json(body: dict[str, Any], status: int = 200) -> Response:
+    response = jsonify(body)
+    response.status_code = status
+    return response
+
+
+@bp.post("/callback")
+def callback() -> Response:
+    """The gateway's signed status callback (``checkoutStatusCallbackUrl``)."""
+    request.max_content_length = MAX_CALLBACK_BYTES
+    try:
+        # Read once, uncached: the signature is checked over exactly these bytes.
+        body = request.get_data(cache=False)
+    except RequestEntityTooLarge:
+        refuse_oversize(request.headers, request.content_length)
+    result = process_callback(request.headers, body)
+    return _json({"status": "ok", "outcome": result.outcome.value})
+
+
+@bp.get("/v1/success")
+def v1_success() -> Response:
+    """The v1 ``success_callback_url``: the gateway reports a payment."""
+    return _json(process_v1_outcome("v1-success", request.args).to_json())
+
+
+@bp.get("/v1/fail")
+def v1_fail() -> Response:
+    """The v1 ``fail_callback_url``: the consumer cancelled (CANCELLED) or the order expired (ABANDONED)."""
+    return _json(process_v1_outcome("v1-fail", request.args).to_json())
+
+
+@bp.get("/return/<kind>")
+def return_page(kind: str) -> BaseResponse:
+    """Where the gateway sends the shopper back (v2 confirm/cancel redirect URLs; v1 ``return_url``)."""
+    if kind not in ("confirm", "cancel"):
+        abort(404)
+    which: Literal["confirm", "cancel"] = "confirm" if kind == "confirm" else "cancel"
+    checkout = process_return(which, request.args.get("ref", ""))
+    endpoint = get_state().config.order_endpoint
+    if endpoint:
+        return redirect(url_for(endpoint, reference=checkout.order_reference), 303)
+    return make_response(
+        render_template(
+            "gateway/return.html",
+            checkout=checkout,
+            kind=which,
+            state=shopper_state(checkout),
+            amount=format_amount(checkout.total_cents),
+        )
+    )
+
+
+def shopper_state(checkout: GatewayCheckout) -> str:
+    """What the shopper is told: paid, review, cancelled, expired, failed or processing."""
+    if checkout.flagged:
+        return "review"
+    if checkout.payment_confirmed_at is not None:
+        return "paid"
+    if checkout.status in (S.CANCELLED_BY_CONSUMER, S.CANCELLED_BY_MERCHANT):
+        return "cancelled"
+    if checkout.status == S.EXPIRED:
+        return "expired"
+    if checkout.status == LocalStatus.FAILED:
+        return "failed"
+    return "processing"
+
+
+def format_amount(cents: int) -> str:
+    symbol = get_state().config.currency_symbol
+    return f"{symbol} {cents // 100:,}.{cents % 100:02d}"

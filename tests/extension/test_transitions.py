@@ -12,7 +12,7 @@ from flask_gateway import signals
 from flask_gateway.core.timestamps import utcnow
 from flask_gateway.extension import get_state
 from flask_gateway.models import GatewayCheckout, LocalStatus
-from flask_gateway.transitions import RANK, Observation, apply
+from flask_gateway.transitions import RANK, Observation, Transition, apply
 from tests.extension.conftest import make_shop
 
 ALL_STATUSES = [*RANK, "SOMETHING_NEW"]
@@ -20,7 +20,7 @@ ALL_STATUSES = [*RANK, "SOMETHING_NEW"]
 
 @contextmanager
 def captured(signal):
-    seen: list[dict] = []
+    seen: list[dict[str, object]] = []
 
     def receiver(sender, **kwargs):
         seen.append(kwargs)
@@ -58,7 +58,7 @@ def new_checkout(status: str = LocalStatus.CREATING, total: int = 1000) -> int:
     return checkout.id
 
 
-def observe(checkout_id: int, status: str, **kwargs) -> object:
+def observe(checkout_id: int, status: str, **kwargs) -> Transition:
     kwargs.setdefault("source", "poll")
     return apply(get_state().session, checkout_id, Observation(status=status, **kwargs))
 

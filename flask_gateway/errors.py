@@ -1,0 +1,129 @@
+"""HTTP errors of the gateway-facing endpoints (callback, v1 outcome URLs, return pages).
+
+They follow flask-wtf's ``CSRFError(BadRequest)``: each is a werkzeug ``HTTPException`` subclass of the
+matching status, so an app can change the answer with ``@app.errorhandler(CallbackRejected)`` (or
+``V1OutcomeRejected``, ``InvalidReturnLink``). Without a handler the callback and v1 errors answer a small
+JSON object ``{"message": ...}`` (the gateway's own error shape); the return-page error is an HTML page,
+because a shopper's browser shows it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from werkzeug.exceptions import (
+    BadRequest,
+    Forbidden,
+    HTTPException,
+    NotFound,
+    RequestEntityTooLarge,
+    Unauthorized,
+)
+
+if TYPE_CHECKING:
+    from _typeshed.wsgi import WSGIEnvironment
+
+    from flask_gateway.models import CallbackLog, GatewayCheckout
+
+__all__ = [
+    "CallbackBodyInvalid",
+    "CallbackCheckoutUnknown",
+    "CallbackRejected",
+    "CallbackTooLarge",
+    "CallbackUnauthorized",
+    "InvalidReturnLink",
+    "JSONHTTPException",
+    "V1OutcomeForbidden",
+    "V1OutcomeInvalid",
+    "V1OutcomeRejected",
+    "V1OutcomeUnknown",
+]
+
+
+class JSONHTTPException(HTTPException):
+    """An HTTP error whose body is ``{"message": <description>}`` (``application/json``, never cached)."""
+
+    def get_body(self, environ: WSGIEnvironment | None = None, scope: dict[str, Any] | None = None) -> str:
+        return json.dumps({"message": self.description or self.name}, separators=(",", ":"))
+
+    def get_headers(
+        self, environ: WSGIEnvironment | None = None, scope: dict[str, Any] | None = None
+    ) -> list[tuple[str, str]]:
+        return [("Content-Type", "application/json"), ("Cache-Control", "no-store")]
+
+
+class CallbackRejected(JSONHTTPException):
+    """A status callback was refused. It was logged first (``log``, a ``CallbackLog`` row); nothing changed.
+
+    ``outcome`` is the value stored in ``CallbackLog.outcome``.
+    """
+
+    outcome: ClassVar[str] = "rejected"
+
+    def __init__(
+        self,
+        description: str | None = None,
+        *,
+        log: CallbackLog | None = None,
+        checkout: GatewayCheckout | None = None,
+    ) -> None:
+        super().__init__(description)
+        self.log = log
+        self.checkout = checkout
+
+
+class CallbackUnauthorized(CallbackRejected, Unauthorized):
+    """401: the signature or the ``X-Merchant-Account-ID`` header does not match the installation."""
+
+    outcome = "rejected-signature"
+    description = "The callback's signature or merchant account is not valid."
+
+
+class CallbackTooLarge(CallbackRejected, RequestEntityTooLarge):
+    """413: the body is larger than a status callback can be (64 KiB)."""
+
+    outcome = "too-large"
+    description = "The callback body is too large."
+
+
+class CallbackBodyInvalid(CallbackRejected, BadRequest):
+    """400: a correctly signed body that is not a checkout status payload (malformed JSON, bad fields)."""
+
+    outcome = "invalid-body"
+    description = "The callback body is not a checkout status payload."
+
+
+class CallbackCheckoutUnknown(CallbackRejected, NotFound):
+    """404: no v2 checkout of this shop has the payload's ``checkoutToken``."""
+
+    outcome = "unknown-checkout"
+    description = "No checkout with this checkoutToken."
+
+
+class V1OutcomeRejected(JSONHTTPException):
+    """A call to the v1 success or fail URL was refused; nothing changed."""
+
+
+class V1OutcomeInvalid(V1OutcomeRejected, BadRequest):
+    """400: a parameter is missing or has a value the endpoint does not take."""
+
+
+class V1OutcomeForbidden(V1OutcomeRejected, Forbidden):
+    """403: the signed reference is forged, edited or for the other endpoint, or the token is not the order's.
+
+    (A reference is only given to the gateway, so an invalid one is an attempt, not a typo.)
+    """
+
+
+class V1OutcomeUnknown(V1OutcomeRejected, NotFound):
+    """404: the (validly signed) reference names no v1 order of this shop."""
+
+
+class InvalidReturnLink(BadRequest):
+    """400 on a return page: the link's signed reference is missing, edited or forged."""
+
+    description = (
+        "This payment link is not valid. Open your order from the shop's order history, or contact the "
+        "shop if you were charged."
+    )

@@ -1,0 +1,166 @@
+"""The admin screens' forms (Flask-WTF: every form carries a CSRF token) and money in and out of them.
+
+Owners type amounts in the currency's major unit (``1234.50``); the gateway and our tables use whole
+cents. ``parse_amount`` is the one conversion: ``Decimal``, never a float, and it refuses what it cannot
+convert exactly (more than 2 decimals, negatives, commas, exponents).
+"""
+
+from __future__ import annotations
+
+import re
+from decimal import Decimal
+from typing import Any, Final
+from urllib.parse import urlsplit
+
+from flask_wtf import FlaskForm
+from wtforms import BooleanField, PasswordField, StringField
+from wtforms.validators import InputRequired, Length, Optional, ValidationError
+
+__all__ = [
+    "MAX_CENTS",
+    "ActionForm",
+    "AmountField",
+    "InstallForm",
+    "RefundForm",
+    "SettingsForm",
+    "format_amount",
+    "format_money",
+    "parse_amount",
+]
+
+#: The largest amount the gateway accepts (docs/decisions.md: amounts 0 to 10^12 cents).
+MAX_CENTS: Final = 10**12
+_SEPARATORS: Final = dict.fromkeys(map(ord, " \t\u00a0\u2009\u202f_"), None)
+_AMOUNT: Final = re.compile(r"([0-9]*)(?:\.([0-9]*))?")
+_EMAIL: Final = re.compile(r"[^@\s]+@[^@\s]+\.[^@\s]+\Z")
+
+
+def parse_amount(text: str, *, symbol: str = "") -> int:
+    """Whole cents from an amount in the major unit: ``"1234.5"``, ``"1 234.50"``, ``"R 1 234.50"``.
+
+    Raises ``ValueError`` with a message for the owner when the text is not an exact, non-negative amount.
+    """
+    value = text.strip()
+    if symbol and value.startswith(symbol):
+        value = value[len(symbol) :]
+    value = value.translate(_SEPARATORS)
+    if value.startswith("-"):
+        raise ValueError("The amount must not be negative.")
+    if "," in value:
+        raise ValueError("Use '.' before the cents (1234.50); leave out thousands separators or use spaces.")
+    match = _AMOUNT.fullmatch(value)
+    if match is None or not (match.group(1) or match.group(2)):
+        raise ValueError("Enter an amount such as 1234.50 (digits, with '.' before the cents).")
+    if len(match.group(2) or "") > 2:
+        raise ValueError("Use at most 2 decimals: amounts are in whole cents.")
+    cents = int(Decimal(value) * 100)
+    if cents > MAX_CENTS:
+        raise ValueError(f"The amount must not exceed {format_amount(MAX_CENTS)}.")
+    return cents
+
+
+def format_amount(cents: int) -> str:
+    """``123450`` -> ``"1234.50"`` (for form inputs: what ``parse_amount`` reads back)."""
+    sign = "-" if cents < 0 else ""
+    whole, part = divmod(abs(cents), 100)
+    return f"{sign}{whole}.{part:02d}"
+
+
+def format_money(cents: int | None, symbol: str) -> str:
+    """``123400`` -> ``"R 1 234.00"`` (for display)."""
+    if cents is None:
+        return "-"
+    sign = "-" if cents < 0 else ""
+    whole, part = divmod(abs(cents), 100)
+    grouped = f"{whole:,}".replace(",", " ")
+    return f"{sign}{symbol} {grouped}.{part:02d}" if symbol else f"{sign}{grouped}.{part:02d}"
+
+
+class AmountField(StringField):  # type: ignore[misc]
+    """An amount typed in the major unit; ``data`` is whole cents (an ``int``) or None when empty."""
+
+    def process_formdata(self, valuelist: list[str]) -> None:
+        self.data = None
+        if valuelist and valuelist[0].strip():
+            # A ValueError here becomes the field's error (wtforms' process_errors).
+            self.data = parse_amount(valuelist[0], symbol=_currency_symbol())
+
+    def _value(self) -> str:
+        if self.raw_data:
+            return str(self.raw_data[0])
+        return format_amount(self.data) if isinstance(self.data, int) else ""
+
+
+def _currency_symbol() -> str:
+    from flask_gateway.extension import get_state
+
+    try:
+        return get_state().config.currency_symbol
+    except RuntimeError:  # outside an app with the extension: no symbol to strip
+        return ""
+
+
+def _absolute_url(form: Any, field: Any) -> None:
+    parts = urlsplit(field.data or "")
+    if parts.scheme not in ("http", "https") or not parts.hostname or any(c.isspace() for c in field.data):
+        raise ValidationError("Enter an absolute http(s) URL such as https://shop.example/gateway/callback.")
+
+
+def _email(form: Any, field: Any) -> None:
+    if field.data and _EMAIL.match(field.data) is None:
+        raise ValidationError("Enter an e-mail address such as owner@shop.example, or leave it empty.")
+
+
+def _strip(value: Any) -> Any:
+    return value.strip() if isinstance(value, str) else value
+
+
+class _Form(FlaskForm):  # type: ignore[misc]
+    """Base of the admin forms: Flask-WTF adds the CSRF token field."""
+
+
+class SettingsForm(_Form):
+    """The four gateway settings (installation, and the settings update)."""
+
+    callback_url = StringField(
+        "Callback URL",
+        filters=[_strip],
+        validators=[InputRequired(), Length(max=2048), _absolute_url],
+    )
+    callback_failures_email = StringField(
+        "E-mail for failed callbacks",
+        filters=[_strip],
+        validators=[Optional(), Length(max=254), _email],
+    )
+    minimum_amount = AmountField("Minimum order amount", validators=[InputRequired()])
+    maximum_amount = AmountField("Maximum order amount", validators=[InputRequired()])
+
+    def validate_maximum_amount(self, field: Any) -> None:
+        low = self.minimum_amount.data
+        if isinstance(low, int) and isinstance(field.data, int) and low > field.data:
+            raise ValidationError("The maximum must not be below the minimum.")
+
+
+class InstallForm(SettingsForm):
+    """Installation: the account issued by the account manager, plus the four settings."""
+
+    merchant_account_id = StringField(
+        "Merchant account id", filters=[_strip], validators=[InputRequired(), Length(max=255)]
+    )
+    api_key = PasswordField("API key", validators=[InputRequired(), Length(max=255)])
+    #: After "already installed": the signing key the owner received at the first installation.
+    signing_key = PasswordField("Signing key you already have", validators=[Optional(), Length(max=255)])
+    confirm_local = BooleanField("I understand: install with this address anyway")
+
+
+class RefundForm(_Form):
+    amount = AmountField("Amount to refund", validators=[InputRequired()])
+    reason = StringField("Reason (optional)", filters=[_strip], validators=[Optional(), Length(max=1000)])
+
+    def validate_amount(self, field: Any) -> None:
+        if isinstance(field.data, int) and field.data <= 0:
+            raise ValidationError("The refund must be more than zero.")
+
+
+class ActionForm(_Form):
+    """A button (cancel, refresh): nothing but the CSRF token."""
