@@ -16,6 +16,8 @@ from flask_wtf import FlaskForm
 from wtforms import BooleanField, PasswordField, StringField
 from wtforms.validators import InputRequired, Length, Optional, ValidationError
 
+from flask_gateway.core.money import format_money, format_plain
+
 __all__ = [
     "MAX_CENTS",
     "ActionForm",
@@ -59,21 +61,8 @@ def parse_amount(text: str, *, symbol: str = "") -> int:
     return cents
 
 
-def format_amount(cents: int) -> str:
-    """``123450`` -> ``"1234.50"`` (for form inputs: what ``parse_amount`` reads back)."""
-    sign = "-" if cents < 0 else ""
-    whole, part = divmod(abs(cents), 100)
-    return f"{sign}{whole}.{part:02d}"
-
-
-def format_money(cents: int | None, symbol: str) -> str:
-    """``123400`` -> ``"R 1 234.00"`` (for display)."""
-    if cents is None:
-        return "-"
-    sign = "-" if cents < 0 else ""
-    whole, part = divmod(abs(cents), 100)
-    grouped = f"{whole:,}".replace(",", " ")
-    return f"{sign}{symbol} {grouped}.{part:02d}" if symbol else f"{sign}{grouped}.{part:02d}"
+#: ``123450`` -> ``"1234.50"`` (for form inputs: what ``parse_amount`` reads back).
+format_amount = format_plain
 
 
 class AmountField(StringField):  # type: ignore[misc]

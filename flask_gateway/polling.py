@@ -20,10 +20,10 @@ def refresh(checkout: GatewayCheckout, *, source: str = "poll") -> Transition:
     state = get_state()
     checkout_id, token = checkout.id, checkout.token
     client = state.client()
-    # End the read transaction before waiting on the network: on SQLite every transaction holds the
-    # write lock (BEGIN IMMEDIATE), which would stall callbacks for the whole call. The lock below
-    # starts a fresh transaction.
-    state.session.rollback()
+    # End the transaction before waiting on the network: on SQLite every transaction holds the write lock
+    # (BEGIN IMMEDIATE), which would stall callbacks for the whole call. Like every operation of the
+    # extension this commits the app's session; the lock below starts a fresh transaction.
+    state.session.commit()
     payload = client.get_status(token).data
     observed = Observation(
         status=str(payload.checkoutPaymentStatus),

@@ -31,6 +31,7 @@ from flask import (
 from werkzeug.exceptions import RequestEntityTooLarge
 from werkzeug.wrappers import Response as BaseResponse
 
+from flask_gateway.core.money import format_money
 from flask_gateway.core.wire import CheckoutStatus
 from flask_gateway.extension import get_state
 from flask_gateway.inbound import (
@@ -125,5 +126,4 @@ def shopper_state(checkout: GatewayCheckout) -> str:
 
 
 def format_amount(cents: int) -> str:
-    symbol = get_state().config.currency_symbol
-    return f"{symbol} {cents // 100:,}.{cents % 100:02d}"
+    return format_money(cents, get_state().config.currency_symbol)

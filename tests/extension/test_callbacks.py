@@ -514,3 +514,28 @@ def test_an_app_can_shape_the_refusal(installed: Harness) -> None:
 
     assert answer.status_code == 401
     assert answer.json == {"refused": "rejected-signature", "log": callback_logs(installed)[0]["id"]}
+
+
+def test_callbacks_are_csrf_exempt_whatever_the_init_order(tmp_path):
+    """CSRFProtect set up after Gateway(app) must not refuse the gateway's callbacks with a CSRF 400."""
+    from flask import Flask
+    from flask_sqlalchemy import SQLAlchemy
+    from flask_wtf.csrf import CSRFProtect
+
+    from flask_gateway import Gateway
+
+    app = Flask("late_csrf")
+    app.config.update(SECRET_KEY="k", SQLALCHEMY_DATABASE_URI=f"sqlite:///{tmp_path / 'late.sqlite3'}")
+    db = SQLAlchemy()
+    db.init_app(app)
+    Gateway(app, db=db)
+    CSRFProtect(app)  # after the extension
+    with app.app_context():
+        db.create_all()
+    response = app.test_client().post(
+        "/gateway/callback", data=b"{}", headers={"Content-Type": "application/json"}
+    )
+    assert response.status_code == 401  # refused for its signature, not for CSRF
+    assert "CSRF" not in response.get_data(as_text=True)
+    admin = app.test_client().post("/gateway/admin/install", data={})
+    assert admin.status_code in (400, 403)  # the admin keeps CSRF (and the guard)

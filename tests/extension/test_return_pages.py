@@ -162,7 +162,7 @@ def test_built_in_page_shows_the_confirmed_status(builtin: Harness, received) ->
     paid_html, pending_html = paid.get_data(as_text=True), pending.get_data(as_text=True)
     assert 'data-state="paid"' in paid_html
     assert "ORD-PAID" in paid_html
-    assert "R 1,234.56" in paid_html
+    assert "R 1 234.56" in paid_html
     assert 'data-state="processing"' in pending_html
     assert [kw["source"] for kw in received["payment_confirmed"]] == ["return"]
 

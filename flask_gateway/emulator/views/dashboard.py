@@ -15,6 +15,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import selectinload
 from werkzeug.wrappers import Response as WerkzeugResponse
 
+from flask_gateway.core.money import format_money
 from flask_gateway.core.timestamps import format_timestamp
 from flask_gateway.emulator import checkouts, clock, faults
 from flask_gateway.emulator.api import base_url
@@ -51,11 +52,7 @@ def _when(value: Any) -> str:
 @bp.app_template_filter("cents")
 def _cents(value: int | None) -> str:
     """``12345`` -> ``123.45``: amounts are cents on the wire, read as currency units here."""
-    if value is None:
-        return "—"
-    sign = "-" if value < 0 else ""
-    units, cents = divmod(abs(value), 100)
-    return f"{sign}{units:,}.{cents:02d}"
+    return "—" if value is None else format_money(value, "")
 
 
 def _count(query: Any) -> int:

@@ -29,6 +29,7 @@ from flask import Blueprint, Response, make_response, redirect, render_template,
 from flask_wtf.csrf import CSRFError
 from werkzeug.wrappers import Response as BaseResponse
 
+from flask_gateway.core.money import format_money
 from flask_gateway.core.timestamps import format_timestamp
 from flask_gateway.core.wire import CheckoutStatus
 from flask_gateway.emulator import checkouts, clock, consumer
@@ -56,9 +57,7 @@ _CANCELLED: Final = frozenset(s.value for s in (S.CANCELLED_BY_CONSUMER, S.CANCE
 
 def format_rand(cents: int) -> str:
     """Integer cents as Rand: ``123456`` -> ``R 1 234.56`` (thousands grouped by spaces, two decimals)."""
-    sign = "-" if cents < 0 else ""
-    rands, rest = divmod(abs(int(cents)), 100)
-    return f"{sign}R {rands:,}.{rest:02d}".replace(",", " ")
+    return format_money(cents, "R")
 
 
 bp.add_app_template_filter(format_rand, "rand")
