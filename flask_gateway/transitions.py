@@ -144,13 +144,21 @@ def apply(session: Session, checkout_id: int, observation: Observation, *, commi
             checkout.payment_url = observation.payment_url
         if observation.expires_at is not None:
             checkout.expires_at = observation.expires_at
-        if observation.refunded_cents is not None and observation.refunded_cents > checkout.refunded_cents:
-            checkout.refunded_cents = observation.refunded_cents
+        refunded_more = (
+            observation.refunded_cents is not None and observation.refunded_cents > checkout.refunded_cents
+        )
+        if refunded_more:
+            checkout.refunded_cents = observation.refunded_cents or 0
         if _allowed(before, observation.status):
             checkout.status = observation.status
             checkout.updated_at = now
             transition.after, transition.applied = observation.status, True
             _effects(checkout, transition, observation, now)
+        elif refunded_more:
+            # A second partial refund: the status stays, the refunded amount is the change.
+            checkout.updated_at = now
+            transition.applied = True
+            transition.reason = f"refunded {checkout.refunded_cents} cents in all"
         else:
             transition.reason = (
                 "no change" if before == observation.status else f"{before} does not move back"

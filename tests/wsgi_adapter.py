@@ -9,6 +9,8 @@ from flask.testing import FlaskClient
 from requests.adapters import BaseAdapter
 from requests.structures import CaseInsensitiveDict
 
+from flask_gateway.emulator.problems import ResponseDropped
+
 
 class FlaskAdapter(BaseAdapter):
     """Mount on a ``requests.Session`` for a base URL; every request goes to the Flask test client."""
@@ -19,14 +21,10 @@ class FlaskAdapter(BaseAdapter):
 
     def send(self, request, stream=False, timeout=None, verify=True, cert=None, proxies=None):  # type: ignore[no-untyped-def]
         url = urlsplit(request.url)
-        answer = self.client.open(
-            url.path,
-            base_url=f"{url.scheme}://{url.netloc}",
-            method=request.method,
-            query_string=url.query,
-            data=request.body,
-            headers=dict(request.headers),
-        )
+        try:
+            answer = self._open(request, url)
+        except ResponseDropped as exc:  # the emulator's "drop the answer after commit" fault
+            raise requests.ConnectionError(str(exc), request=request) from exc
         response = requests.Response()
         response.status_code = answer.status_code
         response.reason = answer.status.partition(" ")[2]
@@ -35,6 +33,16 @@ class FlaskAdapter(BaseAdapter):
         response.url = request.url
         response.request = request
         return response
+
+    def _open(self, request, url):  # type: ignore[no-untyped-def]
+        return self.client.open(
+            url.path,
+            base_url=f"{url.scheme}://{url.netloc}",
+            method=request.method,
+            query_string=url.query,
+            data=request.body,
+            headers=dict(request.headers),
+        )
 
     def close(self) -> None:
         pass

@@ -347,3 +347,10 @@ def test_core_never_imports_flask():
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)  # noqa: S603
     assert result.stdout.strip() == ""
+
+
+def test_money_in_answers_must_be_integers_too():
+    with pytest.raises(ValidationError):
+        CheckoutStatusPayload.model_validate(status_payload(checkoutTotalCents="79800"))
+    with pytest.raises(ValidationError):
+        CheckoutStatusPayload.model_validate(status_payload(checkoutTotalCents=798.0))

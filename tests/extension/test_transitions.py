@@ -168,3 +168,13 @@ def test_any_sequence_never_moves_back_and_confirms_at_most_once(tmp_path_factor
         ends_paid = RANK[get_state().session.get(GatewayCheckout, checkout_id).status] >= RANK["PAID"]
         assert len(confirmed) == (1 if ends_paid else 0)
         db.engine.dispose()
+
+
+def test_a_second_partial_refund_is_recorded_as_a_change(shop):
+    checkout_id = new_checkout("PAID")
+    assert observe(checkout_id, "PARTIALLY_REFUNDED", refunded_cents=100, source="refund").applied
+    second = observe(checkout_id, "PARTIALLY_REFUNDED", refunded_cents=300, source="refund")
+    assert second.applied
+    checkout = get_state().session.get(GatewayCheckout, checkout_id)
+    assert checkout.refunded_cents == 300
+    assert "300 cents" in checkout.events[-1].detail

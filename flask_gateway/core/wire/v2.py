@@ -150,7 +150,7 @@ class CheckoutResponse(WireModel):
 
     requestId: str | None = None
     checkoutToken: str
-    checkoutTotalCents: int
+    checkoutTotalCents: Cents
     paymentUrl: str
     checkoutPaymentStatus: StatusValue
     merchantOrderReference: str | None = None
@@ -190,7 +190,7 @@ class CheckoutStatusPayload(WireModel):
 
     requestId: str | None = None
     checkoutToken: str
-    checkoutTotalCents: int
+    checkoutTotalCents: Cents
     paymentUrl: str | None = None
     checkoutPaymentStatus: StatusValue
     paidAt: PreciseTimestamp | None = None
@@ -217,7 +217,7 @@ class RefundRequest(WireModel):
 
 class RefundResponse(WireModel):
     requestId: str | None = None
-    refundedAmountCents: int
+    refundedAmountCents: Cents
     refundStatus: str
     refundStatusAt: Timestamp | None = None
     refundStatusDescription: str | None = None
