@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test lint format setup clean
+.PHONY: demo test lint format setup system-packages clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11 or newer is required (set PYTHON=python3.11)")'
@@ -19,8 +19,12 @@ setup: $(STAMP)
 demo: setup
 	$(BIN)/python -m example_shop.demo
 
+## System programs the tests use (chromium), installed with apt when missing.
+system-packages:
+	scripts/ensure-system-packages
+
 ## The whole test suite.
-test: setup
+test: setup system-packages
 	$(BIN)/python -m pytest
 
 ## Static checks: ruff (lint and format) and mypy (strict on flask_gateway).

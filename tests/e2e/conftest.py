@@ -1,0 +1,119 @@
+"""The emulator and the example shop as real processes, and a real Chromium driven by Playwright.
+
+Each test leaves a screenshot of its last page in artifacts/e2e/ (git-ignored).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.processes import Server, free_port, start_flask
+
+ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts" / "e2e"
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+OWNER_PASSWORD = "owner-password-for-tests"
+
+
+@dataclass
+class Stack:
+    emulator: Server
+    shop: Server
+
+
+def start_stack(tmp_path: Path, *, api_version: str = "v2", **shop_env: str) -> Stack:
+    emulator = start_flask(
+        "emulator",
+        "flask_gateway.emulator",
+        {
+            "EMULATOR_DATABASE_URL": f"sqlite:///{tmp_path / 'emulator.sqlite3'}",
+            "EMULATOR_WAF": "allow-local",
+            "EMULATOR_CALLBACK_RETRY_DELAYS": "0.5,0.5",
+            "EMULATOR_SECRET_KEY": "emulator-secret-for-tests",
+        },
+        tmp_path,
+        ready_path="/_emulator/clock",
+    )
+    emulator_env = {
+        "GATEWAY_ENVIRONMENT": "emulator",
+        "GATEWAY_BASE_URL": emulator.url,
+        "GATEWAY_INSTALL_URL": f"{emulator.url}/install",
+        "GATEWAY_V1_BASE_URL": emulator.url,
+        "GATEWAY_API_VERSION": api_version,
+    }
+    port = free_port()  # the shop must know its own public URL before it starts
+    try:
+        shop = start_flask(
+            "shop",
+            "example_shop",
+            {
+                **emulator_env,
+                "GATEWAY_PUBLIC_URL": f"http://127.0.0.1:{port}",
+                "SHOP_DATABASE_URL": f"sqlite:///{tmp_path / 'shop.sqlite3'}",
+                "SHOP_SECRET_KEY": "shop-secret-for-tests",
+                "SHOP_ADMIN_PASSWORD": OWNER_PASSWORD,
+                "SHOP_AUTO_INSTALL": "1",
+                **shop_env,
+            },
+            tmp_path,
+            port=port,
+        )
+    except BaseException:
+        emulator.stop()
+        raise
+    return Stack(emulator=emulator, shop=shop)
+
+
+@pytest.fixture
+def stack(tmp_path: Path) -> Iterator[Stack]:
+    running = start_stack(tmp_path)
+    yield running
+    running.shop.stop()
+    running.emulator.stop()
+
+
+@pytest.fixture
+def stack_v1(tmp_path: Path) -> Iterator[Stack]:
+    running = start_stack(tmp_path, api_version="v1")
+    yield running
+    running.shop.stop()
+    running.emulator.stop()
+
+
+@pytest.fixture(scope="session")
+def browser():  # type: ignore[no-untyped-def]
+    playwright_api = pytest.importorskip("playwright.sync_api")
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"chromium is missing ({CHROMIUM}): run scripts/ensure-system-packages (make test does)")
+    with playwright_api.sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield launched
+        launched.close()
+
+
+@pytest.fixture
+def page(browser, request):  # type: ignore[no-untyped-def]
+    context = browser.new_context(viewport={"width": 1200, "height": 900})
+    context.set_default_timeout(15_000)
+    opened = context.new_page()
+    yield opened
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", request.node.name)
+    try:
+        opened.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+    finally:
+        context.close()

@@ -1,0 +1,103 @@
+"""Real servers for end-to-end tests: separate processes on free loopback ports, logs kept, always stopped."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import requests
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class Server:
+    name: str
+    port: int
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=10)
+
+
+def start_flask(
+    name: str,
+    app: str,
+    env: Mapping[str, str],
+    log_dir: Path,
+    *,
+    port: int | None = None,
+    ready_path: str = "/",
+    timeout: float = 30.0,
+) -> Server:
+    """``flask --app APP run`` (threaded, no reloader) on ``port`` (default: a free one); waits for HTTP."""
+    port = port or free_port()
+    log_path = log_dir / f"{name}.log"
+    log = log_path.open("wb")
+    command = [
+        sys.executable,
+        "-m",
+        "flask",
+        "--app",
+        app,
+        "run",
+        "--port",
+        str(port),
+        "--no-reload",
+        "--with-threads",
+    ]
+    process = subprocess.Popen(  # noqa: S603 - our interpreter, our apps
+        command, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT
+    )
+    server = Server(name=name, port=port, process=process, log_path=log_path)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{name} exited with {process.returncode} at start:\n{server.log_tail()}")
+        try:
+            requests.get(server.url + ready_path, timeout=1)
+            return server
+        except requests.RequestException:
+            time.sleep(0.1)
+    server.stop()
+    raise RuntimeError(f"{name} did not answer on port {port} within {timeout} s:\n{server.log_tail()}")
+
+
+def wait_for(predicate, *, timeout: float = 15.0, interval: float = 0.1, what: str = "condition"):  # type: ignore[no-untyped-def]
+    """Poll ``predicate`` until it returns something truthy (returned), bounded in time."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)
