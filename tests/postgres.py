@@ -30,7 +30,7 @@ def find_bindir() -> Path | None:
     if pg_config:
         bindir = Path(
             subprocess.run([pg_config, "--bindir"], capture_output=True, text=True, check=True).stdout.strip()
-        )  # noqa: S603
+        )
         if (bindir / "initdb").exists():
             return bindir
     return None
