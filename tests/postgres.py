@@ -52,7 +52,7 @@ class PostgresCluster:
         return f"postgresql+psycopg://{self.user}@127.0.0.1:{self.port}/{database}"
 
     def _run(self, *args: str) -> None:
-        result = subprocess.run([*self._as_user, *args], capture_output=True, text=True)  # noqa: S603
+        result = subprocess.run([*self._as_user, *args], capture_output=True, text=True)
         if result.returncode != 0:
             raise RuntimeError(f"{' '.join(args[:2])} failed:\n{result.stdout}\n{result.stderr}")
 

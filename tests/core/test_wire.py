@@ -345,7 +345,7 @@ def test_core_never_imports_flask():
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('flask', 'flask_sqlalchemy', 'flask_wtf'))\n"
         "print(','.join(bad))"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)  # noqa: S603
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == ""
 
 

@@ -163,7 +163,7 @@ def emulator(tmp_path: Path, smtp: tuple[Mailbox, int]) -> Iterator[str]:
     )
     log_path = tmp_path / "emulator.log"
     with log_path.open("wb") as log:
-        process = subprocess.Popen(  # noqa: S603 - our own interpreter and fixed arguments
+        process = subprocess.Popen(
             [sys.executable, "-m", "flask", "--app", "flask_gateway.emulator", "run", "--port", str(port)],
             env=env,
             cwd=tmp_path,
