@@ -74,9 +74,7 @@ def start_flask(
         "--no-reload",
         "--with-threads",
     ]
-    process = subprocess.Popen(
-        command, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT
-    )
+    process = subprocess.Popen(command, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT)
     server = Server(name=name, port=port, process=process, log_path=log_path)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
