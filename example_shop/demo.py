@@ -1,6 +1,7 @@
-"""``make demo``: start the gateway emulator (and, once it exists, the example shop) on loopback ports.
+"""``make demo``: the gateway emulator and the example shop as two processes on loopback ports.
 
-Data lives in ``var/demo/`` so a second run reuses it. Ctrl-C stops every process.
+Data lives in ``var/demo/`` so a second run reuses it (the shop stays installed). Ctrl-C stops both.
+Ports: ``DEMO_EMULATOR_PORT`` (5050) and ``DEMO_SHOP_PORT`` (5000); ``DEMO_API_VERSION=v1`` runs the v1 flow.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "var" / "demo"
+OWNER_PASSWORD = "demo-owner"  # noqa: S105 - the demo's documented owner password (development mode only)
 
 
 def _port_free(port: int) -> bool:
@@ -40,60 +42,96 @@ def _wait_until_listening(port: int, process: subprocess.Popen[bytes], timeout: 
     return False
 
 
+def _flask(app: str, port: int, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    command = [sys.executable, "-m", "flask", "--app", app, "run", "--port", str(port), "--with-threads"]
+    return subprocess.Popen(command, env={**os.environ, **env}, cwd=ROOT)  # noqa: S603 - our interpreter
+
+
+def _stop(processes: list[subprocess.Popen[bytes]]) -> None:
+    for process in processes:
+        if process.poll() is None:
+            process.send_signal(signal.SIGINT)
+    for process in processes:
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # SIGTERM stops the demo as Ctrl-C does: both children are stopped
+
+
 def main() -> int:
+    signal.signal(signal.SIGTERM, _interrupt)
     emulator_port = int(os.environ.get("DEMO_EMULATOR_PORT", "5050"))
-    if not _port_free(emulator_port):
-        print(
-            f"Port {emulator_port} is already in use (is a demo already running?). "
-            "Stop it, or choose another port: DEMO_EMULATOR_PORT=5051 make demo",
-            file=sys.stderr,
-        )
-        return 1
-    DATA.mkdir(parents=True, exist_ok=True)
-    env = {
-        **os.environ,
-        "EMULATOR_WAF": "allow-local",
-        "EMULATOR_DATABASE_URL": f"sqlite:///{DATA / 'emulator.sqlite3'}",
-        "EMULATOR_PUBLIC_URL": f"http://127.0.0.1:{emulator_port}",
-    }
-    command = [
-        sys.executable,
-        "-m",
-        "flask",
-        "--app",
-        "flask_gateway.emulator",
-        "run",
-        "--port",
-        str(emulator_port),
-    ]
-    emulator = subprocess.Popen(command, env=env, cwd=ROOT)  # noqa: S603 - our own interpreter and module
-    try:
-        if not _wait_until_listening(emulator_port, emulator):
-            print("The emulator did not start; its output is above.", file=sys.stderr)
+    shop_port = int(os.environ.get("DEMO_SHOP_PORT", "5000"))
+    api_version = os.environ.get("DEMO_API_VERSION", "v2")
+    for name, port in (("DEMO_EMULATOR_PORT", emulator_port), ("DEMO_SHOP_PORT", shop_port)):
+        if not _port_free(port):
+            print(
+                f"Port {port} is already in use (is a demo already running?). "
+                f"Stop it, or choose another port: {name}={port + 1} make demo",
+                file=sys.stderr,
+            )
             return 1
-        base = f"http://127.0.0.1:{emulator_port}"
+    DATA.mkdir(parents=True, exist_ok=True)
+    emulator_url = f"http://127.0.0.1:{emulator_port}"
+    shop_url = f"http://127.0.0.1:{shop_port}"
+    processes: list[subprocess.Popen[bytes]] = []
+    try:
+        emulator = _flask(
+            "flask_gateway.emulator",
+            emulator_port,
+            {
+                "EMULATOR_WAF": "allow-local",
+                "EMULATOR_DATABASE_URL": f"sqlite:///{DATA / 'emulator.sqlite3'}",
+                "EMULATOR_PUBLIC_URL": emulator_url,
+            },
+        )
+        processes.append(emulator)
+        if not _wait_until_listening(emulator_port, emulator):
+            print("The gateway emulator did not start; its output is above.", file=sys.stderr)
+            return 1
+        shop = _flask(
+            "example_shop",
+            shop_port,
+            {
+                "SHOP_DATABASE_URL": f"sqlite:///{DATA / 'shop.sqlite3'}",
+                "SHOP_ADMIN_PASSWORD": OWNER_PASSWORD,
+                "SHOP_AUTO_INSTALL": "1",
+                "GATEWAY_ENVIRONMENT": "emulator",
+                "GATEWAY_BASE_URL": emulator_url,
+                "GATEWAY_INSTALL_URL": f"{emulator_url}/install",
+                "GATEWAY_V1_BASE_URL": emulator_url,
+                "GATEWAY_PUBLIC_URL": shop_url,
+                "GATEWAY_API_VERSION": api_version,
+            },
+        )
+        processes.append(shop)
+        if not _wait_until_listening(shop_port, shop):
+            print("The example shop did not start; its output is above.", file=sys.stderr)
+            return 1
         print(
             "\n"
             "  Flask-Gateway demo\n"
-            f"  Gateway emulator:   {base}/_emulator/   (dashboard)\n"
-            f"  OpenAPI document:   {base}/_emulator/openapi.json\n"
-            "  Demo account:       demo-merchant / demo-api-key\n"
+            f"  Shop:               {shop_url}/            <- start here and buy something\n"
+            f"  Shop admin:         {shop_url}/admin/      (password: {OWNER_PASSWORD})\n"
+            f"  Gateway emulator:   {emulator_url}/_emulator/   (dashboard: checkouts, callbacks, e-mails)\n"
+            f"  Flow:               {api_version} (DEMO_API_VERSION=v1 make demo for the v1 flow)\n"
             "  NOTE: the emulator runs with EMULATOR_WAF=allow-local so that localhost redirect URLs work;\n"
             "        the real gateway's firewall refuses redirect URLs on localhost or an IP address.\n"
-            f"  Data: {DATA} (kept between runs). Press Ctrl-C to stop.\n",
+            f"  Data: {DATA} (kept between runs). Press Ctrl-C to stop both.\n",
             flush=True,
         )
-        emulator.wait()
-        return emulator.returncode or 0
+        while all(process.poll() is None for process in processes):
+            time.sleep(0.5)
+        print("A demo process stopped; stopping the other one.", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 0
     finally:
-        if emulator.poll() is None:
-            emulator.send_signal(signal.SIGINT)
-            try:
-                emulator.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                emulator.kill()
+        _stop(processes)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 from datetime import datetime
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Final
 
 from sqlalchemy import JSON, BigInteger, Boolean, ForeignKey, Index, Integer, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
@@ -17,6 +17,8 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 from flask_gateway.core.sql import UTCDateTime
 
 __all__ = [
+    "REFERENCE_LENGTH",
+    "STATUS_LENGTH",
     "CallbackLog",
     "CheckoutEvent",
     "GatewayBase",
@@ -26,6 +28,12 @@ __all__ = [
     "RefundRecord",
     "RefundState",
 ]
+
+
+#: The status columns (``GatewayCheckout.status``, ``CheckoutEvent.from_status`` / ``to_status``).
+STATUS_LENGTH: Final = 40
+#: ``GatewayCheckout.order_reference``: the gateway's limit for the order reference too.
+REFERENCE_LENGTH: Final = 255
 
 
 class GatewayBase(DeclarativeBase):
@@ -71,13 +79,13 @@ class GatewayCheckout(GatewayBase):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     api_version: Mapped[str] = mapped_column(String(2), default="v2")
-    order_reference: Mapped[str] = mapped_column(String(255))
+    order_reference: Mapped[str] = mapped_column(String(REFERENCE_LENGTH))
     #: The idempotency key of the create request, saved before the first attempt.
     request_id: Mapped[str] = mapped_column(String(64), unique=True)
     #: v2 checkoutToken or v1 token; unknown until the gateway answered.
     token: Mapped[str | None] = mapped_column(String(255), unique=True)
     merchant_account_id: Mapped[str] = mapped_column(String(255))
-    status: Mapped[str] = mapped_column(String(40), default=LocalStatus.CREATING)
+    status: Mapped[str] = mapped_column(String(STATUS_LENGTH), default=LocalStatus.CREATING)
     total_cents: Mapped[int] = mapped_column(BigInteger)
     paid_cents: Mapped[int] = mapped_column(BigInteger, default=0)
     refunded_cents: Mapped[int] = mapped_column(BigInteger, default=0)
@@ -118,8 +126,8 @@ class CheckoutEvent(GatewayBase):
     at: Mapped[datetime]
     #: callback, return, v1, poll, reconcile, admin, create, update, cancel, refund
     source: Mapped[str] = mapped_column(String(20))
-    from_status: Mapped[str | None] = mapped_column(String(40))
-    to_status: Mapped[str | None] = mapped_column(String(40))
+    from_status: Mapped[str | None] = mapped_column(String(STATUS_LENGTH))
+    to_status: Mapped[str | None] = mapped_column(String(STATUS_LENGTH))
     applied: Mapped[bool] = mapped_column(Boolean, default=True)
     detail: Mapped[str] = mapped_column(Text, default="")
 

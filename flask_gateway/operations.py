@@ -32,7 +32,7 @@ from typing import Any, Final, Literal
 
 from flask import Flask, current_app, has_request_context, redirect, request
 from pydantic import ValidationError
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 from werkzeug.wrappers import Response
 
@@ -59,7 +59,7 @@ from flask_gateway.core.wire import (
     V1RefundType,
 )
 from flask_gateway.extension import get_state
-from flask_gateway.models import GatewayCheckout, LocalStatus, RefundRecord, RefundState
+from flask_gateway.models import REFERENCE_LENGTH, GatewayCheckout, LocalStatus, RefundRecord, RefundState
 from flask_gateway.orders import Address, OrderDraft
 from flask_gateway.transitions import PAID_STATUSES, Observation, apply, lock, send_pending
 from flask_gateway.urls import return_url, v1_outcome_url
@@ -101,6 +101,8 @@ _PLAN_ERROR_CACHE_SECONDS: Final = 30.0
 _PLAN_CACHE_MAX: Final = 1024
 _INSTALMENTS: Final = 3
 _OPEN: Final = frozenset({S.PENDING_ORDER.value, S.CANCELLED_BY_CONSUMER.value})
+#: ``refundDescription`` (v2) and the v1 refund ``reason``.
+_REFUND_REASON_MAX: Final = 1000
 _REFUNDABLE: Final = frozenset({S.PAID.value, S.PAID_PENDING_CALLBACK.value, S.PARTIALLY_REFUNDED.value})
 
 
@@ -297,6 +299,37 @@ def _definite_refusal(error: GatewayError, *, conflict_refuses: bool = False) ->
     return not isinstance(error, IdempotencyError | RateLimitError)
 
 
+def _check_reference(order: OrderDraft, version: str) -> None:
+    """Refuse a reference the gateway would refuse, before the row is written: PostgreSQL refuses one over
+    the column's length, or with U+0000, outright (SQLite would store it and the request fail later)."""
+    field = "service.merchantOrderReference" if version == "v2" else "order.merchant_reference"
+    problem = None
+    if len(order.reference) > REFERENCE_LENGTH:
+        problem = f"String should have at most {REFERENCE_LENGTH} characters"
+    elif "\x00" in order.reference:
+        problem = "must not contain U+0000"
+    if problem is not None:
+        raise ValueError(f"order {order.reference!r} cannot be sent to the gateway: {field}: {problem}")
+
+
+#: The first key of the advisory locks taken by :func:`_one_create_per_order` (the second: the order's hash).
+_CREATE_LOCK_NAMESPACE: Final = 7_305_214
+
+
+def _one_create_per_order(session: Session, account: str, reference: str) -> None:
+    """Let one create for this order run at a time: until this transaction ends, a concurrent call (a double
+    click on "Pay") waits, then finds this call's ``CREATING`` row and reuses it (no second checkout).
+
+    PostgreSQL: a transaction-level advisory lock on (account, reference); rows that do not exist yet cannot
+    be locked, and READ COMMITTED would let both calls see "no checkout yet". SQLite needs none: its
+    ``BEGIN IMMEDIATE`` transactions already run one at a time.
+    """
+    connection = session.connection()
+    if connection.dialect.name == "postgresql":
+        key = func.hashtext(f"{account}\n{reference}")
+        session.execute(select(func.pg_advisory_xact_lock(_CREATE_LOCK_NAMESPACE, key)))
+
+
 def _reusable(session: Session, order: OrderDraft, version: str, account: str) -> GatewayCheckout | None:
     """A checkout this very order already has: ``CREATING`` (v2, within the window) or still open."""
     snapshot = order_snapshot(order)
@@ -354,6 +387,8 @@ def create_checkout(order: OrderDraft) -> GatewayCheckout:
     installation = state.require_installation()
     account = installation.merchant_account_id
     version = state.config.api_version
+    _check_reference(order, version)
+    _one_create_per_order(session, account, order.reference)
     checkout = _reusable(session, order, version, account)
     if checkout is not None and checkout.status != LocalStatus.CREATING:
         session.commit()
@@ -756,12 +791,22 @@ def _check_refund_amount(amount_cents: object) -> int:
     return amount_cents
 
 
+def _check_refund_reason(reason: str) -> None:
+    # Refused before the record is saved: the request could never be sent with it (the gateway takes 1000
+    # characters without U+0000), and PostgreSQL would not even store U+0000.
+    if len(reason) > _REFUND_REASON_MAX:
+        raise RefundNotAllowedError(f"a refund reason is at most {_REFUND_REASON_MAX} characters")
+    if "\x00" in reason:
+        raise RefundNotAllowedError("a refund reason must not contain U+0000")
+
+
 def refund(checkout: GatewayCheckout, amount_cents: int, reason: str = "") -> RefundRecord:
     """Refund ``amount_cents`` of a paid checkout (v2 refund, or the v1 refund: full or partial).
 
-    Checked first, under the checkout's row lock: a whole positive amount, a paid status (PAID,
-    PAID_PENDING_CALLBACK, PARTIALLY_REFUNDED), and no more than the paid amount minus what was refunded
-    and what is still pending. The ``RefundRecord`` (``PENDING``, with its ``requestId``) is committed
+    Checked first: a reason the gateway takes (at most 1000 characters, no U+0000); then, under the
+    checkout's row lock: a whole positive amount, a paid status (PAID, PAID_PENDING_CALLBACK,
+    PARTIALLY_REFUNDED), and no more than the paid amount minus what was refunded and what is still
+    pending. The ``RefundRecord`` (``PENDING``, with its ``requestId``) is committed
     before the request. If an earlier refund of the same amount and reason is still ``PENDING`` (its
     answer was lost), this call retries it (:func:`retry_refund`) instead of refunding twice.
 
@@ -771,6 +816,7 @@ def refund(checkout: GatewayCheckout, amount_cents: int, reason: str = "") -> Re
     Without an answer the record stays ``PENDING`` and the ``GatewayError`` is raised: retry later.
     """
     amount = _check_refund_amount(amount_cents)
+    _check_refund_reason(reason)
     state = get_state()
     session = state.session
     locked = lock(session, checkout.id)

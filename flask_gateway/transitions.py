@@ -18,9 +18,10 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from flask_gateway import signals
+from flask_gateway.core.sql import storable_text
 from flask_gateway.core.timestamps import utcnow
 from flask_gateway.core.wire import CheckoutStatus
-from flask_gateway.models import CheckoutEvent, GatewayCheckout, LocalStatus
+from flask_gateway.models import STATUS_LENGTH, CheckoutEvent, GatewayCheckout, LocalStatus
 
 __all__ = ["RANK", "Observation", "Transition", "apply", "lock", "rank"]
 
@@ -209,14 +210,18 @@ def _record(
     applied: bool,
     detail: str,
 ) -> None:
-    text = "; ".join(part for part in (observation.detail, detail) if part)
+    # The gateway may report a status this version does not know: it is recorded as it came, within the
+    # column (PostgreSQL refuses a longer value, or U+0000, where SQLite would keep it).
+    to_status = storable_text(observation.status, STATUS_LENGTH)
+    reported = f"status as reported: {observation.status!r}" if to_status != observation.status else ""
+    text = "; ".join(part for part in (observation.detail, detail, reported) if part)
     checkout.events.append(
         CheckoutEvent(
             at=now,
             source=observation.source,
             from_status=before,
-            to_status=observation.status,
+            to_status=to_status,
             applied=applied,
-            detail=text,
+            detail=storable_text(text),
         )
     )

@@ -9,14 +9,20 @@ from __future__ import annotations
 
 import os
 import pwd
+import queue
 import shutil
 import subprocess
 import tempfile
+import threading
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from tests.processes import free_port
+
+#: The cluster's ``TimeZone``: sessions see timestamps in it unless the application takes care.
+TIMEZONE = "America/St_Johns"
 
 
 def find_bindir() -> Path | None:
@@ -43,6 +49,11 @@ class PostgresCluster:
     port: int
     user: str = "gateway"
     _as_user: list[str] = field(default_factory=list)
+    _connections: dict[str, Any] = field(default_factory=dict)
+    _to_drop: queue.Queue[str | None] = field(default_factory=queue.Queue)
+    _dropper: threading.Thread | None = None
+    #: Databases the background thread could not drop (reported, never raised).
+    drop_errors: list[str] = field(default_factory=list)
 
     @property
     def data_dir(self) -> Path:
@@ -63,26 +74,61 @@ class PostgresCluster:
         )  # fmt: skip
         options = (
             f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off "
-            "-c synchronous_commit=off -c full_page_writes=off -c max_connections=200"
+            "-c synchronous_commit=off -c full_page_writes=off -c max_connections=200 "
+            # Not UTC (and not a whole hour off): a timestamp that loses its zone on the way shows.
+            f"-c timezone={TIMEZONE}"
         )
         self._run(
             str(self.bindir / "pg_ctl"), "-D", str(self.data_dir), "-o", options, "-l", str(self.root / "log"),
             "-w", "-t", "60", "start",
         )  # fmt: skip
 
-    def create_database(self, name: str | None = None) -> str:
-        """A fresh, empty database; returns its SQLAlchemy URL."""
+    def _admin(self, slot: str) -> Any:
+        """A kept-open autocommit connection to the ``postgres`` database (one per ``slot``: per thread)."""
         import psycopg
 
+        connection = self._connections.get(slot)
+        if connection is None or connection.closed:
+            connection = self._connections[slot] = psycopg.connect(
+                host="127.0.0.1", port=self.port, user=self.user, dbname="postgres", autocommit=True
+            )
+        return connection
+
+    def create_database(self, name: str | None = None) -> str:
+        """A fresh, empty database; returns its SQLAlchemy URL."""
         name = name or f"t_{uuid.uuid4().hex[:16]}"
-        with psycopg.connect(
-            host="127.0.0.1", port=self.port, user=self.user, dbname="postgres", autocommit=True
-        ) as conn:
-            conn.execute(f'CREATE DATABASE "{name}"')
+        self._admin("create").execute(f'CREATE DATABASE "{name}"')
         return self.url(name)
+
+    def drop_database(self, name: str, *, wait: bool = True) -> None:
+        """Drop a database made by ``create_database`` (connections still open to it are ended).
+
+        ``wait=False``: dropped by a background thread while the caller goes on (``stop`` waits for it).
+        """
+        if wait:
+            self._admin("create").execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            return
+        if self._dropper is None:
+            self._dropper = threading.Thread(target=self._drop_queued, name="drop-databases", daemon=True)
+            self._dropper.start()
+        self._to_drop.put(name)
+
+    def _drop_queued(self) -> None:
+        while (name := self._to_drop.get()) is not None:
+            try:
+                self._admin("dropper").execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            except Exception as exc:  # the cluster is thrown away anyway: never stop dropping the rest
+                self.drop_errors.append(f"{name}: {exc}")
+            finally:
+                self._to_drop.task_done()
 
     def stop(self) -> None:
         try:
+            if self._dropper is not None:
+                self._to_drop.put(None)
+                self._dropper.join(60)
+            for connection in self._connections.values():
+                connection.close()
             self._run(str(self.bindir / "pg_ctl"), "-D", str(self.data_dir), "-m", "immediate", "-w", "stop")
         finally:
             shutil.rmtree(self.root, ignore_errors=True)

@@ -1,6 +1,8 @@
 """SQLAlchemy helpers shared by the emulator and the extension (no Flask here).
 
 - ``UTCDateTime`` stores aware UTC datetimes on every backend (SQLite has no time zones).
+- ``storable_text`` makes outside text fit a text column on every backend (PostgreSQL refuses U+0000 and
+  enforces ``VARCHAR`` lengths; SQLite takes anything).
 - ``configure_sqlite`` makes SQLite safe under a threaded server: WAL (synchronous=NORMAL), a busy timeout,
   and ``BEGIN IMMEDIATE`` so a transaction that reads then writes holds the write lock from its start
   (SQLite's stand-in for the row locks PostgreSQL takes with ``SELECT ... FOR UPDATE``).
@@ -15,7 +17,7 @@ from sqlalchemy import DateTime, MetaData, event
 from sqlalchemy.engine import Dialect, Engine
 from sqlalchemy.types import TypeDecorator
 
-__all__ = ["UTCDateTime", "configure_sqlite", "create_all_safely"]
+__all__ = ["UTCDateTime", "configure_sqlite", "create_all_safely", "storable_text"]
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -39,6 +41,12 @@ class UTCDateTime(TypeDecorator[datetime]):
         if not isinstance(moment, datetime):
             raise TypeError(f"expected a datetime from the database, got {type(moment).__name__}")
         return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+
+
+def storable_text(value: str, max_length: int | None = None) -> str:
+    """``value`` as a text column keeps it on every backend: U+0000 becomes U+FFFD, cut to ``max_length``."""
+    text = value.replace("\x00", "\ufffd")
+    return text if max_length is None else text[:max_length]
 
 
 def configure_sqlite(engine: Engine, *, busy_timeout_ms: int = 30_000) -> None:

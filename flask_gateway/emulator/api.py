@@ -121,7 +121,9 @@ def authenticate_v2() -> Account:
     """The installed account that signed the request; 401 otherwise (sandbox: with the expected signature)."""
     account_id = request.headers.get(ACCOUNT_HEADER, "")
     signature = request.headers.get(SIGNATURE_HEADER, "")
-    account = db.session.get(Account, account_id) if account_id else None
+    # U+0000 cannot name an account (and PostgreSQL refuses it in a query: a 500).
+    known = account_id and "\x00" not in account_id
+    account = db.session.get(Account, account_id) if known else None
     if account is None:
         raise ApiProblem(401, f"Missing or unknown {ACCOUNT_HEADER}.")
     if not account.installed or not account.signing_key:

@@ -45,6 +45,7 @@ from flask_gateway.emulator.problems import ApiProblem
 
 __all__ = [
     "DEFAULT_EXPIRY",
+    "TOKEN_MAX_LENGTH",
     "UPDATE_WINDOW",
     "cancel",
     "check_firewall",
@@ -67,6 +68,8 @@ __all__ = [
     "update",
 ]
 
+#: The longest checkout token (``Checkout.token``; the wire's ``checkoutToken`` allows no more either).
+TOKEN_MAX_LENGTH: Final = 255
 #: Expiry when a create gives no ``orderExpiryMinutes``, and the v1 default.
 DEFAULT_EXPIRY: Final = timedelta(minutes=60)
 #: The consumer's payment window after an update (when ``service.expiresAt`` is not given).
@@ -123,7 +126,9 @@ def find(account_id: str | None, token: str, *, for_update: bool = False) -> Che
     if account_id is not None:
         query = query.where(Checkout.account_id == account_id)
     if for_update:
-        query = query.with_for_update()
+        # Re-read under the lock: a row loaded earlier in this transaction would otherwise keep its old
+        # values (PostgreSQL's READ COMMITTED lets another transaction change it in between).
+        query = query.with_for_update().execution_options(populate_existing=True)
     checkout = db.session.scalars(query).one_or_none()
     if checkout is None:
         raise ApiProblem(404, "No checkout with this checkoutToken for this merchant account.")
@@ -176,6 +181,7 @@ def expire_due(now: datetime | None = None, *, limit: int = 500) -> int:
         .order_by(Checkout.id)
         .limit(limit)
         .with_for_update(skip_locked=True)
+        .execution_options(populate_existing=True)
     ).all()
     return sum(_apply_expiry(checkout, now) for checkout in due)
 
@@ -211,7 +217,10 @@ def _enqueue(checkout: Checkout, kind: DeliveryKind, url: str | None, now: datet
 
 
 def _v2_token(account: Account) -> str:
-    return f"v2.{account.merchant_account_id}.{uuid.uuid4()}"
+    """``v2.<account>.<uuid>``; a long account id is shortened so the token fits its 255 characters (the
+    ``checkoutToken`` of the wire, and ``Checkout.token``: PostgreSQL refuses a longer value, a 500)."""
+    suffix = f".{uuid.uuid4()}"
+    return f"v2.{account.merchant_account_id}"[: TOKEN_MAX_LENGTH - len(suffix)] + suffix
 
 
 def create(account: Account, request: CreateCheckoutRequest) -> Checkout:

@@ -31,7 +31,7 @@ def advance(seconds: float) -> datetime:
     """Move the clock forward (never back); commit is the caller's."""
     if seconds < 0:
         raise ValueError("the clock only moves forward")
-    state = db.session.get(ClockState, 1, with_for_update=True)
+    state = db.session.get(ClockState, 1, with_for_update=True, populate_existing=True)
     if state is None:
         state = ClockState(id=1, offset_seconds=0.0)
         db.session.add(state)

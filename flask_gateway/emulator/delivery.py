@@ -176,7 +176,7 @@ def redeliver(delivery_id: int) -> int | None:
     so the redelivered message gets the full retry schedule. Returns the new attempt's id (None only if
     the checkout disappeared meanwhile, e.g. by a reset).
     """
-    delivery = db.session.get(Delivery, delivery_id, with_for_update=True)
+    delivery = db.session.get(Delivery, delivery_id, with_for_update=True, populate_existing=True)
     if delivery is None:
         db.session.rollback()
         raise ApiProblem(404, f"No delivery with id {delivery_id}.")
@@ -210,6 +210,7 @@ def _claim_next(*, exclude: list[int]) -> int | None:
         .order_by(Delivery.next_attempt_at, Delivery.id)
         .limit(1)
         .with_for_update(skip_locked=True)
+        .execution_options(populate_existing=True)
     )
     if exclude:
         query = query.where(Delivery.id.not_in(exclude))
@@ -242,7 +243,7 @@ def _prepare(delivery_id: int) -> _Job | None:
     except ApiProblem:
         db.session.rollback()
         return None
-    delivery = db.session.get(Delivery, delivery_id, with_for_update=True)
+    delivery = db.session.get(Delivery, delivery_id, with_for_update=True, populate_existing=True)
     account = db.session.get(Account, checkout.account_id)
     if delivery is None or account is None:
         db.session.rollback()
@@ -328,7 +329,7 @@ def _record(job: _Job, reply: MerchantReply, injected: bool) -> int | None:
     except ApiProblem:
         db.session.rollback()
         return None
-    delivery = db.session.get(Delivery, job.delivery_id, with_for_update=True)
+    delivery = db.session.get(Delivery, job.delivery_id, with_for_update=True, populate_existing=True)
     account = db.session.get(Account, job.account_id)
     if delivery is None or account is None:
         db.session.rollback()

@@ -127,6 +127,7 @@ def take(operation: str, *kinds: str) -> FaultRule | None:
         .order_by(FaultRule.id)
         .limit(1)
         .with_for_update(skip_locked=True)
+        .execution_options(populate_existing=True)
     ).first()
     if rule is None:
         return None

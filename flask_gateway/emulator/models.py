@@ -196,7 +196,8 @@ class DeliveryAttempt(EmulatorBase):
     )
     number: Mapped[int]
     at: Mapped[datetime]
-    url: Mapped[str] = mapped_column(String(2048))
+    #: The URL as called: a v1 notice adds its query to the order's fail URL (up to 2048 characters itself).
+    url: Mapped[str] = mapped_column(Text)
     request_body: Mapped[str] = mapped_column(Text)
     http_status: Mapped[int | None]
     message: Mapped[str] = mapped_column(String(255))

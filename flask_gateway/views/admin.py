@@ -19,7 +19,7 @@ from flask import Blueprint, abort, current_app, flash, g, redirect, render_temp
 from flask.typing import ResponseReturnValue
 from flask_wtf.csrf import CSRFError, validate_csrf
 from pydantic import ValidationError as ModelValidationError
-from sqlalchemy import func, or_, select
+from sqlalchemy import false, func, or_, select
 from werkzeug.wrappers import Response
 from wtforms import ValidationError as FormValidationError
 
@@ -387,7 +387,9 @@ def checkouts() -> ResponseReturnValue:
         query = query.where(GatewayCheckout.status == status)
     if flagged:
         query = query.where(GatewayCheckout.flagged.is_(True))
-    if search:
+    if "\x00" in search:  # no reference or token has one, and PostgreSQL refuses it in a query
+        query = query.where(false())
+    elif search:
         query = query.where(
             or_(
                 GatewayCheckout.order_reference.icontains(search, autoescape=True),

@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from flask import Flask
@@ -11,21 +10,22 @@ from flask_gateway.emulator import EmulatorSettings, create_app
 from tests.emulator.support import Gateway
 
 
-def make_emulator(tmp_path: Path, **settings: object) -> Flask:
+def make_emulator(database_url: str, **settings: object) -> Flask:
+    """An in-process emulator (no worker thread) on ``database_url`` (the ``database_url`` fixture)."""
     options: dict[str, object] = {"worker": False, "callback_retry_delays": (2.0, 10.0)}
     options.update(settings)
     return create_app(
         {
             "TESTING": True,
-            "SQLALCHEMY_DATABASE_URI": f"sqlite:///{tmp_path / 'emulator.sqlite3'}",
+            "SQLALCHEMY_DATABASE_URI": database_url,
             "EMULATOR_SETTINGS": EmulatorSettings(**options),  # type: ignore[arg-type]
         }
     )
 
 
 @pytest.fixture
-def emulator_app(tmp_path: Path) -> Iterator[Flask]:
-    app = make_emulator(tmp_path)
+def emulator_app(database_url: str) -> Iterator[Flask]:
+    app = make_emulator(database_url)
     yield app
     from flask_gateway.emulator.models import db
 

@@ -22,6 +22,7 @@ from flask_gateway.core.signing import verify
 from flask_gateway.core.timestamps import parse_timestamp
 from flask_gateway.emulator import delivery
 from flask_gateway.emulator.models import Delivery, db
+from tests.conftest import fetch_all
 from tests.emulator.conftest import make_emulator
 from tests.emulator.support import ACCOUNT, CALLBACK_URL, Gateway, create_body, v1_checkout_body
 
@@ -449,8 +450,8 @@ def test_timeline_records_each_attempt(installed, merchant):
     assert kinds[-3:] == ["callback-failed", "callback-delivered", "callback-acknowledged"]
 
 
-def test_smtp_failure_never_breaks_delivery(tmp_path, merchant):
-    app = make_emulator(tmp_path, smtp_url="smtp://127.0.0.1:1")  # nothing listens on port 1
+def test_smtp_failure_never_breaks_delivery(database_url, merchant):
+    app = make_emulator(database_url, smtp_url="smtp://127.0.0.1:1")  # nothing listens on port 1
     try:
         gateway = Gateway(app.test_client())
         gateway.install(email=EMAIL)
@@ -466,8 +467,8 @@ def test_smtp_failure_never_breaks_delivery(tmp_path, merchant):
             db.engine.dispose()
 
 
-def test_public_url_is_the_payment_url_base(tmp_path, merchant):
-    app = make_emulator(tmp_path, public_url="https://gateway.example")
+def test_public_url_is_the_payment_url_base(database_url, merchant):
+    app = make_emulator(database_url, public_url="https://gateway.example")
     try:
         gateway = Gateway(app.test_client())
         gateway.install()
@@ -519,21 +520,18 @@ def test_claimed_deliveries_are_not_attempted_twice(emulator_app, installed, mer
     assert len(merchant.calls) == 1
 
 
-def test_no_database_transaction_is_open_while_calling_the_merchant(emulator_app, installed, merchant):
-    """The merchant may be slow (10 s): the attempt must not hold SQLite's write lock meanwhile."""
-    database = emulator_app.config["SQLALCHEMY_DATABASE_URI"].removeprefix("sqlite:///")
+def test_no_database_transaction_is_open_while_calling_the_merchant(
+    emulator_app, database_url, installed, merchant
+):
+    """The merchant may be slow (10 s): the attempt must hold no transaction (no lock) meanwhile.
+
+    SQLite: nobody holds the write lock (``BEGIN IMMEDIATE`` succeeds at once). PostgreSQL: no other
+    session of the emulator's database is inside a transaction (``pg_stat_activity``).
+    """
     seen: list[str] = []
 
     def merchant_answers(request):
-        connection = sqlite3.connect(database, timeout=0)
-        try:
-            connection.execute("BEGIN IMMEDIATE")  # raises "database is locked" if a writer is open
-            connection.rollback()
-            seen.append("free")
-        except sqlite3.OperationalError as exc:
-            seen.append(str(exc))
-        finally:
-            connection.close()
+        seen.append(open_transactions(database_url))
         return (500, {}, "")
 
     merchant.add_callback(responses.POST, CALLBACK_URL, callback=merchant_answers)
@@ -542,11 +540,31 @@ def test_no_database_transaction_is_open_while_calling_the_merchant(emulator_app
     assert seen == ["free"]
 
 
-def test_worker_waits_until_it_knows_the_emulators_address(tmp_path, emulator_app, installed, merchant):
+def open_transactions(database_url: str) -> str:
+    """``"free"`` when no other connection to the database is inside a transaction, else what is open."""
+    if database_url.startswith("sqlite"):
+        connection = sqlite3.connect(database_url.removeprefix("sqlite:///"), timeout=0)
+        try:
+            connection.execute("BEGIN IMMEDIATE")  # raises "database is locked" if a writer is open
+            connection.rollback()
+            return "free"
+        except sqlite3.OperationalError as exc:
+            return str(exc)
+        finally:
+            connection.close()
+    rows = fetch_all(
+        database_url,
+        "SELECT state, query FROM pg_stat_activity WHERE datname = current_database() "
+        "AND pid <> pg_backend_pid() AND xact_start IS NOT NULL",
+    )
+    return "free" if not rows else repr(rows)
+
+
+def test_worker_waits_until_it_knows_the_emulators_address(database_url, emulator_app, installed, merchant):
     answer(merchant, 200)
     token = paid(installed)
     # A second process on the same database that has served no request yet: it does not deliver.
-    fresh = make_emulator(tmp_path)
+    fresh = make_emulator(database_url)
     fresh.config["EMULATOR_WORKER_INTERVAL"] = 0.02
     delivery.start_worker(fresh)
     try:

@@ -3,7 +3,7 @@
 The emulator runs as its own server process (``flask --app flask_gateway.emulator run``) with its
 background worker; the merchant's callback receiver is a stdlib HTTP server in a thread, and the failure
 e-mails go to a real SMTP server (aiosmtpd) on loopback. Nothing here drives delivery by hand: the
-worker must do it.
+worker must do it. The emulator's database is SQLite or PostgreSQL (``database_url``).
 """
 
 from __future__ import annotations
@@ -148,12 +148,13 @@ def smtp() -> Iterator[tuple[Mailbox, int]]:
 
 
 @pytest.fixture
-def emulator(tmp_path: Path, smtp: tuple[Mailbox, int]) -> Iterator[str]:
-    """The emulator's base URL; the process is terminated afterwards whatever happens."""
+def emulator(tmp_path: Path, database_url: str, smtp: tuple[Mailbox, int]) -> Iterator[str]:
+    """The emulator's base URL (on SQLite or PostgreSQL); the process is terminated afterwards whatever
+    happens."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("EMULATOR_", "FLASK_"))}
     env.update(
-        EMULATOR_DATABASE_URL=f"sqlite:///{tmp_path / 'e.db'}",
+        EMULATOR_DATABASE_URL=database_url,
         EMULATOR_CALLBACK_RETRY_DELAYS="0.2,0.2",
         EMULATOR_WAF="allow-local",
         EMULATOR_SMTP_URL=f"smtp://127.0.0.1:{smtp[1]}",

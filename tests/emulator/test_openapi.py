@@ -5,8 +5,7 @@ them to the in-process emulator (WSGI, no network). Every answer must be documen
 headers and body. A small WSGI wrapper signs each request the way the case asks (valid, wrong or missing
 credentials), so both the authenticated paths and the 401s are covered.
 
-Set ``EMULATOR_TEST_DATABASE_URL`` (e.g. ``postgresql+psycopg://...``) to run the schemathesis part on that
-database instead of a temporary SQLite file (it is reset before each operation).
+Like every in-process test it runs on SQLite and on PostgreSQL (``database_url``, tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -15,7 +14,6 @@ import base64
 import contextlib
 import io
 import json
-import os
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -37,13 +35,12 @@ from schemathesis.checks import (
 from schemathesis.core.parameters import ParameterLocation
 
 from flask_gateway.core.signing import sign
-from flask_gateway.emulator import EmulatorSettings, checkouts, create_app
+from flask_gateway.emulator import checkouts
 from flask_gateway.emulator.models import Account, db
 from flask_gateway.emulator.openapi import OPERATIONS, build_document, render
 from tests.emulator.conftest import make_emulator
 from tests.emulator.support import ACCOUNT, API_KEY, Gateway, create_body, service, v1_checkout_body
 
-DATABASE_URL = os.environ.get("EMULATOR_TEST_DATABASE_URL")
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "openapi.json"
 FRESH_ACCOUNT, FRESH_KEY = "fresh-merchant", "fresh-api-key"
 AUTH_HEADER = "X-Fuzz-Auth"  # tells the signing wrapper which credentials to put on the request
@@ -236,15 +233,9 @@ class SigningWrapper:
 class Seeded:
     """An installed emulator with checkouts in every state, whose tokens the cases may borrow."""
 
-    def __init__(self, tmp_path: Path) -> None:
+    def __init__(self, database_url: str) -> None:
         accounts = {ACCOUNT: API_KEY, FRESH_ACCOUNT: FRESH_KEY}
-        if DATABASE_URL:
-            settings = EmulatorSettings(accounts=accounts, worker=False)
-            config = {"TESTING": True, "SQLALCHEMY_DATABASE_URI": DATABASE_URL, "EMULATOR_SETTINGS": settings}
-            self.app = create_app(config)
-            assert self.app.test_client().post("/_emulator/reset").status_code == 200
-        else:
-            self.app = make_emulator(tmp_path, accounts=accounts)
+        self.app = make_emulator(database_url, accounts=accounts)
         gateway = Gateway(self.app.test_client())
         self.key = gateway.install(minimum=0, maximum=10**12)  # limits apart: more cases reach the rules
         self.v2_tokens: list[str] = []
@@ -376,8 +367,8 @@ def _fuzz(
 
 @pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE], ids=str)
 @pytest.mark.parametrize(("method", "path"), [(op.method.upper(), op.path) for op in OPERATIONS])
-def test_emulator_conforms_to_its_document(tmp_path, method, path, mode):
-    seeded = Seeded(tmp_path)
+def test_emulator_conforms_to_its_document(database_url, method, path, mode):
+    seeded = Seeded(database_url)
     _fuzz(seeded, method, path, mode)
     with seeded.app.app_context():
         db.engine.dispose()
@@ -387,9 +378,9 @@ SECURED = [(op.method.upper(), op.path) for op in OPERATIONS if op.security != "
 
 
 @pytest.mark.parametrize(("method", "path"), SECURED)
-def test_bad_credentials_get_the_documented_401(tmp_path, method, path):
+def test_bad_credentials_get_the_documented_401(database_url, method, path):
     """Valid bodies with a wrong signature / API key, or none: refused, as the document says."""
-    seeded = Seeded(tmp_path)
+    seeded = Seeded(database_url)
     seen = _fuzz(
         seeded, method, path, GenerationMode.POSITIVE, credentials=["wrong", "missing"], max_examples=15
     )
@@ -402,8 +393,8 @@ def test_bad_credentials_get_the_documented_401(tmp_path, method, path):
 
 @pytest.mark.parametrize("status", [429, 500, 503])
 @pytest.mark.parametrize("operation", OPERATIONS, ids=lambda op: op.operation_id)
-def test_injected_fault_statuses_are_documented(tmp_path, operation, status):
-    seeded = Seeded(tmp_path)
+def test_injected_fault_statuses_are_documented(database_url, operation, status):
+    seeded = Seeded(database_url)
     client = seeded.app.test_client()
     rule = {
         "operation": operation.fault_name,

@@ -326,8 +326,8 @@ def test_strict_firewall_refuses_local_merchant_urls(installed, field, url):
     assert unauthenticated.json == FORBIDDEN
 
 
-def test_allow_local_firewall_accepts_local_merchant_urls(tmp_path):
-    app = make_emulator(tmp_path, waf_strict=False)
+def test_allow_local_firewall_accepts_local_merchant_urls(database_url):
+    app = make_emulator(database_url, waf_strict=False)
     try:
         gateway = Gateway(app.test_client())
         body = v1_checkout_body(

@@ -122,8 +122,8 @@ def test_signature_covers_the_raw_body_with_whitespace_removed(installed):
     assert installed.client.post("/v2/create", data=tampered, headers=headers).status_code == 401
 
 
-def test_production_mode_hides_the_expected_signature(tmp_path):
-    gateway = Gateway(make_emulator(tmp_path, sandbox=False).test_client())
+def test_production_mode_hides_the_expected_signature(database_url):
+    gateway = Gateway(make_emulator(database_url, sandbox=False).test_client())
     gateway.install()
     raw = b'{"checkoutToken":"x"}'
     headers = {
@@ -223,8 +223,8 @@ def test_firewall_refuses_local_redirect_urls(installed, url):
     assert response.json == {"message": "Forbidden"}
 
 
-def test_firewall_can_allow_local_urls(tmp_path):
-    gateway = Gateway(make_emulator(tmp_path, waf_strict=False).test_client())
+def test_firewall_can_allow_local_urls(database_url):
+    gateway = Gateway(make_emulator(database_url, waf_strict=False).test_client())
     gateway.install()
     created = gateway.create(create_body(confirmRedirectUrl="http://127.0.0.1:5000/ok"))
     assert created["service"]["confirmRedirectUrl"] == "http://127.0.0.1:5000/ok"

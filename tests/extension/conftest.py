@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,6 +22,7 @@ from flask_gateway.emulator import merchant as emulator_merchant
 from flask_gateway.extension import get_state
 from flask_gateway.installation import InstallSettings, install
 from flask_gateway.orders import Address, Customer, OrderDraft, OrderLine
+from tests.conftest import Databases
 from tests.emulator.conftest import make_emulator
 from tests.emulator.support import Gateway as EmulatorDriver
 from tests.wsgi_adapter import FlaskAdapter
@@ -33,12 +33,13 @@ ACCOUNT = "demo-merchant"
 API_KEY = "demo-api-key"
 
 
-def make_shop(tmp_path: Path, **config: Any) -> tuple[Flask, SQLAlchemy, Gateway]:
+def make_shop(database_url: str, **config: Any) -> tuple[Flask, SQLAlchemy, Gateway]:
+    """A shop app with the extension on ``database_url`` (the ``database_url`` fixture), tables created."""
     app = Flask("test_shop")
     app.config.update(
         TESTING=True,
         SECRET_KEY="shop-secret-key-for-tests",
-        SQLALCHEMY_DATABASE_URI=f"sqlite:///{tmp_path / 'shop.sqlite3'}",
+        SQLALCHEMY_DATABASE_URI=database_url,
         GATEWAY_ENVIRONMENT="emulator",
         GATEWAY_BASE_URL=EMULATOR_URL,
         GATEWAY_INSTALL_URL=f"{EMULATOR_URL}/install",
@@ -111,9 +112,10 @@ def sample_order(reference: str = "ORD-1", *, quantity: int = 2, price: int = 39
 
 
 @pytest.fixture
-def harness(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Harness]:
-    emulator_app = make_emulator(tmp_path, public_url=EMULATOR_URL)
-    shop, db, gateway = make_shop(tmp_path)
+def harness(databases: Databases, monkeypatch: pytest.MonkeyPatch) -> Iterator[Harness]:
+    """The shop on ``database_url``, the emulator on a database of its own (same backend)."""
+    emulator_app = make_emulator(databases.url("emulator"), public_url=EMULATOR_URL)
+    shop, db, gateway = make_shop(databases.url("main"))
 
     to_emulator = requests.Session()
     to_emulator.mount(EMULATOR_URL, FlaskAdapter(emulator_app.test_client()))

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
@@ -26,6 +25,7 @@ from flask_gateway.extension import get_state
 from flask_gateway.models import CallbackLog, GatewayCheckout, LocalStatus
 from flask_gateway.transitions import Observation, apply
 from flask_gateway.urls import return_url, v1_outcome_url
+from tests.conftest import Databases
 from tests.emulator.conftest import make_emulator
 from tests.emulator.support import Gateway as EmulatorDriver
 from tests.extension.conftest import ACCOUNT, EMULATOR_URL, SHOP_URL, Harness, make_shop
@@ -39,10 +39,10 @@ SIGNAL_NAMES = (
 )
 
 
-def make_harness(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **config: Any) -> Harness:
+def make_harness(databases: Databases, monkeypatch: pytest.MonkeyPatch, **config: Any) -> Harness:
     """The conftest ``harness`` with extra shop configuration (e.g. GATEWAY_ORDER_ENDPOINT=None)."""
-    emulator_app = make_emulator(tmp_path, public_url=EMULATOR_URL)
-    shop, db, gateway = make_shop(tmp_path, **config)
+    emulator_app = make_emulator(databases.url("emulator"), public_url=EMULATOR_URL)
+    shop, db, gateway = make_shop(databases.url("main"), **config)
     to_emulator = requests.Session()
     to_emulator.mount(EMULATOR_URL, FlaskAdapter(emulator_app.test_client()))
     get_state(shop).client_options.update(session=to_emulator, sleep=lambda seconds: None)

@@ -6,7 +6,6 @@ import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -20,6 +19,7 @@ from flask_gateway.extension import get_state
 from flask_gateway.models import GatewayCheckout
 from flask_gateway.operations import create_checkout
 from flask_gateway.orders import OrderDraft
+from tests.conftest import Databases
 from tests.emulator.conftest import make_emulator
 from tests.emulator.support import Gateway as EmulatorDriver
 from tests.extension.conftest import ACCOUNT, EMULATOR_URL, SHOP_URL, Harness, make_shop, sample_order
@@ -63,10 +63,10 @@ def spy(harness: Harness) -> SpyAdapter:
     return adapter
 
 
-def build_harness(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **config: Any) -> Harness:
+def build_harness(databases: Databases, monkeypatch: pytest.MonkeyPatch, **config: Any) -> Harness:
     """The conftest ``harness`` with extra shop configuration (e.g. ``GATEWAY_API_VERSION="v1"``)."""
-    emulator_app = make_emulator(tmp_path, public_url=EMULATOR_URL)
-    shop, db, gateway = make_shop(tmp_path, **config)
+    emulator_app = make_emulator(databases.url("emulator"), public_url=EMULATOR_URL)
+    shop, db, gateway = make_shop(databases.url("main"), **config)
     to_emulator = requests.Session()
     to_emulator.mount(EMULATOR_URL, FlaskAdapter(emulator_app.test_client()))
     get_state(shop).client_options.update(session=to_emulator, sleep=lambda seconds: None)

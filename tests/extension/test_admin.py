@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -226,12 +225,12 @@ def test_every_admin_post_refuses_a_missing_or_wrong_csrf_token(admin):
     assert checkout_status(admin, checkout_id) == "PAID"
 
 
-def test_admin_posts_are_protected_without_csrfprotect(tmp_path: Path):
+def test_admin_posts_are_protected_without_csrfprotect(database_url: str):
     """An app that does not use CSRFProtect: the admin blueprint checks the token itself."""
     app = Flask("bare_shop")
     app.config.update(
         SECRET_KEY="bare-secret",
-        SQLALCHEMY_DATABASE_URI=f"sqlite:///{tmp_path / 'bare.sqlite3'}",
+        SQLALCHEMY_DATABASE_URI=database_url,
         GATEWAY_PUBLIC_URL=SHOP_URL,
     )
     db = SQLAlchemy()
@@ -307,7 +306,7 @@ def test_the_app_can_override_the_base_layout(admin):
 # --- install -------------------------------------------------------------------------------------------
 
 
-def test_install_through_the_screen(admin, tmp_path):
+def test_install_through_the_screen(admin, databases):
     client = admin.client
     page = client.get(f"{ADMIN}/install")
     assert page.status_code == 200
@@ -337,8 +336,12 @@ def test_install_through_the_screen(admin, tmp_path):
     assert API_KEY not in status and signing_key not in status
     assert "R 1 000.50" in status and "R 100 000.00" in status
 
-    # At rest: neither secret appears in the database files (the ciphertexts do).
-    raw = b"".join(p.read_bytes() for p in tmp_path.glob("shop.sqlite3*"))
+    # At rest: neither secret is in any column of the gateway's tables, nor anywhere in the database's
+    # files (SQLite: the file and its WAL; PostgreSQL: the database's data files): the ciphertexts are.
+    values = databases.text_values()
+    assert installation.api_key_encrypted in values
+    assert not [v for v in values if API_KEY in v or signing_key in v]
+    raw = databases.raw_bytes()
     assert installation.api_key_encrypted.encode() in raw
     assert API_KEY.encode() not in raw
     assert signing_key.encode() not in raw
@@ -618,6 +621,8 @@ def test_checkouts_list_filters_by_status_and_paginates(admin):
 
     found = text(client.get(f"{ADMIN}/checkouts?q=open-1"))
     assert "OPEN-1" in found and "OPEN-2" not in found
+    nul = client.get(f"{ADMIN}/checkouts?q=OPEN-1%00")  # PostgreSQL refuses U+0000 in a query
+    assert nul.status_code == 200 and "No checkouts" in text(nul)
 
     first = text(client.get(f"{ADMIN}/checkouts?status=PAID&per_page=2"))
     assert "page 1 of 3" in first

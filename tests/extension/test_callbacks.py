@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import sqlite3
 import threading
-from contextlib import closing
 from typing import Any
 
 import pytest
@@ -15,6 +13,7 @@ from flask_gateway.core.signing import sign
 from flask_gateway.errors import CallbackRejected
 from flask_gateway.extension import get_state
 from flask_gateway.models import GatewayCheckout
+from tests.conftest import fetch_all
 from tests.extension.conftest import ACCOUNT, API_KEY, Harness
 from tests.extension.inbound_support import (
     assert_no_secrets,
@@ -361,6 +360,16 @@ def test_unknown_token_is_404(installed: Harness, received) -> None:
     assert received["payment_confirmed"] == []
 
 
+def test_a_token_with_nul_is_an_unknown_checkout(installed: Harness, received) -> None:
+    """No token has U+0000 (and PostgreSQL refuses it in a query): a signed callback naming one is a 404."""
+    _, token = create_v2_checkout(installed)
+
+    answer = post_callback(installed, paid_payload(installed, token, checkoutToken=token + "\x00"))
+
+    _assert_refused(installed, answer, 404, "unknown-checkout", received, verified=True)
+    assert received["payment_confirmed"] == []
+
+
 @pytest.mark.parametrize(
     "body",
     [
@@ -413,7 +422,8 @@ def test_a_body_of_exactly_the_limit_is_read(installed: Harness, received) -> No
 
 
 @pytest.mark.parametrize(
-    "status", ["PARTIALLY_REFUNDED", "FULLY_REFUNDED", "EXPIRED", "PENDING_ORDER", "SOMETHING_NEW"]
+    "status",
+    ["PARTIALLY_REFUNDED", "FULLY_REFUNDED", "EXPIRED", "PENDING_ORDER", "SOMETHING_NEW", "PA\x00ID"],
 )
 def test_statuses_not_acted_on_are_recorded_with_200(installed: Harness, received, status: str) -> None:
     checkout_id, token = create_v2_checkout(installed)
@@ -427,7 +437,7 @@ def test_statuses_not_acted_on_are_recorded_with_200(installed: Harness, receive
     assert state["payment_confirmed_at"] is None
     source, _, _, applied, detail = state["events"][-1]
     assert (source, applied) == ("callback", False)
-    assert status in detail
+    assert status.replace("\x00", "\ufffd") in detail  # PostgreSQL refuses U+0000 in text
     assert received["payment_confirmed"] == received["checkout_cancelled"] == []
     [log] = callback_logs(installed)
     assert (log["outcome"], log["checkout_id"], log["verified"]) == ("ignored", checkout_id, True)
@@ -460,24 +470,20 @@ def test_secret_headers_are_never_stored(installed: Harness, received) -> None:
 # --- commit before answer and signals ------------------------------------------------------------------
 
 
-def test_signals_fire_after_the_commit(installed: Harness) -> None:
+def test_signals_fire_after_the_commit(installed: Harness, database_url: str) -> None:
     checkout_id, token = create_v2_checkout(installed)
     payload = paid_payload(installed, token)
     seen: list[tuple[str, str]] = []
-    with installed.shop.app_context():
-        database = installed.db.engine.url.database
-    assert database is not None
 
     def committed_status(sender, **kwargs) -> None:
-        # A separate connection (plain sqlite3: a read in WAL mode waits for no one) sees only
-        # committed data.
-        with closing(sqlite3.connect(database)) as connection:
-            status = connection.execute(
-                "SELECT status FROM gateway_checkouts WHERE id = ?", (checkout_id,)
-            ).fetchone()[0]
-            outcome = connection.execute(
-                "SELECT outcome FROM gateway_callback_log ORDER BY id DESC LIMIT 1"
-            ).fetchone()[0]
+        # A separate connection (SQLite: a read in WAL mode waits for no one; PostgreSQL: MVCC) sees
+        # only committed data.
+        [(status,)] = fetch_all(
+            database_url, "SELECT status FROM gateway_checkouts WHERE id = :id", id=checkout_id
+        )
+        [(outcome,)] = fetch_all(
+            database_url, "SELECT outcome FROM gateway_callback_log ORDER BY id DESC LIMIT 1"
+        )
         seen.append((status, outcome))
 
     with signals.payment_confirmed.connected_to(committed_status):
@@ -516,7 +522,7 @@ def test_an_app_can_shape_the_refusal(installed: Harness) -> None:
     assert answer.json == {"refused": "rejected-signature", "log": callback_logs(installed)[0]["id"]}
 
 
-def test_callbacks_are_csrf_exempt_whatever_the_init_order(tmp_path):
+def test_callbacks_are_csrf_exempt_whatever_the_init_order(database_url):
     """CSRFProtect set up after Gateway(app) must not refuse the gateway's callbacks with a CSRF 400."""
     from flask import Flask
     from flask_sqlalchemy import SQLAlchemy
@@ -525,7 +531,7 @@ def test_callbacks_are_csrf_exempt_whatever_the_init_order(tmp_path):
     from flask_gateway import Gateway
 
     app = Flask("late_csrf")
-    app.config.update(SECRET_KEY="k", SQLALCHEMY_DATABASE_URI=f"sqlite:///{tmp_path / 'late.sqlite3'}")
+    app.config.update(SECRET_KEY="k", SQLALCHEMY_DATABASE_URI=database_url)
     db = SQLAlchemy()
     db.init_app(app)
     Gateway(app, db=db)

@@ -16,6 +16,7 @@ from flask_gateway.config import DEFAULTS
 from flask_gateway.emulator import merchant as emulator_merchant
 from flask_gateway.extension import get_state
 from flask_gateway.installation import InstallSettings, install
+from tests.conftest import Databases
 from tests.emulator.conftest import make_emulator
 from tests.emulator.support import Gateway as EmulatorDriver
 from tests.extension.conftest import ACCOUNT, API_KEY, EMULATOR_URL, SHOP_URL
@@ -52,7 +53,9 @@ def _example_source() -> str:
     return next(block for block in blocks if block.startswith('"""shop.py'))
 
 
-def test_the_quickstart_example_shop_takes_a_payment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+def test_the_quickstart_example_shop_takes_a_payment(
+    tmp_path: Path, databases: Databases, monkeypatch: pytest.MonkeyPatch
+):
     from flask_wtf.csrf import generate_csrf
 
     source = tmp_path / "docs_example_shop.py"
@@ -67,7 +70,7 @@ def test_the_quickstart_example_shop_takes_a_payment(tmp_path: Path, monkeypatch
             {
                 "TESTING": True,
                 "SECRET_KEY": "docs-example-secret",
-                "SQLALCHEMY_DATABASE_URI": f"sqlite:///{tmp_path / 'shop.db'}",
+                "SQLALCHEMY_DATABASE_URI": databases.url("main"),
                 "GATEWAY_BASE_URL": EMULATOR_URL,
                 "GATEWAY_INSTALL_URL": f"{EMULATOR_URL}/install",
                 "GATEWAY_V1_BASE_URL": EMULATOR_URL,
@@ -75,7 +78,7 @@ def test_the_quickstart_example_shop_takes_a_payment(tmp_path: Path, monkeypatch
                 "GATEWAY_MAX_RETRIES": 0,
             }
         )
-        emulator = make_emulator(tmp_path, public_url=EMULATOR_URL)
+        emulator = make_emulator(databases.url("emulator"), public_url=EMULATOR_URL)
         to_emulator = requests.Session()
         to_emulator.mount(EMULATOR_URL, FlaskAdapter(emulator.test_client()))
         get_state(app).client_options.update(session=to_emulator, sleep=lambda seconds: None)

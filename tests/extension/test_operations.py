@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import sqlite3
+import threading
 from collections.abc import Iterator
 from dataclasses import replace
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 
@@ -15,6 +14,7 @@ from flask_gateway.core.errors import (
     CheckoutExpiredError,
     ConflictError,
     GatewayConnectionError,
+    GatewayError,
     GatewayServerError,
     InvalidRequestError,
 )
@@ -41,6 +41,7 @@ from flask_gateway.operations import (
 from flask_gateway.orders import Customer, OrderDraft, OrderLine
 from flask_gateway.polling import refresh
 from flask_gateway.urls import load_signed_reference
+from tests.conftest import Databases, fetch_all
 from tests.extension.conftest import SHOP_URL, Harness, sample_order
 from tests.extension.operations_support import (
     build_harness,
@@ -67,8 +68,8 @@ def installed(harness: Harness) -> Harness:
 
 
 @pytest.fixture
-def harness_v1(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Harness]:
-    harness = build_harness(tmp_path, monkeypatch, GATEWAY_API_VERSION="v1")
+def harness_v1(databases: Databases, monkeypatch: pytest.MonkeyPatch) -> Iterator[Harness]:
+    harness = build_harness(databases, monkeypatch, GATEWAY_API_VERSION="v1")
     harness.install()
     yield harness
     with harness.shop.app_context():
@@ -172,18 +173,18 @@ def test_shop_totals_and_fallback_urls(installed):
     assert "customer" not in body["service"]
 
 
-def test_request_id_is_committed_before_the_request_and_reused_after_a_5xx(installed, tmp_path):
+def test_request_id_is_committed_before_the_request_and_reused_after_a_5xx(installed, database_url):
     transport = spy(installed)
     seen_in_database: list[tuple[str, str]] = []
 
     def check_database(sent):
         if sent.path == "/v2/create":
             # Another connection sees the committed row with this requestId while the request is on its way.
-            with sqlite3.connect(tmp_path / "shop.sqlite3") as connection:
-                row = connection.execute(
-                    "SELECT status, request_id FROM gateway_checkouts WHERE request_id = ?",
-                    (sent.body["requestId"],),
-                ).fetchone()
+            [row] = fetch_all(
+                database_url,
+                "SELECT status, request_id FROM gateway_checkouts WHERE request_id = :request_id",
+                request_id=sent.body["requestId"],
+            )
             seen_in_database.append(row)
 
     transport.before_send.append(check_database)
@@ -262,6 +263,47 @@ def test_invalid_orders_are_refused_before_anything_is_saved(installed):
         with pytest.raises(ValueError, match=r"service\.customer\.email"):
             create_checkout(bad_email)
         assert get_state().session.query(GatewayCheckout).count() == 0
+
+
+@pytest.mark.parametrize(
+    ("reference", "problem"),
+    [("R" * 256, "at most 255 characters"), ("ORD\x001", "must not contain U\\+0000")],
+)
+def test_a_reference_the_gateway_cannot_take_is_refused_before_anything_is_saved(
+    installed, reference, problem
+):
+    """PostgreSQL would refuse to store it (over the column's length, or U+0000): a ValueError instead."""
+    transport = spy(installed)
+    with installed.shop.app_context():
+        with pytest.raises(ValueError, match=rf"service\.merchantOrderReference: .*{problem}"):
+            create_checkout(replace(sample_order(), reference=reference))
+        assert get_state().session.query(GatewayCheckout).count() == 0
+    assert transport.paths() == []
+
+
+def test_concurrent_creates_for_one_order_make_one_checkout(installed):
+    """A double click: PostgreSQL lets both see "no checkout yet" unless the create is serialised."""
+    start = threading.Barrier(3)
+    outcomes: list[object] = []
+
+    def create() -> None:
+        with installed.shop.app_context():
+            start.wait()
+            try:
+                outcomes.append(create_checkout(sample_order()).id)
+            except GatewayError as error:  # the first one's request still in flight: 409, retry later
+                outcomes.append(error)
+
+    threads = [threading.Thread(target=create) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    with installed.shop.app_context():
+        (checkout,) = get_state().session.query(GatewayCheckout).all()
+    assert checkout.id in outcomes
+    assert all(o == checkout.id or isinstance(o, ConflictError) for o in outcomes), outcomes
+    assert len(installed.emulator.control("checkouts", method="GET").json["checkouts"]) == 1
 
 
 def test_create_needs_an_installation(harness):
@@ -547,6 +589,20 @@ def test_refund_amount_checks(installed, amount, message):
     with installed.shop.app_context():
         with pytest.raises(RefundNotAllowedError, match=message):
             refund(load(installed, checkout_id), amount)
+        assert get_state().session.query(RefundRecord).count() == 0
+
+
+@pytest.mark.parametrize(
+    ("reason", "message"), [("x" * 1001, "at most 1000 characters"), ("oops\x00", "U\\+0000")]
+)
+def test_a_refund_reason_the_gateway_cannot_take_is_refused_before_anything_is_saved(
+    installed, reason, message
+):
+    """The request could never be sent with it, and PostgreSQL would not even store U+0000."""
+    checkout_id = paid(installed)
+    with installed.shop.app_context():
+        with pytest.raises(RefundNotAllowedError, match=message):
+            refund(load(installed, checkout_id), 100, reason)
         assert get_state().session.query(RefundRecord).count() == 0
 
 

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from jinja2 import DictLoader
 
 from flask_gateway.urls import v1_outcome_url
+from tests.conftest import Databases
 from tests.extension.conftest import Harness
 from tests.extension.inbound_support import (
     create_v1_checkout,
@@ -28,9 +27,9 @@ def installed(harness: Harness) -> Harness:
 
 
 @pytest.fixture
-def builtin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Harness:
+def builtin(databases: Databases, monkeypatch: pytest.MonkeyPatch) -> Harness:
     """A shop without GATEWAY_ORDER_ENDPOINT: the extension's own return page is shown."""
-    h = make_harness(tmp_path, monkeypatch, GATEWAY_ORDER_ENDPOINT=None)
+    h = make_harness(databases, monkeypatch, GATEWAY_ORDER_ENDPOINT=None)
     h.install()
     return h
 

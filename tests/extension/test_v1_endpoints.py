@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
 import pytest
 
 from flask_gateway.urls import return_url, v1_outcome_url
+from tests.conftest import Databases
 from tests.extension.conftest import SHOP_URL, Harness
 from tests.extension.inbound_support import (
     create_v1_checkout,
@@ -23,16 +23,16 @@ from tests.extension.inbound_support import (
 received = pytest.fixture(record_signals)
 
 
-def _installed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **config: Any) -> Harness:
-    h = make_harness(tmp_path, monkeypatch, GATEWAY_API_VERSION="v1", **config)
+def _installed(databases: Databases, monkeypatch: pytest.MonkeyPatch, **config: Any) -> Harness:
+    h = make_harness(databases, monkeypatch, GATEWAY_API_VERSION="v1", **config)
     h.install()
     return h
 
 
 @pytest.fixture
-def v1(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Harness:
+def v1(databases: Databases, monkeypatch: pytest.MonkeyPatch) -> Harness:
     """A v1 shop (GATEWAY_V1_CANCEL_ON_SERVICE left at its default, True)."""
-    return _installed(tmp_path, monkeypatch)
+    return _installed(databases, monkeypatch)
 
 
 def outcome_url(h: Harness, checkout_id: int, kind: str, **params: str) -> str:
@@ -87,9 +87,9 @@ def test_cancelled_is_recorded_and_cancels_on_the_gateway(v1: Harness, received)
 
 
 def test_cancel_on_service_false_keeps_the_order_open_for_a_retry(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, received
+    databases: Databases, monkeypatch: pytest.MonkeyPatch, received
 ) -> None:
-    h = _installed(tmp_path, monkeypatch, GATEWAY_V1_CANCEL_ON_SERVICE=False)
+    h = _installed(databases, monkeypatch, GATEWAY_V1_CANCEL_ON_SERVICE=False)
     checkout_id, token = create_v1_checkout(h)
 
     outcome = h.emulator.consumer_cancel(token).json
@@ -141,9 +141,9 @@ def test_abandoned_answer(v1: Harness, received) -> None:
 
 
 def test_return_url_is_the_built_in_page_without_an_order_endpoint(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    databases: Databases, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    h = _installed(tmp_path, monkeypatch, GATEWAY_ORDER_ENDPOINT=None)
+    h = _installed(databases, monkeypatch, GATEWAY_ORDER_ENDPOINT=None)
     checkout_id, token = create_v1_checkout(h)
 
     outcome = h.emulator.pay(token).json

@@ -10,6 +10,7 @@ from typing import Annotated, Any
 from flask import Blueprint, Response
 from pydantic import Field, Strict
 from sqlalchemy import delete, select
+from sqlalchemy.exc import IntegrityError
 
 from flask_gateway.core.timestamps import format_timestamp
 from flask_gateway.core.wire import WireModel
@@ -87,12 +88,22 @@ def reset() -> Response:
 def create_account() -> Response:
     """Issue an account (as the account manager would), or change an uninstalled one's key and flags."""
     spec = parse(AccountSpec, read_json())
-    account = db.session.get(Account, spec.merchantAccountId, with_for_update=True)
+    account = db.session.get(Account, spec.merchantAccountId, with_for_update=True, populate_existing=True)
     status = 200
     if account is None:
         account = Account(merchant_account_id=spec.merchantAccountId, api_key=spec.merchantAccountApiKey)
         db.session.add(account)
         status = 201
+        try:
+            db.session.flush()
+        except IntegrityError:
+            # PostgreSQL: a concurrent request created it first (a row that does not exist yet cannot be
+            # locked; SQLite's BEGIN IMMEDIATE serialises the two). Change that one instead.
+            db.session.rollback()
+            account = db.session.get_one(
+                Account, spec.merchantAccountId, with_for_update=True, populate_existing=True
+            )
+            status = 200
     account.api_key = spec.merchantAccountApiKey
     account.cancel_callbacks = spec.cancelCallbacks
     db.session.flush()

@@ -19,8 +19,8 @@
 from __future__ import annotations
 
 from flask import Blueprint, Response, request
-from sqlalchemy import select
-from sqlalchemy.orm import selectinload
+from sqlalchemy import ColumnElement, false, select
+from sqlalchemy.orm import InstrumentedAttribute, selectinload
 
 from flask_gateway.emulator import delivery
 from flask_gateway.emulator.api import json_response
@@ -32,6 +32,11 @@ __all__ = ["bp"]
 bp = Blueprint("emulator_deliveries", __name__, url_prefix="/_emulator")
 
 _WITH_ATTEMPTS = (selectinload(Delivery.checkout), selectinload(Delivery.attempt_log))
+
+
+def _equals(column: InstrumentedAttribute[str], value: str) -> ColumnElement[bool]:
+    """A filter on a query parameter; U+0000 matches nothing (PostgreSQL refuses it in a query: a 500)."""
+    return false() if "\x00" in value else column == value
 
 
 @bp.before_app_request
@@ -56,10 +61,10 @@ def callbacks() -> Response:
     )
     token = request.args.get("checkoutToken")
     if token:
-        query = query.join(Delivery.checkout).where(Checkout.token == token)
+        query = query.join(Delivery.checkout).where(_equals(Checkout.token, token))
     kind = request.args.get("kind")
     if kind:
-        query = query.where(Delivery.kind == kind)
+        query = query.where(_equals(Delivery.kind, kind))
     attempts = db.session.scalars(query).all()
     return json_response({"callbacks": [delivery.describe_attempt(a) for a in attempts]})
 
@@ -69,7 +74,7 @@ def deliveries() -> Response:
     query = select(Delivery).options(*_WITH_ATTEMPTS).order_by(Delivery.id)
     state = request.args.get("state")
     if state:
-        query = query.where(Delivery.state == state)
+        query = query.where(_equals(Delivery.state, state))
     rows = db.session.scalars(query).all()
     return json_response({"deliveries": [delivery.describe_delivery(d) for d in rows]})
 

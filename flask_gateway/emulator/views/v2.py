@@ -73,7 +73,7 @@ def _after_commit(name: str, response: Response) -> Response:
 def install() -> Response:
     """Register the settings once per account; answers the generated ``secretSigningKey``."""
     request = parse(InstallRequest, read_json())
-    account = db.session.get(Account, request.merchantAccountId, with_for_update=True)
+    account = db.session.get(Account, request.merchantAccountId, with_for_update=True, populate_existing=True)
     if account is None or not secrets.compare_digest(
         account.api_key.encode(), request.merchantAccountApiKey.get_secret_value().encode()
     ):
@@ -102,7 +102,11 @@ def update_settings() -> Response:
     data = read_json()
     account = authenticate_v2()
     request = parse(SettingsUpdateRequest, data)
-    account = db.session.get(Account, account.merchant_account_id, with_for_update=True) or account
+    # Re-read under the lock (authenticate_v2 read the row before it was locked).
+    account = (
+        db.session.get(Account, account.merchant_account_id, with_for_update=True, populate_existing=True)
+        or account
+    )
     changed = request.model_fields_set
     minimum = request.minimumCheckoutAmountCents if "minimumCheckoutAmountCents" in changed else None
     maximum = request.maximumCheckoutAmountCents if "maximumCheckoutAmountCents" in changed else None

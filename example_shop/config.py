@@ -1,0 +1,218 @@
+"""The shop's configuration: defaults, then the environment (``SHOP_*``, ``GATEWAY_*``), then the caller's.
+
+Everything is resolved once, in :func:`resolve`, into plain Flask config keys; a wrong value stops the app
+with a :class:`ShopConfigError` that names the variable and the fix (see docs/example-shop.md).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, Final
+
+from werkzeug.security import generate_password_hash
+
+__all__ = [
+    "ORDER_ENDPOINT",
+    "ShopConfigError",
+    "gateway_from_env",
+    "instance_secret",
+    "resolve",
+]
+
+#: The shop's order page for ``GATEWAY_ORDER_ENDPOINT``: it takes the plain ``reference=`` the extension
+#: passes after the return page and sends the shopper on to the signed order link.
+ORDER_ENDPOINT: Final = "orders.by_reference"
+
+_ENVIRONMENTS: Final = ("development", "production")
+_TRUE: Final = frozenset({"1", "true", "yes", "on"})
+_FALSE: Final = frozenset({"0", "false", "no", "off", ""})
+#: Werkzeug's hash formats (``generate_password_hash``): ``method$salt$hash``.
+_HASH_METHODS: Final = ("scrypt:", "pbkdf2:")
+
+
+class ShopConfigError(RuntimeError):
+    """A configuration value the shop cannot start with; the message names the variable and the fix."""
+
+
+def _flag(name: str, value: str) -> bool:
+    text = value.strip().lower()
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise ShopConfigError(f"{name}={value!r} is not a yes/no value: use 1 or 0 (true/false also work).")
+
+
+def _whole(name: str, value: str) -> int:
+    try:
+        return int(value.strip())
+    except ValueError:
+        raise ShopConfigError(f"{name}={value!r} is not a whole number (e.g. {name}=2).") from None
+
+
+def _seconds(name: str, value: str) -> float | tuple[float, float]:
+    """``5`` or ``5,30`` (connect, read)."""
+    parts = [part.strip() for part in value.split(",")]
+    try:
+        numbers = [float(part) for part in parts]
+    except ValueError:
+        numbers = []
+    if len(numbers) == 1:
+        return numbers[0]
+    if len(numbers) == 2:
+        return numbers[0], numbers[1]
+    raise ShopConfigError(f"{name}={value!r}: give seconds as one number (10) or a connect,read pair (5,30).")
+
+
+#: ``GATEWAY_*`` variables that are not text; every other one is copied as it is.
+_GATEWAY_PARSERS: Final[dict[str, Callable[[str, str], Any]]] = {
+    "GATEWAY_MAX_RETRIES": _whole,
+    "GATEWAY_ORDER_EXPIRY_MINUTES": _whole,
+    "GATEWAY_RECONCILE_AFTER_SECONDS": _whole,
+    "GATEWAY_V1_CANCEL_ON_SERVICE": _flag,
+    "GATEWAY_TIMEOUT": _seconds,
+}
+
+
+def gateway_from_env(environ: Mapping[str, str]) -> dict[str, Any]:
+    """Every ``GATEWAY_*`` environment variable as a config value (numbers and flags parsed)."""
+    values: dict[str, Any] = {}
+    for name, raw in environ.items():
+        if not name.startswith("GATEWAY_"):
+            continue
+        parser = _GATEWAY_PARSERS.get(name)
+        values[name] = parser(name, raw) if parser else raw
+    return values
+
+
+def instance_secret(instance: Path, name: str = "shop-secret-key") -> str:
+    """A random key created once in the instance folder and reused by every process and restart."""
+    instance.mkdir(parents=True, exist_ok=True)
+    path = instance / name
+    try:
+        with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as handle:
+            handle.write(secrets.token_hex(32))
+    except FileExistsError:
+        pass
+    return path.read_text().strip()
+
+
+def _cents(name: str, value: Any) -> int:
+    if isinstance(value, bool):
+        raise ShopConfigError(f"{name} must be whole cents, not {value!r}.")
+    cents = _whole(name, value) if isinstance(value, str) else value
+    if not isinstance(cents, int) or cents < 0:
+        raise ShopConfigError(f"{name}={value!r}: give whole cents, 0 or more (R 50.00 is 5000).")
+    return cents
+
+
+def _password_hash(config: dict[str, Any]) -> str | None:
+    """The owner's password hash; a plain ``SHOP_ADMIN_PASSWORD`` is hashed here, in development only."""
+    env = config["SHOP_ENV"]
+    stored = (config.get("SHOP_ADMIN_PASSWORD_HASH") or "").strip() or None
+    plain = config.pop("SHOP_ADMIN_PASSWORD", None) or None
+    if stored is not None and not stored.startswith(_HASH_METHODS):
+        raise ShopConfigError(
+            "SHOP_ADMIN_PASSWORD_HASH is not a werkzeug password hash (it starts with 'scrypt:' or "
+            "'pbkdf2:'). Make one with: flask --app example_shop shop hash-password"
+        )
+    if env == "production":
+        if plain is not None:
+            raise ShopConfigError(
+                "SHOP_ADMIN_PASSWORD is for development only: in production (SHOP_ENV=production) set "
+                "SHOP_ADMIN_PASSWORD_HASH instead (flask --app example_shop shop hash-password)."
+            )
+        if stored is None:
+            raise ShopConfigError(
+                "SHOP_ENV=production needs SHOP_ADMIN_PASSWORD_HASH, the owner's password hash; there is no "
+                "default password. Make one with: flask --app example_shop shop hash-password"
+            )
+        return stored
+    if stored is not None:
+        return stored
+    return generate_password_hash(plain) if plain is not None else None
+
+
+def resolve(
+    overrides: Mapping[str, Any] | None, *, environ: Mapping[str, str], instance_path: Path
+) -> dict[str, Any]:
+    """The app config: defaults, the environment, then ``overrides`` (tests), checked and derived."""
+    config: dict[str, Any] = {
+        "SHOP_NAME": "Stoep",
+        "SHOP_ENV": "development",
+        "SHOP_AUTO_INSTALL": False,
+        "SHOP_GATEWAY_ACCOUNT": "demo-merchant",
+        "SHOP_GATEWAY_API_KEY": "demo-api-key",
+        "SHOP_MIN_CENTS": 5000,
+        "SHOP_MAX_CENTS": 5000000,
+        #: Seconds to wait between auto-install attempts while the gateway is unreachable.
+        "SHOP_AUTO_INSTALL_DELAYS": (0.5, 1.0, 2.0, 4.0),
+        "SQLALCHEMY_ENGINE_OPTIONS": {"pool_pre_ping": True},
+        # The CSRF token lives as long as the session: a product page left open stays usable.
+        "WTF_CSRF_TIME_LIMIT": None,
+        # Its own cookie name: on 127.0.0.1 cookies are shared across ports, and the gateway emulator's
+        # "session" cookie would otherwise replace the shop's (cart and orders lost on the way back).
+        "SESSION_COOKIE_NAME": "stoep_session",
+        "SESSION_COOKIE_SAMESITE": "Lax",
+        "SESSION_COOKIE_HTTPONLY": True,
+    }
+    env_values: dict[str, Any] = gateway_from_env(environ)
+    for name in (
+        "SHOP_NAME",
+        "SHOP_ENV",
+        "SHOP_ADMIN_PASSWORD",
+        "SHOP_ADMIN_PASSWORD_HASH",
+        "SHOP_GATEWAY_ACCOUNT",
+        "SHOP_GATEWAY_API_KEY",
+        "SHOP_MIN_CENTS",
+        "SHOP_MAX_CENTS",
+        "SHOP_SECRET_KEY",
+        "SHOP_DATABASE_URL",
+    ):
+        if environ.get(name):
+            env_values[name] = environ[name]
+    if "SHOP_AUTO_INSTALL" in environ:
+        env_values["SHOP_AUTO_INSTALL"] = _flag("SHOP_AUTO_INSTALL", environ["SHOP_AUTO_INSTALL"])
+    config.update(env_values)
+    config.update(overrides or {})
+
+    env = str(config["SHOP_ENV"]).strip().lower()
+    if env not in _ENVIRONMENTS:
+        raise ShopConfigError(f"SHOP_ENV={config['SHOP_ENV']!r}: use 'development' or 'production'.")
+    config["SHOP_ENV"] = env
+    config["SHOP_ADMIN_PASSWORD_HASH"] = _password_hash(config)
+    config["SHOP_MIN_CENTS"] = _cents("SHOP_MIN_CENTS", config["SHOP_MIN_CENTS"])
+    config["SHOP_MAX_CENTS"] = _cents("SHOP_MAX_CENTS", config["SHOP_MAX_CENTS"])
+    if config["SHOP_MIN_CENTS"] > config["SHOP_MAX_CENTS"]:
+        raise ShopConfigError(
+            "SHOP_MIN_CENTS is above SHOP_MAX_CENTS: the minimum must not exceed the maximum."
+        )
+
+    if not config.get("SECRET_KEY"):
+        if config.get("SHOP_SECRET_KEY"):
+            config["SECRET_KEY"] = config["SHOP_SECRET_KEY"]
+        elif env == "production":
+            raise ShopConfigError(
+                "SHOP_ENV=production needs SHOP_SECRET_KEY (a long random value that stays the same: "
+                'python -c "import secrets; print(secrets.token_hex(32))"). It signs sessions and order '
+                "links and protects the gateway keys stored in the database."
+            )
+        else:
+            config["SECRET_KEY"] = instance_secret(instance_path)
+    config.pop("SHOP_SECRET_KEY", None)
+
+    if not config.get("SQLALCHEMY_DATABASE_URI"):
+        if config.get("SHOP_DATABASE_URL"):
+            config["SQLALCHEMY_DATABASE_URI"] = config["SHOP_DATABASE_URL"]
+        else:
+            instance_path.mkdir(parents=True, exist_ok=True)
+            config["SQLALCHEMY_DATABASE_URI"] = f"sqlite:///{instance_path / 'example_shop.sqlite3'}"
+
+    # Shoppers come back from the gateway to the shop's own order page (see views/orders.py).
+    config["GATEWAY_ORDER_ENDPOINT"] = ORDER_ENDPOINT
+    if env == "production":
+        config.setdefault("SESSION_COOKIE_SECURE", True)
+    return config

@@ -1,0 +1,88 @@
+"""What the shop hands the gateway, through the extension's public operations only.
+
+- :func:`instalment_hint`: ``"or 3 x R 133.00"`` (``operations.format_instalment_hint``), ``""`` when the
+  option is not offered for the amount or the gateway cannot say.
+- :func:`payment_available`: the payment option is shown only when this is True (``operations.is_available``:
+  installed, and the total within the merchant's minimum and maximum).
+- :func:`order_draft`: the ``flask_gateway.orders.OrderDraft`` of a placed order, built only from what the
+  order stored, so a second "Pay" for the same order sends the very same draft (the extension then hands
+  out the same open checkout instead of creating another).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from flask import current_app, has_request_context, request, url_for
+
+from example_shop.models import Order
+from flask_gateway.core.errors import GatewayError
+from flask_gateway.operations import format_instalment_hint, is_available
+from flask_gateway.orders import Address, Customer, OrderDraft, OrderLine
+
+__all__ = ["absolute_url", "instalment_hint", "order_draft", "payment_available"]
+
+log = logging.getLogger("example_shop.payments")
+
+
+def payment_available(total_cents: int) -> bool:
+    return is_available(total_cents)
+
+
+def instalment_hint(total_cents: int) -> str:
+    try:
+        return format_instalment_hint(total_cents)
+    except (GatewayError, RuntimeError) as error:  # RuntimeError: e.g. stored secrets unreadable
+        log.warning("no instalment hint for %s cents: %s", total_cents, error)
+        return ""
+
+
+def absolute_url(endpoint: str, **values: Any) -> str:
+    """An absolute URL on ``GATEWAY_PUBLIC_URL`` (the address the gateway and shoppers use), else on the
+    address of the current request."""
+    public = (current_app.config.get("GATEWAY_PUBLIC_URL") or "").rstrip("/")
+    path = url_for(endpoint, **values)
+    if public:
+        root = request.script_root if has_request_context() else ""
+        return public + path[len(root) :]
+    return url_for(endpoint, _external=True, **values)
+
+
+def _address(stored: dict[str, str]) -> Address:
+    return Address(
+        line1=stored["line1"],
+        line2=stored.get("line2", ""),
+        city=stored["city"],
+        province=stored["province"],
+        postal_code=stored["postal_code"],
+    )
+
+
+def order_draft(order: Order) -> OrderDraft:
+    lines = tuple(
+        OrderLine(
+            name=line["name"],
+            sku=line["sku"],
+            quantity=int(line["quantity"]),
+            unit_price_cents=int(line["unit_price_cents"]),
+            image_url=absolute_url("static", filename=line["image"]),
+            page_url=absolute_url("shop.product", slug=line["slug"]),
+            search_terms=tuple(line.get("tags", ())),
+            category=line.get("category"),
+        )
+        for line in order.lines
+    )
+    return OrderDraft(
+        reference=order.reference,
+        lines=lines,
+        customer=Customer(
+            first_name=order.first_name,
+            last_name=order.last_name,
+            email=order.email,
+            phone=order.phone,
+        ),
+        billing_address=_address(order.billing_address),
+        shipping_address=_address(order.shipping_address),
+        total_cents=order.total_cents,
+    )

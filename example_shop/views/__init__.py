@@ -1,0 +1,115 @@
+"""The shop's blueprints, and what every shop page shares: template helpers, headers, error pages."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from typing import Any, Final
+
+from flask import Flask, render_template, request
+from flask.typing import ResponseReturnValue
+from flask_wtf.csrf import CSRFError
+from werkzeug.exceptions import HTTPException
+from werkzeug.wrappers import Response
+
+from example_shop import auth
+from example_shop import cart as session_cart
+from example_shop.models import OrderStatus
+from flask_gateway.core.money import format_money
+
+__all__ = ["register"]
+
+#: The extension's blueprints answer with their own headers and pages.
+_GATEWAY_BLUEPRINTS: Final = frozenset({"gateway", "gateway_admin"})
+#: Everything from this shop's own origin; no inline script or style, no framing.
+CONTENT_SECURITY_POLICY: Final = (
+    "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; "
+    "object-src 'none'; base-uri 'self'; frame-ancestors 'none'"
+)
+
+
+#: South Africa keeps UTC+2 all year (no daylight saving time).
+SAST: Final = timezone(timedelta(hours=2), "SAST")
+
+
+def when(moment: datetime | None) -> str:
+    """``12 Mar 2025, 14:05 SAST``; ``-`` for None."""
+    if moment is None:
+        return "-"
+    return moment.astimezone(SAST).strftime("%d %b %Y, %H:%M SAST")
+
+
+def _ours() -> bool:
+    return request.blueprint not in _GATEWAY_BLUEPRINTS
+
+
+def register(app: Flask) -> None:
+    from example_shop.views import admin, cart, checkout, orders, shop
+
+    for blueprint in (shop.bp, cart.bp, checkout.bp, orders.bp, admin.bp):
+        app.register_blueprint(blueprint)
+
+    @app.before_request
+    def _cart_follows_payment() -> None:
+        if request.endpoint != "static" and _ours():
+            session_cart.clear_when_paid()
+
+    @app.after_request
+    def _headers(response: Response) -> Response:
+        if _ours():
+            response.headers.setdefault("Content-Security-Policy", CONTENT_SECURITY_POLICY)
+            response.headers.setdefault("X-Frame-Options", "DENY")
+            response.headers.setdefault("X-Content-Type-Options", "nosniff")
+            response.headers.setdefault("Referrer-Policy", "same-origin")
+        if app.config["SHOP_ENV"] == "production":
+            response.headers.setdefault("Strict-Transport-Security", "max-age=31536000")
+        return response
+
+    @app.context_processor
+    def _helpers() -> dict[str, Any]:
+        symbol = str(app.config.get("GATEWAY_CURRENCY_SYMBOL", "R"))
+
+        def money(cents: int | None) -> str:
+            return format_money(cents, symbol)
+
+        return {
+            "money": money,
+            "when": when,
+            "shop_name": app.config["SHOP_NAME"],
+            "cart_count": session_cart.load().count,
+            "is_owner": auth.is_owner(),
+            "demo_gateway": app.config.get("GATEWAY_ENVIRONMENT", "emulator") == "emulator",
+            "OrderStatus": OrderStatus,
+        }
+
+    @app.errorhandler(CSRFError)
+    def _csrf_error(error: CSRFError) -> ResponseReturnValue:
+        return (
+            render_template(
+                "shop/error.html",
+                code=400,
+                title="Please try that again",
+                message="The form had expired (or cookies are switched off), so nothing was changed. "
+                "Go back, reload the page and submit it once more.",
+            ),
+            400,
+        )
+
+    @app.errorhandler(HTTPException)
+    def _http_error(error: HTTPException) -> ResponseReturnValue:
+        if not _ours() or error.code is None or error.code < 400:
+            return error
+        titles = {
+            403: "You can't open this page",
+            404: "Page not found",
+            405: "That didn't work",
+            429: "Too many attempts",
+        }
+        return (
+            render_template(
+                "shop/error.html",
+                code=error.code,
+                title=titles.get(error.code, error.name),
+                message=error.description if error.code in (403, 404) else None,
+            ),
+            error.code,
+        )

@@ -1,0 +1,220 @@
+"""The owner's pages: login, the orders with their payment status, and one order with refund and cancel.
+
+The gateway's own screens (install, settings, every checkout with its callbacks) are the extension's, at
+``/gateway/admin/``, behind the same login (``auth.owner_only`` is the extension's admin guard).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Final
+
+from flask import Blueprint, abort, current_app, flash, redirect, render_template, request, url_for
+from flask.typing import ResponseReturnValue
+from sqlalchemy import func, select
+from werkzeug.wrappers import Response
+
+from example_shop import auth
+from example_shop.extensions import db
+from example_shop.forms import ActionForm, LoginForm, RefundForm
+from example_shop.links import order_url
+from example_shop.models import Order, OrderStatus, is_reference, latest_checkout, sync_with_gateway
+from flask_gateway import CheckoutStatus, GatewayCheckout, NotInstalledError
+from flask_gateway.core.errors import GatewayError
+from flask_gateway.core.money import format_money
+from flask_gateway.operations import (
+    CheckoutStateError,
+    RefundNotAllowedError,
+    cancel_checkout,
+    refund,
+)
+
+__all__ = ["bp"]
+
+bp = Blueprint("admin", __name__, url_prefix="/admin")
+log = logging.getLogger("example_shop.admin")
+
+PER_PAGE: Final = 25
+_OPEN: Final = frozenset({CheckoutStatus.PENDING_ORDER, CheckoutStatus.CANCELLED_BY_CONSUMER})
+
+
+@bp.after_request
+def _private(response: Response) -> Response:
+    response.headers["Cache-Control"] = "no-store"
+    return response
+
+
+# --- login -------------------------------------------------------------------------------------------------
+
+
+@bp.route("/login", methods=["GET", "POST"])
+def login() -> ResponseReturnValue:
+    form = LoginForm()
+    configured = bool(current_app.config.get("SHOP_ADMIN_PASSWORD_HASH"))
+    if request.method == "GET":
+        if auth.is_owner():
+            return redirect(auth.safe_next(request.args.get("next")))
+        form.next.data = auth.safe_next(request.args.get("next"))
+        return render_template("shop/admin/login.html", form=form, configured=configured)
+    if auth.throttled():
+        form.password.errors = [
+            "Too many wrong passwords from this address: wait five minutes, then try again."
+        ]
+        return render_template("shop/admin/login.html", form=form, configured=configured), 429
+    if form.validate_on_submit():
+        if auth.check_password(form.password.data or ""):
+            auth.forget_failures()
+            auth.log_in()
+            log.info("owner logged in from %s", request.remote_addr)
+            return redirect(auth.safe_next(form.next.data), 303)
+        auth.record_failure()
+        log.warning("wrong owner password from %s", request.remote_addr)
+        form.password.errors = [
+            "That password is not right."
+            if configured
+            else "No owner password is set up: set SHOP_ADMIN_PASSWORD_HASH (or, in development, "
+            "SHOP_ADMIN_PASSWORD) and restart the shop."
+        ]
+    return render_template("shop/admin/login.html", form=form, configured=configured), 400
+
+
+@bp.post("/logout")
+def logout() -> ResponseReturnValue:
+    auth.log_out()
+    flash("You are logged out.", "success")
+    return redirect(url_for(".login"), 303)
+
+
+# --- orders ------------------------------------------------------------------------------------------------
+
+
+@bp.get("/")
+@auth.owner_required
+def orders() -> ResponseReturnValue:
+    wanted = request.args.get("status") or None
+    statuses = [s.value for s in OrderStatus]
+    if wanted not in statuses:
+        wanted = None
+    page = max(request.args.get("page", 1, type=int) or 1, 1)
+    query = select(Order)
+    count = select(func.count(Order.id))
+    if wanted:
+        query = query.where(Order.status == wanted)
+        count = count.where(Order.status == wanted)
+    total = db.session.scalar(count) or 0
+    rows = db.session.scalars(
+        query.order_by(Order.id.desc()).offset((page - 1) * PER_PAGE).limit(PER_PAGE)
+    ).all()
+    references = [order.reference for order in rows]
+    checkouts: dict[str, GatewayCheckout] = {}
+    if references:
+        for checkout in db.session.scalars(
+            select(GatewayCheckout)
+            .where(GatewayCheckout.order_reference.in_(references))
+            .order_by(GatewayCheckout.id)
+        ):
+            checkouts[checkout.order_reference] = checkout  # the newest wins
+    counted = db.session.execute(select(Order.status, func.count(Order.id)).group_by(Order.status))
+    per_status: dict[str, int] = {row[0]: row[1] for row in counted}
+    return render_template(
+        "shop/admin/orders.html",
+        orders=rows,
+        checkouts=checkouts,
+        statuses=list(OrderStatus),
+        wanted=wanted,
+        per_status=per_status,
+        page=page,
+        pages=max((total + PER_PAGE - 1) // PER_PAGE, 1),
+        total=total,
+    )
+
+
+def _order_or_404(reference: str) -> Order:
+    order = (
+        db.session.scalar(select(Order).where(Order.reference == reference))
+        if is_reference(reference)
+        else None
+    )
+    if order is None:
+        abort(404, description=f"There is no order {reference}.")
+    return sync_with_gateway(order)
+
+
+def _render_order(
+    order: Order, refund_form: RefundForm | None = None, status: int = 200
+) -> ResponseReturnValue:
+    checkout = latest_checkout(order.reference)
+    remaining = order.refundable_cents
+    form = refund_form or RefundForm()
+    if refund_form is None and remaining > 0:
+        form.amount.data = f"{remaining // 100}.{remaining % 100:02d}"
+    return (
+        render_template(
+            "shop/admin/order.html",
+            order=order,
+            checkout=checkout,
+            refund_form=form,
+            action_form=ActionForm(),
+            remaining=remaining,
+            can_refund=checkout is not None and remaining > 0,
+            can_cancel=checkout is not None and checkout.api_version == "v2" and checkout.status in _OPEN,
+            private_link=order_url(order.reference, external=True),
+        ),
+        status,
+    )
+
+
+@bp.get("/orders/<reference>")
+@auth.owner_required
+def order(reference: str) -> ResponseReturnValue:
+    return _render_order(_order_or_404(reference))
+
+
+@bp.post("/orders/<reference>/refund")
+@auth.owner_required
+def refund_order(reference: str) -> ResponseReturnValue:
+    found = _order_or_404(reference)
+    form = RefundForm()
+    valid = form.validate_on_submit()
+    if valid and form.cents > found.refundable_cents:
+        form.amount.errors = [f"You can refund at most {format_money(found.refundable_cents)} of this order."]
+        valid = False
+    if not valid:
+        return _render_order(found, form, 400)
+    checkout = latest_checkout(found.reference)
+    if checkout is None:
+        flash("This order has no payment to refund.", "error")
+        return redirect(url_for(".order", reference=reference), 303)
+    amount = format_money(form.cents)
+    try:
+        result = refund(checkout, form.cents, reason=form.reason.data or "")
+    except (RefundNotAllowedError, CheckoutStateError, GatewayError, NotInstalledError) as error:
+        db.session.rollback()
+        log.warning("refund of %s on order %s not made: %s", amount, reference, error)
+        flash(f"The refund of {amount} was not made: {error}", "error")
+    else:
+        if result.state == "SUCCEEDED":
+            flash(f"Refunded {amount}.", "success")
+        else:
+            detail = result.error or "see the gateway record"
+            flash(f"The refund of {amount} is {result.state.lower()}: {detail}.", "error")
+    return redirect(url_for(".order", reference=reference), 303)
+
+
+@bp.post("/orders/<reference>/cancel")
+@auth.owner_required
+def cancel_order(reference: str) -> ResponseReturnValue:
+    found = _order_or_404(reference)
+    ActionForm().validate_on_submit()  # CSRFProtect has checked the token already
+    checkout = latest_checkout(found.reference)
+    if checkout is None:
+        flash("This order has no checkout on the gateway to cancel.", "error")
+        return redirect(url_for(".order", reference=reference), 303)
+    try:
+        cancel_checkout(checkout, source="admin")
+    except (CheckoutStateError, GatewayError, NotInstalledError) as error:
+        db.session.rollback()
+        flash(f"The checkout was not cancelled: {error}", "error")
+    else:
+        flash("The checkout is cancelled on the gateway; the shopper can no longer pay it.", "success")
+    return redirect(url_for(".order", reference=reference), 303)

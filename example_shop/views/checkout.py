@@ -1,0 +1,170 @@
+"""The checkout: the shopper's details, then a full-page redirect (303) to the gateway's payment page.
+
+Submitting the form places an order (``processing``) and calls ``operations.start_checkout``. The cart
+stays in the session until the order is paid (see example_shop/cart.py). A second submit of the same cart
+and details (a double click, or "Back" from the payment page) reuses the order, and the extension hands
+out the same open checkout.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from flask import Blueprint, current_app, flash, redirect, render_template, request, url_for
+from flask.typing import ResponseReturnValue
+from sqlalchemy import select
+
+from example_shop import cart as session_cart
+from example_shop.cart import Cart
+from example_shop.extensions import db
+from example_shop.forms import CheckoutForm
+from example_shop.models import (
+    Order,
+    OrderStatus,
+    latest_checkout,
+    mark_closed,
+    new_reference,
+    record,
+    utcnow,
+)
+from example_shop.payments import instalment_hint, order_draft, payment_available
+from flask_gateway import NotInstalledError
+from flask_gateway.core.errors import GatewayError
+from flask_gateway.operations import CheckoutUnavailableError, start_checkout
+
+__all__ = ["bp"]
+
+bp = Blueprint("checkout", __name__)
+log = logging.getLogger("example_shop.checkout")
+
+_FAILED = "FAILED"  # the extension's status for a checkout the gateway refused to create
+
+
+def _lines(cart: Cart) -> list[dict[str, object]]:
+    return [
+        {
+            "slug": line.product.slug,
+            "sku": line.product.sku,
+            "name": line.product.name,
+            "quantity": line.quantity,
+            "unit_price_cents": line.product.price_cents,
+            "image": line.product.image_path,
+            "category": line.product.category,
+            "tags": list(line.product.tags),
+        }
+        for line in cart
+    ]
+
+
+def _details(form: CheckoutForm) -> dict[str, object]:
+    billing = form.address("billing")
+    return {
+        "first_name": form.first_name.data,
+        "last_name": form.last_name.data,
+        "email": form.email.data,
+        "phone": form.phone.data,
+        "billing_address": billing,
+        "shipping_address": billing if form.shipping_same.data else form.address("shipping"),
+    }
+
+
+def _place_order(cart: Cart, form: CheckoutForm) -> Order:
+    """The session's waiting order when nothing changed, else a new one."""
+    lines, details = _lines(cart), _details(form)
+    pending = session_cart.pending_checkout()
+    if pending is not None:
+        order: Order | None = db.session.scalar(select(Order).where(Order.reference == pending["reference"]))
+        if (
+            order is not None
+            and order.status == OrderStatus.PROCESSING
+            and order.paid_at is None
+            and order.lines == lines
+            and order.total_cents == cart.total_cents
+            and all(getattr(order, key) == value for key, value in details.items())
+        ):
+            return order
+    now = utcnow()
+    order = Order(
+        reference=new_reference(),
+        status=OrderStatus.PROCESSING.value,
+        api_version=current_app.config.get("GATEWAY_API_VERSION", "v2"),
+        lines=lines,
+        subtotal_cents=cart.subtotal_cents,
+        shipping_cents=cart.shipping_cents,
+        total_cents=cart.total_cents,
+        refunded_cents=0,
+        created_at=now,
+        updated_at=now,
+        **details,
+    )
+    db.session.add(order)
+    db.session.flush()
+    record(order.id, "placed", f"{cart.count} item(s), {order.api_version} checkout")
+    db.session.commit()
+    return order
+
+
+def _render(form: CheckoutForm, cart: Cart, available: bool, status: int = 200) -> ResponseReturnValue:
+    return (
+        render_template(
+            "shop/checkout.html",
+            form=form,
+            cart=cart,
+            available=available,
+            hint=instalment_hint(cart.total_cents) if available else "",
+            errors=form.errors_in_order(),
+        ),
+        status,
+    )
+
+
+@bp.route("/checkout", methods=["GET", "POST"])
+def checkout() -> ResponseReturnValue:
+    cart = session_cart.load()
+    if not cart:
+        flash("Your cart is empty: add something you like first.", "info")
+        return redirect(url_for("cart.view"))
+    available = payment_available(cart.total_cents)
+    form = CheckoutForm()
+    if request.method == "GET":
+        return _render(form, cart, available)
+    if not form.validate_on_submit():
+        return _render(form, cart, available, 400)
+    if not available:
+        flash(
+            "Paying in instalments isn't available for this order total. Change your cart and try again.",
+            "error",
+        )
+        return _render(form, cart, available, 409)
+
+    order = _place_order(cart, form)
+    session_cart.remember_checkout(order.reference)
+    try:
+        response = start_checkout(order_draft(order))
+    except (CheckoutUnavailableError, NotInstalledError):
+        db.session.rollback()
+        flash("Paying in instalments isn't available for this order right now. Nothing was charged.", "error")
+        return _render(form, cart, False, 409)
+    except (GatewayError, ValueError) as error:
+        db.session.rollback()
+        log.warning("order %s: the checkout could not be started: %s", order.reference, error)
+        checkout = latest_checkout(order.reference)
+        if checkout is None or checkout.status == _FAILED:
+            # Refused for good: this order will never be paid; the next attempt places a new one.
+            mark_closed(order.reference, OrderStatus.CANCELLED, f"the payment could not be started: {error}")
+            flash(
+                "The payment provider could not take this order, so nothing was charged. Please try again; "
+                "if it happens again, contact us and quote the time.",
+                "error",
+            )
+        else:
+            # No answer: the order and its checkout request are kept, and a retry sends the same request.
+            flash(
+                "We couldn't reach the payment provider, so nothing was charged. "
+                "Please try again in a moment.",
+                "error",
+            )
+        return _render(form, cart, available, 502)
+    record(order.id, "checkout", f"sent to the payment page ({order.api_version})")
+    db.session.commit()
+    return response

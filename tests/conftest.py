@@ -1,0 +1,207 @@
+"""The database backends: every in-process emulator and extension test runs on SQLite and on PostgreSQL.
+
+- ``database_backend`` is ``"sqlite"`` or ``"postgresql"``; a test that uses it (directly or through
+  ``databases`` / ``database_url``) runs once per backend, named ``test_x[sqlite]`` / ``test_x[postgresql]``.
+  ``pytest --database=sqlite`` (or ``postgresql``) runs one backend only; the default is ``both``.
+- ``databases`` hands out fresh, empty databases for the test (``databases.url("emulator")``): a file in
+  ``tmp_path`` on SQLite, a new database in the session's throwaway cluster (``tests/postgres.py``) on
+  PostgreSQL. After the test every engine is disposed and the PostgreSQL databases are dropped.
+- ``database_url`` is the test's main database (``databases.url("main")``).
+
+The PostgreSQL cluster starts once per session, on first use (``--database=sqlite`` never starts it), and is
+stopped at the end. Missing PostgreSQL binaries fail those tests (``scripts/ensure-system-packages``
+installs them); they are never skipped silently.
+"""
+
+from __future__ import annotations
+
+import re
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import MetaData, Table, create_engine, event, inspect, select, text
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.pool import NullPool, Pool
+
+from tests.postgres import PostgresCluster, start_cluster
+
+BACKENDS = ("sqlite", "postgresql")
+
+# Every engine that connected during the test (weakly) and every DB-API connection opened: after each test
+# the engines are disposed and any connection still open is closed (one a test left checked out, e.g. in
+# an app context it never popped), so none keeps a database from being dropped or a SQLite file open, and
+# none is left for the garbage collector to complain about in a later test.
+_engines: weakref.WeakSet[Engine] = weakref.WeakSet()
+_dbapi_connections: list[Any] = []
+
+
+@event.listens_for(Engine, "engine_connect")
+def _track_engine(connection: Connection) -> None:
+    _engines.add(connection.engine)
+
+
+@event.listens_for(Pool, "connect")
+def _track_dbapi_connection(dbapi_connection: Any, _record: Any) -> None:
+    _dbapi_connections.append(dbapi_connection)
+
+
+def dispose_engines() -> None:
+    """Dispose every engine the test used and close every connection it left open."""
+    for engine in list(_engines):
+        engine.dispose()
+    _engines.clear()
+    while _dbapi_connections:
+        with suppress(Exception):  # already closed, or ended by the server
+            _dbapi_connections.pop().close()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--database",
+        choices=(*BACKENDS, "both"),
+        default="both",
+        help="run the database tests on sqlite, postgresql or both (default: both)",
+    )
+
+
+def selected_backends(config: pytest.Config) -> tuple[str, ...]:
+    choice = config.getoption("--database")
+    return BACKENDS if choice == "both" else (choice,)
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "database_backend" in metafunc.fixturenames:
+        backends = selected_backends(metafunc.config)
+        metafunc.parametrize("database_backend", backends, ids=backends, indirect=True)
+
+
+@pytest.fixture
+def database_backend(request: pytest.FixtureRequest) -> str:
+    backend: str = request.param
+    return backend
+
+
+@pytest.fixture(scope="session")
+def postgres_cluster() -> Iterator[PostgresCluster]:
+    """A throwaway PostgreSQL cluster for the whole session (started on first use, stopped at the end)."""
+    problem = None
+    try:
+        cluster = start_cluster()
+    except RuntimeError as exc:  # never a silent skip: the PostgreSQL half of the suite would be gone
+        problem = str(exc)
+    if problem is not None:
+        pytest.fail(
+            f"The PostgreSQL tests cannot run. {problem}\n"
+            "(Or run the SQLite half only: pytest --database=sqlite.)",
+            pytrace=False,
+        )
+    try:
+        yield cluster
+    finally:
+        dispose_engines()
+        cluster.stop()
+    if cluster.drop_errors:
+        pytest.fail("Some test databases could not be dropped:\n" + "\n".join(cluster.drop_errors))
+
+
+@dataclass
+class Databases:
+    """Fresh databases for one test on one backend; ``url(name)`` creates one per name (then reuses it)."""
+
+    backend: str
+    directory: Path
+    cluster: PostgresCluster | None
+    urls: dict[str, str] = field(default_factory=dict)
+
+    def url(self, name: str = "main") -> str:
+        if name not in self.urls:
+            if self.cluster is None:
+                safe = re.sub(r"[^A-Za-z0-9_.-]", "_", name)
+                self.urls[name] = f"sqlite:///{self.directory / f'{safe}.sqlite3'}"
+            else:
+                self.urls[name] = self.cluster.create_database()
+        return self.urls[name]
+
+    def drop(self, name: str) -> None:
+        """Dispose every engine and remove the database ``name`` (PostgreSQL, in the background while the
+        tests go on; SQLite: forget the name, ``tmp_path`` goes with its files)."""
+        dispose_engines()
+        url = self.urls.pop(name, None)
+        if url is not None and self.cluster is not None:
+            self.cluster.drop_database(url.rsplit("/", 1)[1], wait=False)
+
+    def drop_all(self) -> None:
+        for name in list(self.urls):
+            self.drop(name)
+
+    def raw_bytes(self, name: str = "main") -> bytes:
+        """Everything the database ``name`` keeps on disk: the SQLite file and its WAL, or (PostgreSQL,
+        after a checkpoint) the database's own data files in the cluster's data directory."""
+        url = self.url(name)
+        if self.cluster is None:
+            path = Path(url.removeprefix("sqlite:///"))
+            return b"".join(p.read_bytes() for p in sorted(path.parent.glob(f"{path.name}*")))
+        with new_connection(url) as connection:
+            connection.exec_driver_sql("CHECKPOINT")  # the changes reach the data files
+            oid = connection.exec_driver_sql(
+                "SELECT oid FROM pg_database WHERE datname = current_database()"
+            ).scalar_one()
+        files = (self.cluster.data_dir / "base" / str(oid)).rglob("*")
+        return b"".join(p.read_bytes() for p in sorted(files) if p.is_file())
+
+    def text_values(self, name: str = "main", *, prefix: str = "gateway_") -> list[str]:
+        """Every value of every column of every table named ``prefix*``, as text (None left out)."""
+        engine = create_engine(self.url(name), poolclass=NullPool)
+        try:
+            with engine.connect() as connection:
+                values: list[str] = []
+                for table_name in inspect(connection).get_table_names():
+                    if not table_name.startswith(prefix):
+                        continue
+                    table = Table(table_name, MetaData(), autoload_with=connection)
+                    for row in connection.execute(select(table)):
+                        values.extend(str(value) for value in row if value is not None)
+                return values
+        finally:
+            engine.dispose()
+
+
+@contextmanager
+def new_connection(url: str) -> Iterator[Connection]:
+    """A connection of its own (not the app's pool), autocommit: it sees only committed data."""
+    engine = create_engine(url, poolclass=NullPool, isolation_level="AUTOCOMMIT")
+    try:
+        with engine.connect() as connection:
+            yield connection
+    finally:
+        engine.dispose()
+
+
+def fetch_all(url: str, sql: str, **params: Any) -> list[tuple[Any, ...]]:
+    """Run ``sql`` (``:name`` parameters) on a connection of its own; the rows as tuples."""
+    with new_connection(url) as connection:
+        return [tuple(row) for row in connection.execute(text(sql), params)]
+
+
+@pytest.fixture
+def databases(database_backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Databases]:
+    cluster: PostgresCluster | None = None
+    if database_backend == "postgresql":
+        cluster = request.getfixturevalue("postgres_cluster")
+    found = Databases(backend=database_backend, directory=tmp_path, cluster=cluster)
+    try:
+        yield found
+    finally:
+        dispose_engines()
+        found.drop_all()
+
+
+@pytest.fixture
+def database_url(databases: Databases) -> str:
+    """The test's main database: a SQLite file in ``tmp_path`` or a fresh PostgreSQL database."""
+    return databases.url("main")
