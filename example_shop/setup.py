@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Final
 
 from flask import Flask
 
@@ -21,23 +20,16 @@ from flask_gateway.core.errors import (
     GatewayServerError,
 )
 from flask_gateway.installation import InstallSettings, install
-from flask_gateway.operations import is_available
+from flask_gateway.operations import payment_limits
 
 __all__ = ["auto_install"]
 
 log = logging.getLogger("example_shop.setup")
 
 
-#: Amounts tried to tell whether an installation exists: ``is_available`` is True for some amount exactly
-#: when one does (within its limits). The configured limits first, then a 1-2-5 series from R 1 to
-#: R 10 000 000 000, which meets any limits an owner may have set instead on the settings screen.
-_PROBES: Final = tuple(factor * 10**power for power in range(2, 13) for factor in (1, 2, 5))
-
-
 def _installed(app: Flask) -> bool:
-    """Whether this shop has an installation, asked through the public ``is_available`` only."""
-    amounts = (app.config["SHOP_MIN_CENTS"], app.config["SHOP_MAX_CENTS"], *_PROBES)
-    return any(is_available(amount) for amount in amounts)
+    """Whether this shop has an installation (the extension's public ``payment_limits``)."""
+    return payment_limits() is not None
 
 
 def auto_install(app: Flask, *, sleep: Callable[[float], None] | None = None) -> str:

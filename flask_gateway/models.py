@@ -109,6 +109,12 @@ class GatewayCheckout(GatewayBase):
     events: Mapped[list[CheckoutEvent]] = relationship(
         back_populates="checkout", order_by="CheckoutEvent.id", cascade="all, delete-orphan"
     )
+
+    @property
+    def failed(self) -> bool:
+        """The gateway refused to create this checkout: nothing exists there, the order needs a new one."""
+        return self.status == LocalStatus.FAILED
+
     refunds: Mapped[list[RefundRecord]] = relationship(
         back_populates="checkout", order_by="RefundRecord.id", cascade="all, delete-orphan"
     )

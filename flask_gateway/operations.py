@@ -538,6 +538,22 @@ def is_available(total_cents: int) -> bool:
 
 
 @dataclass(frozen=True)
+class PaymentLimits:
+    """The merchant's installed limits: the payment option is offered for totals within them."""
+
+    minimum_cents: int
+    maximum_cents: int
+
+
+def payment_limits() -> PaymentLimits | None:
+    """The installed minimum and maximum, or None when the gateway is not installed yet."""
+    installation = get_state().installation()
+    if installation is None:
+        return None
+    return PaymentLimits(minimum_cents=installation.minimum_cents, maximum_cents=installation.maximum_cents)
+
+
+@dataclass(frozen=True)
 class PaymentPlan:
     """The gateway's plan for an amount: ``instalments`` payments of ``instalment_cents``.
 
@@ -584,8 +600,11 @@ def payment_plan(total_cents: int) -> PaymentPlan | None:
         return cached[1]
     plan: PaymentPlan | None = None
     lifetime = _PLAN_ERROR_CACHE_SECONDS
+    client = state.v1_client(installation)
+    # Never wait on the network inside a transaction (on SQLite it holds the write lock).
+    state.session.commit()
     try:
-        answer = state.v1_client(installation).configuration(amount=total_cents).data.payment_plan
+        answer = client.configuration(amount=total_cents).data.payment_plan
     except GatewayError as error:
         log.warning("payment plan for %s cents unavailable: %s", total_cents, error)
     else:

@@ -37,8 +37,6 @@ __all__ = ["bp"]
 bp = Blueprint("checkout", __name__)
 log = logging.getLogger("example_shop.checkout")
 
-_FAILED = "FAILED"  # the extension's status for a checkout the gateway refused to create
-
 
 def _lines(cart: Cart) -> list[dict[str, object]]:
     return [
@@ -149,7 +147,7 @@ def checkout() -> ResponseReturnValue:
         db.session.rollback()
         log.warning("order %s: the checkout could not be started: %s", order.reference, error)
         checkout = latest_checkout(order.reference)
-        if checkout is None or checkout.status == _FAILED:
+        if checkout is None or checkout.failed:
             # Refused for good: this order will never be paid; the next attempt places a new one.
             mark_closed(order.reference, OrderStatus.CANCELLED, f"the payment could not be started: {error}")
             flash(

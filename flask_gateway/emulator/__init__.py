@@ -36,6 +36,8 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
         SQLALCHEMY_ENGINE_OPTIONS={"pool_pre_ping": True},
         MAX_CONTENT_LENGTH=MAX_BODY_BYTES,
         WTF_CSRF_TIME_LIMIT=None,
+        # Cookies on one host are shared across ports: a shop on 127.0.0.1 must keep its own session.
+        SESSION_COOKIE_NAME="gateway_emulator_session",
         JSON_SORT_KEYS=False,
     )
     app.config.update(config)
