@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
-## Start the demo (the emulator for now; the example shop joins it later). Ctrl-C stops it.
+## Start the demo: the emulator (5050) and the example shop (5000), SQLite in var/demo. Ctrl-C stops both.
 demo: setup
 	$(BIN)/python -m example_shop.demo
 

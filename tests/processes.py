@@ -40,7 +40,11 @@ class Server:
 
     def stop(self) -> None:
         if self.process.poll() is None:
-            self.process.send_signal(signal.SIGINT)
+            # SIGINT lets the server stop cleanly. A child started while SIGINT is ignored (pytest run as a
+            # background job of a shell without job control) inherits that and would only stop at the
+            # kill below, 10 s later: SIGTERM then.
+            ignored = signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+            self.process.send_signal(signal.SIGTERM if ignored else signal.SIGINT)
             try:
                 self.process.wait(timeout=10)
             except subprocess.TimeoutExpired:
@@ -61,7 +65,6 @@ def start_flask(
     """``flask --app APP run`` (threaded, no reloader) on ``port`` (default: a free one); waits for HTTP."""
     port = port or free_port()
     log_path = log_dir / f"{name}.log"
-    log = log_path.open("wb")
     command = [
         sys.executable,
         "-m",
@@ -74,7 +77,9 @@ def start_flask(
         "--no-reload",
         "--with-threads",
     ]
-    process = subprocess.Popen(command, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT)
+    # The child writes the log through its own copy of the descriptor: ours is closed at once.
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(command, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT)
     server = Server(name=name, port=port, process=process, log_path=log_path)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

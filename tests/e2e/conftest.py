@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 import shutil
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -33,6 +33,9 @@ OWNER_PASSWORD = "owner-password-for-tests"
 class Stack:
     emulator: Server
     shop: Server
+    #: The shop's own environment variables (beyond os.environ): run ``flask --app example_shop ...``
+    #: commands (e.g. ``gateway reconcile``) against the same database and keys.
+    shop_env: dict[str, str] = field(default_factory=dict)
 
 
 def start_stack(tmp_path: Path, *, api_version: str = "v2", **shop_env: str) -> Stack:
@@ -56,26 +59,21 @@ def start_stack(tmp_path: Path, *, api_version: str = "v2", **shop_env: str) -> 
         "GATEWAY_API_VERSION": api_version,
     }
     port = free_port()  # the shop must know its own public URL before it starts
+    env = {
+        **emulator_env,
+        "GATEWAY_PUBLIC_URL": f"http://127.0.0.1:{port}",
+        "SHOP_DATABASE_URL": f"sqlite:///{tmp_path / 'shop.sqlite3'}",
+        "SHOP_SECRET_KEY": "shop-secret-for-tests",
+        "SHOP_ADMIN_PASSWORD": OWNER_PASSWORD,
+        "SHOP_AUTO_INSTALL": "1",
+        **shop_env,
+    }
     try:
-        shop = start_flask(
-            "shop",
-            "example_shop",
-            {
-                **emulator_env,
-                "GATEWAY_PUBLIC_URL": f"http://127.0.0.1:{port}",
-                "SHOP_DATABASE_URL": f"sqlite:///{tmp_path / 'shop.sqlite3'}",
-                "SHOP_SECRET_KEY": "shop-secret-for-tests",
-                "SHOP_ADMIN_PASSWORD": OWNER_PASSWORD,
-                "SHOP_AUTO_INSTALL": "1",
-                **shop_env,
-            },
-            tmp_path,
-            port=port,
-        )
+        shop = start_flask("shop", "example_shop", env, tmp_path, port=port)
     except BaseException:
         emulator.stop()
         raise
-    return Stack(emulator=emulator, shop=shop)
+    return Stack(emulator=emulator, shop=shop, shop_env=env)
 
 
 @pytest.fixture
