@@ -5,21 +5,27 @@
   may have missed (see :mod:`flask_gateway.reconcile`); exits 1 when a checkout could not be polled, so a
   cron job reports it.
 - ``flask gateway status TOKEN [--refresh]``: the local record and the gateway's getstatus answer.
+- ``flask gateway callbacks [--outcome O] [--refused] [--limit N]``: the newest callbacks received.
+- ``flask gateway prune-callbacks --older-than-days N``: delete callback log rows older than N days (the
+  checkouts' own history, ``gateway_checkout_events``, is kept).
 """
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import click
 from flask.cli import AppGroup
-from sqlalchemy import inspect, select
+from sqlalchemy import CursorResult, delete, inspect, or_, select
 
 from flask_gateway.core.errors import GatewayError
 from flask_gateway.core.sql import create_all_safely
+from flask_gateway.core.timestamps import utcnow
 from flask_gateway.core.wire import STATUS_PAYLOAD_KEYS
 from flask_gateway.extension import NotInstalledError, get_state
-from flask_gateway.models import GatewayBase, GatewayCheckout
+from flask_gateway.inbound import CallbackOutcome
+from flask_gateway.models import CallbackLog, GatewayBase, GatewayCheckout
 
 __all__ = ["gateway_cli"]
 
@@ -151,3 +157,51 @@ def status_command(token: str, apply_answer: bool) -> None:
         click.echo(f"  {key:<33}{'-' if payload.get(key) is None else payload[key]}")
     if problems:
         raise SystemExit(1)
+
+
+@gateway_cli.command("callbacks")
+@click.option(
+    "--outcome",
+    type=click.Choice([o.value for o in CallbackOutcome]),
+    default=None,
+    help="Only callbacks with this outcome.",
+)
+@click.option("--refused", is_flag=True, help="Only callbacks answered 4xx/5xx or not answered at all.")
+@click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True)
+def callbacks_command(outcome: str | None, refused: bool, limit: int) -> None:
+    """The newest callbacks received, one line each (the body is in the admin's callback log)."""
+    query = select(CallbackLog).order_by(CallbackLog.id.desc()).limit(limit)
+    if outcome:
+        query = query.where(CallbackLog.outcome == outcome)
+    if refused:
+        query = query.where(or_(CallbackLog.http_status >= 400, CallbackLog.http_status == 0))
+    rows = get_state().session.scalars(query).all()
+    if not rows:
+        click.echo("No callbacks match.")
+        return
+    for row in rows:
+        answer = "no answer" if row.http_status == 0 else f"HTTP {row.http_status}"
+        checkout = f"checkout #{row.checkout_id}" if row.checkout_id else "no checkout"
+        signature = "verified" if row.verified else "NOT verified"
+        click.echo(
+            f"#{row.id}  {_when(row.received_at)}  {answer:<9}  {row.outcome:<18}  {signature:<12}  "
+            f"{checkout}{': ' + row.detail if row.detail else ''}"
+        )
+
+
+@gateway_cli.command("prune-callbacks")
+@click.option(
+    "--older-than-days",
+    "days",
+    type=click.IntRange(min=1),
+    required=True,
+    help="Delete callback log rows received more than this many days ago.",
+)
+def prune_callbacks_command(days: int) -> None:
+    """Delete old callback log rows (the checkouts and their history stay)."""
+    session = get_state().session
+    cutoff = utcnow() - timedelta(days=days)
+    result = session.execute(delete(CallbackLog).where(CallbackLog.received_at < cutoff))
+    deleted = result.rowcount if isinstance(result, CursorResult) else 0
+    session.commit()
+    click.echo(f"Deleted {deleted} callback log row(s) received before {_when(cutoff)}.")

@@ -1,4 +1,4 @@
-"""The admin screens: status, install, settings, checkouts (list, detail, refresh, cancel, refund).
+"""The admin screens: status, install, settings, checkouts (list, detail, refresh, cancel, refund), callbacks.
 
 Registered at ``GATEWAY_URL_PREFIX + "/admin"``. Every request first passes the app's admin guard
 (``@gateway.admin_guard``; without one every screen answers 403), every POST needs a valid CSRF token
@@ -33,6 +33,7 @@ from flask_gateway.core.errors import (
 from flask_gateway.core.wire import CheckoutStatus
 from flask_gateway.extension import GatewayState, NotInstalledError, get_state
 from flask_gateway.forms import ActionForm, AmountField, InstallForm, RefundForm, SettingsForm, format_money
+from flask_gateway.inbound import CallbackOutcome
 from flask_gateway.installation import InstallSettings, adopt_signing_key, install, update_settings
 from flask_gateway.models import CallbackLog, GatewayCheckout, Installation, LocalStatus
 from flask_gateway.polling import refresh
@@ -57,6 +58,8 @@ STATUSES: Final = (
     *(s.value for s in CheckoutStatus),
     *(s.value for s in LocalStatus),
 )
+#: The outcomes a callback log row can have, for the callback log's filter.
+CALLBACK_OUTCOMES: Final = tuple(o.value for o in CallbackOutcome)
 _REFUNDABLE: Final = frozenset(
     {CheckoutStatus.PAID, CheckoutStatus.PAID_PENDING_CALLBACK, CheckoutStatus.PARTIALLY_REFUNDED}
 )
@@ -407,6 +410,36 @@ def checkouts() -> ResponseReturnValue:
         flagged=flagged,
         search=search,
         filters={k: v for k, v in filters.items() if v is not None},
+    )
+
+
+# --- the callback log ----------------------------------------------------------------------------------
+
+
+@bp.get("/callbacks")
+def callbacks() -> ResponseReturnValue:
+    """Every callback that reached the shop, newest first, including the refused ones (no checkout)."""
+    state = get_state()
+    outcome = request.args.get("outcome", "")
+    if outcome not in CALLBACK_OUTCOMES:
+        outcome = ""
+    refused = request.args.get("refused") == "1"
+    page = max(request.args.get("page", 1, type=int) or 1, 1)
+    query = select(CallbackLog).order_by(CallbackLog.id.desc())
+    if outcome:
+        query = query.where(CallbackLog.outcome == outcome)
+    if refused:
+        query = query.where(or_(CallbackLog.http_status >= 400, CallbackLog.http_status == 0))
+    pagination = state.db.paginate(query, page=page, per_page=PER_PAGE, error_out=False)
+    wanted = {"outcome": outcome or None, "refused": "1" if refused else None}
+    filters = {key: value for key, value in wanted.items() if value}
+    return render_template(
+        "gateway/admin/callbacks.html",
+        pagination=pagination,
+        outcomes=CALLBACK_OUTCOMES,
+        outcome=outcome,
+        refused=refused,
+        filters=filters,
     )
 
 

@@ -799,3 +799,35 @@ def test_install_without_an_answer_explains_what_to_do(admin):
     assert "No usable answer from the gateway" in text(answer)
     assert "account manager" in text(answer)
     assert stored_installation(admin) is None
+
+
+def test_the_callback_log_lists_refused_callbacks_too(admin):
+    admin.install()
+    checkout_id = paid_checkout(admin)
+    with admin.shop.app_context():
+        token = get_state().session.get_one(GatewayCheckout, checkout_id).token
+    assert admin.emulator.control("deliver").status_code == 200  # the real, signed callback
+    forged = admin.client.post(
+        "/gateway/callback",
+        data=b'{"checkoutToken":"%s"}' % token.encode(),
+        headers={
+            "Content-Type": "application/json",
+            "X-Signature": "bm9wZQ==",
+            "X-Merchant-Account-ID": ACCOUNT,
+        },
+    )
+    assert forged.status_code == 401
+
+    page = admin.client.get(f"{ADMIN}/callbacks")
+    assert page.status_code == 200
+    html = text(page)
+    assert 'data-callback-outcome="rejected-signature"' in html
+    assert html.index("rejected-signature") < html.index('data-callback-outcome="duplicate"')  # newest first
+    assert f'href="{ADMIN}/checkouts/{checkout_id}"' in html
+    assert "2 callbacks" in html
+
+    refused = text(admin.client.get(f"{ADMIN}/callbacks?refused=1"))
+    assert "1 callback" in refused and 'data-callback-outcome="duplicate"' not in refused
+    only = text(admin.client.get(f"{ADMIN}/callbacks?outcome=duplicate"))
+    assert 'data-callback-outcome="duplicate"' in only and "rejected-signature</td>" not in only
+    assert "2 callbacks" in text(admin.client.get(f"{ADMIN}/callbacks?outcome=not-an-outcome"))  # ignored

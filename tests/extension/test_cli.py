@@ -110,3 +110,68 @@ def test_status_command_unknown_token(installed):
     assert result.exit_code == 1
     assert "No local checkout has token v2.demo-merchant.nope" in result.output
     assert "HTTP 404" in result.output
+
+
+def _received_callbacks(installed: Harness) -> int:
+    """One accepted callback (delivered by the emulator) and one forged (refused), returns the checkout id."""
+    checkout_id, token = new_checkout(installed)
+    installed.emulator.pay(token)
+    assert installed.emulator.control("deliver").status_code == 200
+    forged = installed.client.post(
+        "/gateway/callback",
+        data=b'{"checkoutToken":"' + token.encode() + b'"}',
+        headers={"Content-Type": "application/json", "X-Signature": "bm9wZQ==", "X-Merchant-Account-ID": "x"},
+    )
+    assert forged.status_code == 401
+    return checkout_id
+
+
+def test_callbacks_command_lists_the_newest_first_and_filters(installed):
+    checkout_id = _received_callbacks(installed)
+    result = invoke(installed, "callbacks")
+    assert result.exit_code == 0, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 2
+    assert "HTTP 401" in lines[0] and "rejected-signature" in lines[0] and "NOT verified" in lines[0]
+    assert "no checkout" in lines[0]  # nothing of an unverified body is trusted, not even its token
+    assert "HTTP 200" in lines[1] and "accepted" in lines[1] and f"checkout #{checkout_id}" in lines[1]
+
+    refused = invoke(installed, "callbacks", "--refused").output.strip().splitlines()
+    assert len(refused) == 1 and "rejected-signature" in refused[0]
+    accepted = invoke(installed, "callbacks", "--outcome", "accepted").output.strip().splitlines()
+    assert len(accepted) == 1 and "accepted" in accepted[0]
+    assert invoke(installed, "callbacks", "--outcome", "mismatch").output.strip() == "No callbacks match."
+    assert invoke(installed, "callbacks", "--outcome", "bogus").exit_code == 2
+
+
+def test_prune_callbacks_deletes_only_old_rows_and_keeps_the_history(installed):
+    from datetime import timedelta
+
+    from sqlalchemy import func, select, update
+
+    from flask_gateway.extension import get_state
+    from flask_gateway.models import CallbackLog, CheckoutEvent
+
+    checkout_id = _received_callbacks(installed)
+    with installed.shop.app_context():
+        session = get_state().session
+        oldest = session.scalars(select(CallbackLog).order_by(CallbackLog.id)).first()
+        assert oldest is not None
+        session.execute(
+            update(CallbackLog)
+            .where(CallbackLog.id == oldest.id)
+            .values(received_at=oldest.received_at - timedelta(days=91))
+        )
+        session.commit()
+        events = session.scalar(select(func.count()).select_from(CheckoutEvent))
+
+    result = invoke(installed, "prune-callbacks", "--older-than-days", "90")
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith("Deleted 1 callback log row(s) received before ")
+    with installed.shop.app_context():
+        session = get_state().session
+        left = session.scalars(select(CallbackLog)).all()
+        assert [row.outcome for row in left] == ["rejected-signature"]
+        assert session.scalar(select(func.count()).select_from(CheckoutEvent)) == events
+        assert load(installed, checkout_id).status == "PAID_PENDING_CALLBACK"  # the checkout is untouched
+    assert invoke(installed, "prune-callbacks").exit_code == 2  # --older-than-days is required
