@@ -218,10 +218,10 @@ class SecretWatchPlugin:
                 print(message)  # noqa: T201 - no terminal reporter (e.g. -p no:terminal)
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
         elif reporter is not None:
-            reporter.ensure_newline()
-            reporter.write_line(
+            reporter.write_sep(
+                "-",
                 f"secret watch: {len(self.watch.secrets)} secrets, {len(self.watch.lines)} log records, "
-                f"{len(self.watch.files)} server log files: no secret found"
+                f"{len(self.watch.files)} server log files: no secret found",
             )
 
 

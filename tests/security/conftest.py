@@ -2,17 +2,28 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+from flask import Flask, url_for
 from sqlalchemy import MetaData, Table, create_engine, event, inspect, select
 from sqlalchemy.pool import NullPool
+from werkzeug.routing import Rule
 
+from example_shop import auth
+from example_shop.links import order_token
+from flask_gateway.extension import get_state
+from flask_gateway.models import GatewayCheckout
+from flask_gateway.operations import clear_payment_plan_cache
 from tests.conftest import Databases, dispose_engines
 from tests.extension.conftest import Harness
 from tests.extension.inbound_support import make_harness
+from tests.shop.conftest import SHOP_URL, ShopHarness, Shopper
+from tests.shop.conftest import make_harness as make_shop_harness
 
 
 @pytest.fixture
@@ -57,3 +68,63 @@ def table_contents(url: str) -> dict[str, list[tuple[Any, ...]]]:
             return contents
     finally:
         engine.dispose()
+
+
+# --- the example shop, with real objects to fill every URL of its map ---------------------------------
+
+
+@dataclass
+class ShopWorld:
+    """An installed example shop with one paid order, and the values that fill its URL rules."""
+
+    harness: ShopHarness
+    anonymous: Shopper
+    owner: Shopper
+    values: dict[str, Any]
+
+    @property
+    def app(self) -> Flask:
+        return self.harness.app
+
+    def url(self, rule: Rule) -> str:
+        with self.app.test_request_context(base_url=SHOP_URL):
+            return url_for(rule.endpoint, **{name: self.values[name] for name in rule.arguments})
+
+
+def methods_of(rule: Rule) -> set[str]:
+    return set(rule.methods or ()) - {"HEAD", "OPTIONS"}
+
+
+def build_shop_world(databases: Databases, monkeypatch: pytest.MonkeyPatch) -> ShopWorld:
+    for name in list(os.environ):  # as tests/shop/conftest.py: none of the runner's settings leak in
+        if name.startswith(("SHOP_", "GATEWAY_")):
+            monkeypatch.delenv(name)
+    clear_payment_plan_cache()
+    auth._failures.clear()
+    harness = make_shop_harness(databases, monkeypatch)
+    buyer = harness.shopper()
+    buyer.add("enamel-kettle", 1)
+    redirect = buyer.checkout()
+    buyer.follow(buyer.get(harness.pay_on_gateway(redirect.headers["Location"])["redirectUrl"]))
+    reference = harness.latest_reference()
+    with harness.app.app_context():
+        checkout_id = get_state().session.scalars(select(GatewayCheckout.id)).one()
+        token = order_token(reference)
+    owner = harness.shopper()
+    assert owner.log_in().status_code == 303
+    values: dict[str, Any] = {
+        "slug": "enamel-kettle",
+        "reference": reference,
+        "token": token,
+        "checkout_id": checkout_id,
+        "kind": "confirm",
+        "filename": "shop/shop.css",
+    }
+    return ShopWorld(harness=harness, anonymous=harness.shopper(), owner=owner, values=values)
+
+
+@pytest.fixture
+def shop_world(databases: Databases, monkeypatch: pytest.MonkeyPatch) -> Iterator[ShopWorld]:
+    world = build_shop_world(databases, monkeypatch)
+    yield world
+    clear_payment_plan_cache()
