@@ -51,6 +51,15 @@ def sqlite_harness(sqlite_databases: Databases, monkeypatch: pytest.MonkeyPatch)
         harness.db.engine.dispose()
 
 
+@pytest.fixture
+def harness(databases: Databases, monkeypatch: pytest.MonkeyPatch) -> Iterator[Harness]:
+    """As tests/extension/conftest.py's ``harness``: on SQLite and on PostgreSQL."""
+    found = make_harness(databases, monkeypatch)
+    yield found
+    with found.shop.app_context():
+        found.db.engine.dispose()
+
+
 def _no_sync(dbapi_connection: Any, _record: Any) -> None:
     dbapi_connection.execute("PRAGMA synchronous=OFF")
 
