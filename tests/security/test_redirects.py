@@ -272,6 +272,8 @@ def test_safe_next_keeps_every_listed_hostile_target_home(world: ShopWorld, targ
         "https://shop.example/\x07",
         "https://shop.example[/",  # urlsplit raised ValueError in the firewall check: a 500
         "https://shop.example:port/",  # .port raised ValueError in the hosted page's redirect: a 500
+        "HTTP://.",  # no IDNA encoding for an empty label: the hosted page's redirect was a 500
+        "https://shop..example/",
     ],
 )
 def test_the_gateway_refuses_redirect_urls_a_browser_reads_differently(emulator: Gateway, url: str) -> None:

@@ -103,6 +103,10 @@ def _check_absolute_url(value: str) -> str:
     parts = urlsplit(value)
     if parts.scheme not in ("http", "https") or not parts.hostname or parts.port == 0:
         raise ValueError("must be an absolute http(s) URL such as https://shop.example/path")
+    try:  # a host with an empty or over-long label ("https://."), which no redirect can carry (a 500)
+        parts.hostname.encode("idna")
+    except UnicodeError:
+        raise ValueError("must have a valid host name") from None
     if any(ch.isspace() for ch in value):
         raise ValueError("must not contain whitespace")
     # Browsers read "\\" as "/" and drop control characters: "https://localhost\\@shop.example" is
