@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
+import unicodedata
 from collections import deque
 from collections.abc import Callable
 from functools import wraps
@@ -94,10 +95,17 @@ def safe_next(target: str | None) -> str:
     fallback = url_for("admin.orders")
     if not target:
         return fallback
-    parts = urlsplit(target)
+    try:
+        parts = urlsplit(target)
+    except ValueError:  # e.g. a netloc that NFKC-normalises to a separator ("//\uff0f"): a 500 before
+        return fallback
     if parts.scheme or parts.netloc or not target.startswith("/") or target.startswith("//"):
         return fallback
     if "\\" in target:
+        return fallback
+    # Whitespace and control characters: browsers drop tabs and newlines (so "/\t/evil.com" is
+    # "//evil.com" to them), and a CR/LF in a Location header is a 500.
+    if any(ch.isspace() or unicodedata.category(ch).startswith("C") for ch in target):
         return fallback
     return target
 

@@ -158,6 +158,8 @@ def resolve(
         "SESSION_COOKIE_NAME": "stoep_session",
         "SESSION_COOKIE_SAMESITE": "Lax",
         "SESSION_COOKIE_HTTPONLY": True,
+        # Every form here is a few KiB; the gateway's callback needs 64 KiB (it checks that itself).
+        "MAX_CONTENT_LENGTH": 1024 * 1024,
     }
     env_values: dict[str, Any] = gateway_from_env(environ)
     for name in (

@@ -28,7 +28,11 @@ from sqlalchemy import MetaData, Table, create_engine, event, inspect, select, t
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.pool import NullPool, Pool
 
+from tests import secret_watch
 from tests.postgres import PostgresCluster, start_cluster
+
+#: pytester: tests/security/test_secret_watch.py runs a small session of its own.
+pytest_plugins = ["pytester"]
 
 BACKENDS = ("sqlite", "postgresql")
 
@@ -58,6 +62,11 @@ def dispose_engines() -> None:
     while _dbapi_connections:
         with suppress(Exception):  # already closed, or ended by the server
             _dbapi_connections.pop().close()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # No secret in any log line of the run (tests/secret_watch.py): fails the session at the end.
+    secret_watch.register(config)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

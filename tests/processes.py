@@ -14,6 +14,8 @@ from pathlib import Path
 
 import requests
 
+from tests import secret_watch
+
 
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -81,6 +83,7 @@ def start_flask(
     with log_path.open("wb") as log:
         process = subprocess.Popen(command, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT)
     server = Server(name=name, port=port, process=process, log_path=log_path)
+    secret_watch.watch_file(log_path)  # scanned for secrets at the end of the session
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:

@@ -11,12 +11,17 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from flask import Flask, Response
+from flask import Flask, Response, request
 from flask_wtf.csrf import CSRFProtect
 from sqlalchemy.exc import IntegrityError
 
 from flask_gateway.core.sql import configure_sqlite, create_all_safely
-from flask_gateway.emulator.api import MAX_BODY_BYTES, register_error_handlers
+from flask_gateway.emulator.api import (
+    MAX_BODY_BYTES,
+    refuse_malformed_json,
+    refuse_oversize,
+    register_error_handlers,
+)
 from flask_gateway.emulator.models import Account, ClockState, db
 from flask_gateway.emulator.settings import EmulatorSettings, SettingsError
 
@@ -44,6 +49,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     app.extensions["gateway_emulator"] = settings
 
     db.init_app(app)
+    app.before_request(refuse_oversize)  # first: before the CSRF check and any credentials
     csrf = CSRFProtect(app)
     register_error_handlers(app)
     _register_blueprints(app, csrf)
@@ -84,9 +90,17 @@ def seed_accounts(settings: EmulatorSettings) -> None:
 def _register_blueprints(app: Flask, csrf: CSRFProtect) -> None:
     from flask_gateway.emulator.views import control, dashboard, deliveries, hosted, v1, v2
 
-    for json_api in (v2.bp, v1.bp, control.bp, deliveries.bp):
+    json_apis = (v2.bp, v1.bp, control.bp, deliveries.bp)
+    for json_api in json_apis:
         csrf.exempt(json_api)  # machine-to-machine JSON: authenticated by signature/Basic, or test-only
         app.register_blueprint(json_api)
+    names = frozenset(json_api.name for json_api in json_apis)
+
+    @app.before_request
+    def _json_body_first() -> None:
+        if request.blueprint in names:
+            refuse_malformed_json()
+
     app.register_blueprint(hosted.bp)
     app.register_blueprint(dashboard.bp)
 

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 from flask import Flask, Response, current_app, request
 from pydantic import BaseModel, ValidationError
-from werkzeug.exceptions import HTTPException
+from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from flask_gateway.core.auth import ACCOUNT_HEADER, SIGNATURE_HEADER
 from flask_gateway.core.signing import sign, verify
@@ -28,6 +28,8 @@ __all__ = [
     "parse",
     "raw_body",
     "read_json",
+    "refuse_malformed_json",
+    "refuse_oversize",
     "register_error_handlers",
     "settings",
 ]
@@ -73,6 +75,29 @@ def read_json() -> dict[str, Any]:
             errors=[{"field": field_path(nul), "message": "must not contain \\u0000"}],
         )
     return data
+
+
+def refuse_oversize() -> None:
+    """413 for a body over ``MAX_CONTENT_LENGTH`` before anything else runs (the CSRF check, the
+    credentials), also on routes that never read their body (``/_emulator/reset``, the hosted forms)."""
+    limit = request.max_content_length
+    if limit is not None and request.content_length is not None and request.content_length > limit:
+        raise RequestEntityTooLarge()
+
+
+def refuse_malformed_json() -> None:
+    """400 for a non-empty body that claims to be JSON and is not, on every JSON API route: also where
+    the route takes no body (``pay``, ``deliver``...), so junk is never acted on as if it were fine."""
+    mimetype = request.mimetype
+    if mimetype != "application/json" and not mimetype.endswith("+json"):
+        return
+    raw = raw_body()
+    if not raw.strip():
+        return
+    try:
+        json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ApiProblem(400, f"The request body is not valid JSON: {exc}.") from None
 
 
 def _nul_at(value: object, location: tuple[int | str, ...] = ()) -> tuple[int | str, ...] | None:

@@ -85,7 +85,10 @@ REFUNDABLE: Final = (S.PAID.value, S.PAID_PENDING_CALLBACK.value, S.PARTIALLY_RE
 
 def is_local_host(url: str) -> bool:
     """True for URLs on ``localhost``, ``*.localhost`` or an IP literal (what the real firewall refuses)."""
-    host = (urlsplit(url).hostname or "").rstrip(".").lower()
+    try:
+        host = (urlsplit(url).hostname or "").rstrip(".").lower()
+    except ValueError:  # "https://shop.example[": not a URL at all; validation refuses it (400), not a 500
+        return False
     if host == "localhost" or host.endswith(".localhost"):
         return True
     try:

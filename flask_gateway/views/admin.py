@@ -39,6 +39,7 @@ from flask_gateway.models import CallbackLog, GatewayCheckout, Installation, Loc
 from flask_gateway.polling import refresh
 from flask_gateway.secrets import SecretUnreadable, mask
 from flask_gateway.urls import callback_url
+from flask_gateway.views import deny_framing
 
 __all__ = ["bp"]
 
@@ -117,16 +118,7 @@ def _check_csrf() -> None:
 
 @bp.after_request
 def _framing(response: Response) -> Response:
-    response.headers["X-Frame-Options"] = "DENY"
-    policy = response.headers.get("Content-Security-Policy")
-    if not policy:
-        response.headers["Content-Security-Policy"] = "frame-ancestors 'none'"
-    else:  # keep the app's policy, but these pages are never framed, by anyone
-        directives = [d for d in policy.split(";") if not d.strip().lower().startswith("frame-ancestors")]
-        response.headers["Content-Security-Policy"] = "; ".join(
-            [d.strip() for d in directives if d.strip()] + ["frame-ancestors 'none'"]
-        )
-    response.headers.setdefault("X-Content-Type-Options", "nosniff")
+    deny_framing(response)
     response.headers.setdefault("Referrer-Policy", "same-origin")
     if request.endpoint != "gateway_admin.static":
         response.headers["Cache-Control"] = "no-store"  # customer data and settings: never cached

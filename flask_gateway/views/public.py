@@ -42,6 +42,7 @@ from flask_gateway.inbound import (
     refuse_oversize,
 )
 from flask_gateway.models import GatewayCheckout, LocalStatus
+from flask_gateway.views import deny_framing
 
 __all__ = ["bp"]
 
@@ -52,10 +53,11 @@ S = CheckoutStatus
 
 @bp.after_request
 def _private(response: Response) -> Response:
-    # Signed references and order states: never cached, never leaked through a Referer header.
+    # Signed references and order states: never cached, never leaked through a Referer header; the
+    # return page (and every error page here) is never framed.
     response.headers.setdefault("Cache-Control", "no-store")
     response.headers.setdefault("Referrer-Policy", "no-referrer")
-    return response
+    return deny_framing(response)
 
 
 def _json(body: dict[str, Any], status: int = 200) -> Response:

@@ -30,6 +30,7 @@ from aiosmtpd.controller import Controller
 from flask_gateway.core import GatewayClient
 from flask_gateway.core.signing import verify
 from flask_gateway.core.wire import CreateCheckoutRequest, InstallRequest
+from tests import secret_watch
 from tests.emulator.support import ACCOUNT, API_KEY, create_body
 
 #: Upper bound of every wait in this module (the worker needs well under a second per attempt here).
@@ -163,6 +164,7 @@ def emulator(tmp_path: Path, database_url: str, smtp: tuple[Mailbox, int]) -> It
         PYTHONUNBUFFERED="1",
     )
     log_path = tmp_path / "emulator.log"
+    secret_watch.watch_file(log_path)  # scanned for secrets at the end of the session
     with log_path.open("wb") as log:
         process = subprocess.Popen(
             [sys.executable, "-m", "flask", "--app", "flask_gateway.emulator", "run", "--port", str(port)],

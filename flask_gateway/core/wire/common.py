@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import unicodedata
 from datetime import datetime
 from decimal import Decimal, InvalidOperation
 from enum import StrEnum
@@ -97,11 +98,21 @@ Text = Annotated[str, Strict(), Field(max_length=255)]
 
 
 def _check_absolute_url(value: str) -> str:
+    # urlsplit raises ValueError for a bad IPv6 literal, .port for a port that is not a number: both
+    # are validation errors here, not a 500 later when the URL is used (a redirect's Location header).
     parts = urlsplit(value)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.port == 0:
         raise ValueError("must be an absolute http(s) URL such as https://shop.example/path")
+    try:  # a host with an empty or over-long label ("https://."), which no redirect can carry (a 500)
+        parts.hostname.encode("idna")
+    except UnicodeError:
+        raise ValueError("must have a valid host name") from None
     if any(ch.isspace() for ch in value):
         raise ValueError("must not contain whitespace")
+    # Browsers read "\\" as "/" and drop control characters: "https://localhost\\@shop.example" is
+    # shop.example to urlsplit (and so to the firewall) but localhost to the consumer's browser.
+    if "\\" in value or any(unicodedata.category(ch) == "Cc" for ch in value):
+        raise ValueError("must not contain a backslash or control characters")
     return value
 
 

@@ -1,0 +1,139 @@
+"""Fixtures of the hostile-input tests: the extension + in-process emulator harness, and table snapshots."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from flask import Flask, url_for
+from sqlalchemy import MetaData, Table, create_engine, event, inspect, select
+from sqlalchemy.pool import NullPool
+from werkzeug.routing import Rule
+
+from example_shop import auth
+from example_shop.links import order_token
+from flask_gateway.extension import get_state
+from flask_gateway.models import GatewayCheckout
+from flask_gateway.operations import clear_payment_plan_cache
+from tests.conftest import Databases, dispose_engines
+from tests.extension.conftest import Harness
+from tests.extension.inbound_support import make_harness
+from tests.shop.conftest import SHOP_URL, ShopHarness, Shopper
+from tests.shop.conftest import make_harness as make_shop_harness
+
+
+@pytest.fixture
+def sqlite_databases(tmp_path: Path) -> Iterator[Databases]:
+    """Fresh SQLite databases only: for the long-running fuzz tests, where one backend is enough
+    (the same code paths run on PostgreSQL in tests/extension)."""
+    found = Databases(backend="sqlite", directory=tmp_path, cluster=None)
+    try:
+        yield found
+    finally:
+        dispose_engines()
+
+
+@pytest.fixture
+def sqlite_harness(sqlite_databases: Databases, monkeypatch: pytest.MonkeyPatch) -> Iterator[Harness]:
+    """The extension's test shop and the in-process emulator (tests/extension/conftest.py), on SQLite."""
+    harness = make_harness(sqlite_databases, monkeypatch)
+    with harness.shop.app_context():
+        # Thousands of small commits: no fsync (a throwaway file; the test is about answers and rows).
+        engine = harness.db.engine
+        event.listen(engine, "connect", _no_sync)
+        engine.dispose()
+    yield harness
+    with harness.shop.app_context():
+        harness.db.engine.dispose()
+
+
+@pytest.fixture
+def harness(databases: Databases, monkeypatch: pytest.MonkeyPatch) -> Iterator[Harness]:
+    """As tests/extension/conftest.py's ``harness``: on SQLite and on PostgreSQL."""
+    found = make_harness(databases, monkeypatch)
+    yield found
+    with found.shop.app_context():
+        found.db.engine.dispose()
+
+
+def _no_sync(dbapi_connection: Any, _record: Any) -> None:
+    dbapi_connection.execute("PRAGMA synchronous=OFF")
+
+
+def table_contents(url: str) -> dict[str, list[tuple[Any, ...]]]:
+    """Every row of every table of the database at ``url`` (ordered by all columns), by table name."""
+    engine = create_engine(url, poolclass=NullPool)
+    try:
+        with engine.connect() as connection:
+            contents: dict[str, list[tuple[Any, ...]]] = {}
+            for name in inspect(connection).get_table_names():
+                table = Table(name, MetaData(), autoload_with=connection)
+                rows = [tuple(row) for row in connection.execute(select(table))]
+                contents[name] = sorted(rows, key=repr)
+            return contents
+    finally:
+        engine.dispose()
+
+
+# --- the example shop, with real objects to fill every URL of its map ---------------------------------
+
+
+@dataclass
+class ShopWorld:
+    """An installed example shop with one paid order, and the values that fill its URL rules."""
+
+    harness: ShopHarness
+    anonymous: Shopper
+    owner: Shopper
+    values: dict[str, Any]
+
+    @property
+    def app(self) -> Flask:
+        return self.harness.app
+
+    def url(self, rule: Rule) -> str:
+        with self.app.test_request_context(base_url=SHOP_URL):
+            return url_for(rule.endpoint, **{name: self.values[name] for name in rule.arguments})
+
+
+def methods_of(rule: Rule) -> set[str]:
+    return set(rule.methods or ()) - {"HEAD", "OPTIONS"}
+
+
+def build_shop_world(databases: Databases, monkeypatch: pytest.MonkeyPatch) -> ShopWorld:
+    for name in list(os.environ):  # as tests/shop/conftest.py: none of the runner's settings leak in
+        if name.startswith(("SHOP_", "GATEWAY_")):
+            monkeypatch.delenv(name)
+    clear_payment_plan_cache()
+    auth._failures.clear()
+    harness = make_shop_harness(databases, monkeypatch)
+    buyer = harness.shopper()
+    buyer.add("enamel-kettle", 1)
+    redirect = buyer.checkout()
+    buyer.follow(buyer.get(harness.pay_on_gateway(redirect.headers["Location"])["redirectUrl"]))
+    reference = harness.latest_reference()
+    with harness.app.app_context():
+        checkout_id = get_state().session.scalars(select(GatewayCheckout.id)).one()
+        token = order_token(reference)
+    owner = harness.shopper()
+    assert owner.log_in().status_code == 303
+    values: dict[str, Any] = {
+        "slug": "enamel-kettle",
+        "reference": reference,
+        "token": token,
+        "checkout_id": checkout_id,
+        "kind": "confirm",
+        "filename": "shop/shop.css",
+    }
+    return ShopWorld(harness=harness, anonymous=harness.shopper(), owner=owner, values=values)
+
+
+@pytest.fixture
+def shop_world(databases: Databases, monkeypatch: pytest.MonkeyPatch) -> Iterator[ShopWorld]:
+    world = build_shop_world(databases, monkeypatch)
+    yield world
+    clear_payment_plan_cache()
