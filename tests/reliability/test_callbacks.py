@@ -1,0 +1,122 @@
+"""Concurrent confirmations of one payment: the shop fulfils each paid order exactly once.
+
+Fulfilments are counted as rows (the order's ``paid`` history row, written in the transaction that sets
+``paid_at`` and ``fulfilled_at``), signals as rows of ``reliability_signals`` (``shop_wsgi``), across the
+shop's four gunicorn worker processes.
+
+The emulator's own callback attempts are made to fail (``callback_fail``, nothing is sent) while these
+tests run: the confirmations racing are exactly the ones the test releases.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import requests
+
+from tests.conftest import fetch_all
+from tests.reliability.conftest import Stack
+from tests.reliability.support import (
+    Recorder,
+    add_fault,
+    callback_request,
+    control_post,
+    fulfilment_counts,
+    log_problems,
+    order_reference,
+    place_order,
+    signal_counts,
+    together,
+    token_of,
+)
+
+CALLBACKS = 50
+ORDERS_PER_ROUND = 4
+ROUNDS = 5
+
+
+def _post_callback(stack: Stack, body: bytes, headers: dict[str, str]) -> requests.Response:
+    with requests.Session() as session:  # a connection of its own
+        return session.post(f"{stack.shop.url}/gateway/callback", data=body, headers=headers, timeout=60)
+
+
+def test_fifty_identical_callbacks_fulfil_once(stack: Stack, report: Callable[[str], None]) -> None:
+    add_fault(stack, operation="callback", kind="callback_fail")
+    _shopper, payment_url = place_order(stack, {"enamel-kettle": 1, "stoneware-mugs": 2})
+    token = token_of(payment_url)
+    reference = order_reference(stack, token)
+    paid = control_post(stack, f"checkouts/{token}/pay")
+    assert paid["checkoutPaymentStatus"] == "PAID_PENDING_CALLBACK"
+    body, headers = callback_request(stack, token)
+
+    answers = together(CALLBACKS, lambda _: _post_callback(stack, body, headers))
+
+    statuses = [a.status_code if isinstance(a, requests.Response) else repr(a) for a in answers]
+    assert statuses == [200] * CALLBACKS
+    outcomes = dict(
+        fetch_all(
+            stack.shop_db,
+            "SELECT l.outcome, count(*) FROM gateway_callback_log l JOIN gateway_checkouts c "
+            "ON c.id = l.checkout_id WHERE c.token = :token GROUP BY l.outcome",
+            token=token,
+        )
+    )
+    assert outcomes == {"accepted": 1, "duplicate": CALLBACKS - 1}
+    assert signal_counts(stack, [reference], "payment_confirmed") == {reference: 1}
+    assert fulfilment_counts(stack, [reference]) == {reference: 1}
+    order = fetch_all(
+        stack.shop_db, "SELECT status, fulfilled_at FROM shop_orders WHERE reference = :r", r=reference
+    )
+    assert order[0][0] == "paid" and order[0][1] is not None
+    report(f"{CALLBACKS} identical callbacks for {reference}: {outcomes}, 1 signal, 1 fulfilment")
+    assert log_problems(stack) == []
+
+
+def test_callback_racing_the_return_page_fulfils_once(stack: Stack, report: Callable[[str], None]) -> None:
+    """The shopper comes back from the payment page (the return page confirms with getstatus) at the very
+    moment the signed callback arrives; round after round, each order is fulfilled once."""
+    add_fault(stack, operation="callback", kind="callback_fail")
+    recorder = Recorder()
+    references: list[str] = []
+    sources: dict[str, int] = {}
+    for _round in range(ROUNDS):
+        racers = []
+        for _ in range(ORDERS_PER_ROUND):
+            shopper, payment_url = place_order(stack, {"ilala-basket": 1}, recorder)
+            token = token_of(payment_url)
+            # The consumer pays; the shopper's browser has not followed the redirect back yet.
+            paid = shopper.pay_or_cancel(payment_url, "pay", follow=False)
+            assert paid.status_code == 303, paid.status_code
+            return_url = paid.headers["Location"]
+            body, headers = callback_request(stack, token)
+            racers.append((shopper, return_url, body, headers))
+            references.append(order_reference(stack, token))
+
+        def race(index: int, racers: list = racers) -> int:  # type: ignore[type-arg]
+            shopper, return_url, body, headers = racers[index // 2]
+            if index % 2 == 0:
+                return _post_callback(stack, body, headers).status_code
+            page = shopper.session.get(return_url, timeout=60)  # return page -> order page
+            assert "/orders/view/" in page.url, page.url
+            return page.status_code
+
+        answers = together(2 * ORDERS_PER_ROUND, race)
+        assert answers == [200] * (2 * ORDERS_PER_ROUND)
+        for source, count in fetch_all(
+            stack.shop_db,
+            "SELECT e.source, count(*) FROM gateway_checkout_events e JOIN gateway_checkouts c "
+            "ON c.id = e.checkout_id WHERE e.applied AND e.to_status IN ('PAID', 'PAID_PENDING_CALLBACK') "
+            "AND c.order_reference = ANY(:refs) GROUP BY e.source",
+            refs=references[-ORDERS_PER_ROUND:],
+        ):
+            sources[source] = sources.get(source, 0) + count
+
+    assert signal_counts(stack, references, "payment_confirmed") == dict.fromkeys(references, 1)
+    assert fulfilment_counts(stack, references) == dict.fromkeys(references, 1)
+    statuses = fetch_all(
+        stack.shop_db, "SELECT status FROM shop_orders WHERE reference = ANY(:refs)", refs=references
+    )
+    assert [s for (s,) in statuses] == ["paid"] * len(references)
+    assert recorder.server_errors() == []
+    assert log_problems(stack) == []
+    report(f"{len(references)} orders, callback racing the return page: payment applied by {sources}")
