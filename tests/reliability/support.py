@@ -27,6 +27,7 @@ T = TypeVar("T")
 
 _CSRF = re.compile(r'<input[^>]*name="csrf_token"[^>]*>')
 _VALUE = re.compile(r'value="([^"]*)"')
+_ATTEMPT = re.compile(r'<input[^>]*name="attempt"[^>]*value="([^"]*)"')
 _FORM = re.compile(r'<form[^>]*action="([^"]*)"[^>]*>(.*?)</form>', re.S)
 PAYMENT_PAGE = re.compile(r"/api/v2/app/checkout/([^/?#]+)$")
 CUSTOMER = {
@@ -122,7 +123,9 @@ class Shopper:
         """The filled checkout form (with its CSRF token), ready to POST to /checkout."""
         page = self.get("/checkout")
         assert page.status_code == 200, page.status_code
-        return {"csrf_token": csrf_token(page.text), **CUSTOMER}
+        attempt = _ATTEMPT.search(page.text)
+        assert attempt is not None, "no attempt field on the checkout page"
+        return {"csrf_token": csrf_token(page.text), "attempt": html.unescape(attempt[1]), **CUSTOMER}
 
     def submit_checkout(self, form: dict[str, str]) -> requests.Response:
         """POST the checkout form, not following the 303 to the payment page."""

@@ -106,11 +106,13 @@ def test_callback_racing_the_return_page_fulfils_once(stack: Stack, report: Call
             stack.shop_db,
             "SELECT e.source, count(*) FROM gateway_checkout_events e JOIN gateway_checkouts c "
             "ON c.id = e.checkout_id WHERE e.applied AND e.to_status IN ('PAID', 'PAID_PENDING_CALLBACK') "
+            "AND e.from_status NOT IN ('PAID', 'PAID_PENDING_CALLBACK') "
             "AND c.order_reference = ANY(:refs) GROUP BY e.source",
             refs=references[-ORDERS_PER_ROUND:],
         ):
             sources[source] = sources.get(source, 0) + count
 
+    assert sum(sources.values()) == len(references)  # each payment confirmed by one event
     assert signal_counts(stack, references, "payment_confirmed") == dict.fromkeys(references, 1)
     assert fulfilment_counts(stack, references) == dict.fromkeys(references, 1)
     statuses = fetch_all(
@@ -119,4 +121,4 @@ def test_callback_racing_the_return_page_fulfils_once(stack: Stack, report: Call
     assert [s for (s,) in statuses] == ["paid"] * len(references)
     assert recorder.server_errors() == []
     assert log_problems(stack) == []
-    report(f"{len(references)} orders, callback racing the return page: payment applied by {sources}")
+    report(f"{len(references)} orders, callback racing the return page: payment confirmed by {sources}")
