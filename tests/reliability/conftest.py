@@ -49,10 +49,23 @@ class Stack:
     #: The shop's environment (beyond os.environ), for ``flask --app example_shop ...`` subprocesses.
     shop_env: dict[str, str] = field(default_factory=dict)
 
-    def logs(self) -> dict[str, str]:
-        return {
-            server.name: server.log_path.read_text(errors="replace") for server in (self.emulator, self.shop)
+    #: Where the current test's part of each server log begins (bytes).
+    log_marks: dict[str, int] = field(default_factory=dict)
+
+    def mark_logs(self) -> None:
+        """The logs from here on belong to the test that starts now."""
+        self.log_marks = {
+            server.name: server.log_path.stat().st_size for server in (self.emulator, self.shop)
         }
+
+    def logs(self) -> dict[str, str]:
+        """Each server's log since the current test began."""
+        found = {}
+        for server in (self.emulator, self.shop):
+            with server.log_path.open("rb") as log:
+                log.seek(self.log_marks.get(server.name, 0))
+                found[server.name] = log.read().decode(errors="replace")
+        return found
 
 
 def _initialise(name: str, code: str, env: dict[str, str], log_dir: Path) -> None:
@@ -176,7 +189,8 @@ def reliability_stack(
 
 @pytest.fixture
 def stack(reliability_stack: Stack) -> Iterator[Stack]:
-    """The shared stack; the fault rules a test added are removed after it."""
+    """The shared stack, its logs marked at the test's start; the fault rules a test added are removed after it."""
+    reliability_stack.mark_logs()
     yield reliability_stack
     requests.delete(f"{reliability_stack.emulator.url}/_emulator/faults", timeout=10).raise_for_status()
 
