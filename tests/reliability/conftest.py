@@ -7,8 +7,8 @@ One stack for the whole package (``reliability_stack``, session scoped: starting
 - the shop: ``gunicorn tests.reliability.shop_wsgi:app`` (the unchanged shop plus a durable signal
   counter), 4 worker processes x 4 threads, ``GATEWAY_TIMEOUT`` 3 s, auto-installed on the emulator.
 
-Each database is initialised by one short process before its gunicorn starts (tables, seeded accounts, the
-installation), so worker processes never race to create them. Both servers write an access log line per
+Both start on empty databases the way a deployment does: every worker process creates the tables, seeds
+(emulator) or auto-installs (shop) at the same moment, and they must not trip over each other. Both servers write an access log line per
 request (``ACCESS <status> <method> <path>``) and their errors to ``<tmp>/<name>.log``: the tests grep those
 logs for 500s and tracebacks.
 
@@ -30,8 +30,9 @@ from pathlib import Path
 import pytest
 import requests
 
+from tests.conftest import fetch_all
 from tests.postgres import PostgresCluster
-from tests.processes import Server, free_port
+from tests.processes import Server, free_port, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 OWNER_PASSWORD = "owner-password-for-reliability"
@@ -66,22 +67,6 @@ class Stack:
                 log.seek(self.log_marks.get(server.name, 0))
                 found[server.name] = log.read().decode(errors="replace")
         return found
-
-
-def _initialise(name: str, code: str, env: dict[str, str], log_dir: Path) -> None:
-    """Run ``python -c code`` once with ``env`` (creates the tables; the shop also installs)."""
-    result = subprocess.run(
-        [sys.executable, "-c", code],
-        env={**os.environ, **env},
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    (log_dir / f"{name}-init.log").write_text(result.stdout + result.stderr)
-    if result.returncode != 0:
-        raise RuntimeError(f"initialising {name} failed:\n{result.stdout}\n{result.stderr}")
 
 
 def start_gunicorn(
@@ -127,12 +112,6 @@ def start_stack(cluster: PostgresCluster, log_dir: Path) -> Stack:
         "EMULATOR_SECRET_KEY": "emulator-secret-for-reliability",
         "EMULATOR_PUBLIC_URL": emulator_url,
     }
-    _initialise(
-        "emulator",
-        "from flask_gateway.emulator import create_app; create_app()",
-        {**emulator_env, "EMULATOR_WORKER": "0"},
-        log_dir,
-    )
     emulator = start_gunicorn(
         "emulator",
         "flask_gateway.emulator:create_app()",
@@ -156,7 +135,6 @@ def start_stack(cluster: PostgresCluster, log_dir: Path) -> Stack:
         "SHOP_AUTO_INSTALL": "1",
     }
     try:
-        _initialise("shop", "import tests.reliability.shop_wsgi", shop_env, log_dir)
         shop = start_gunicorn(
             "shop",
             "tests.reliability.shop_wsgi:app",
@@ -169,7 +147,35 @@ def start_stack(cluster: PostgresCluster, log_dir: Path) -> Stack:
     except BaseException:
         emulator.stop()
         raise
-    return Stack(emulator=emulator, shop=shop, emulator_db=emulator_db, shop_db=shop_db, shop_env=shop_env)
+    stack = Stack(emulator=emulator, shop=shop, emulator_db=emulator_db, shop_db=shop_db, shop_env=shop_env)
+    try:
+        check_startup(stack)
+    except BaseException:
+        shop.stop()
+        emulator.stop()
+        raise
+    return stack
+
+
+def check_startup(stack: Stack) -> None:
+    """Every worker booted (none died racing its siblings over the tables, seeds or the installation), and
+    the shop is installed exactly once."""
+    wait_for(
+        lambda: fetch_all(stack.shop_db, "SELECT count(*) FROM gateway_installations") == [(1,)],
+        timeout=30,
+        what="the shop's auto-install",
+    )
+    for _ in range(60):
+        logs = stack.logs()
+        if all(
+            text.count("Booting worker") >= n
+            for text, n in zip(logs.values(), (EMULATOR_WORKERS, SHOP_WORKERS), strict=True)
+        ):
+            break
+        time.sleep(0.5)
+    for name, text in stack.logs().items():
+        for bad in ("Traceback", "Worker failed to boot", "exited with code", "already installed"):
+            assert bad not in text, f"{name} at start: {bad!r} in its log:\n{text[-3000:]}"
 
 
 @pytest.fixture(scope="session")

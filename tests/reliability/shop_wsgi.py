@@ -5,8 +5,6 @@ the environment), and one receiver per extension signal that inserts a row into 
 (on a connection of its own, committed at once). The tests count those rows: how often each signal was sent
 for an order, across every worker process, never from log lines.
 
-Importing this module once before gunicorn starts (``python -m tests.reliability.shop_wsgi``) creates the
-tables and installs the gateway, so the worker processes never race to do it.
 """
 
 from __future__ import annotations
@@ -18,6 +16,7 @@ from sqlalchemy import Column, DateTime, Integer, MetaData, String, Table, creat
 
 from example_shop import create_app
 from flask_gateway import signals
+from flask_gateway.core.sql import create_all_safely
 
 metadata = MetaData()
 #: One row per signal sent: which signal, for which order, from which process.
@@ -32,7 +31,7 @@ signal_rows: Final = Table(
 )
 
 _engine = create_engine(os.environ["SHOP_DATABASE_URL"], pool_size=2, max_overflow=10)
-metadata.create_all(_engine)
+create_all_safely(_engine, metadata)  # every worker process, at once
 
 app = create_app()
 
@@ -55,6 +54,3 @@ _receivers: Final = {
 }
 for _name, _receiver in _receivers.items():
     getattr(signals, _name).connect(_receiver)
-
-if __name__ == "__main__":  # the one-off initialisation run
-    _engine.dispose()
