@@ -10,20 +10,26 @@ tests run: the confirmations racing are exactly the ones the test releases.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 
 import requests
 
 from tests.conftest import fetch_all
+from tests.processes import wait_for
 from tests.reliability.conftest import Stack
 from tests.reliability.support import (
     Recorder,
     add_fault,
     callback_request,
+    clone,
+    control_get,
     control_post,
+    csrf_token,
     fulfilment_counts,
     log_problems,
     order_reference,
+    owner_session,
     place_order,
     signal_counts,
     together,
@@ -122,3 +128,77 @@ def test_callback_racing_the_return_page_fulfils_once(stack: Stack, report: Call
     assert recorder.server_errors() == []
     assert log_problems(stack) == []
     report(f"{len(references)} orders, callback racing the return page: payment confirmed by {sources}")
+
+
+def test_owner_cancel_racing_the_consumer_payment_settles_one_way(
+    stack: Stack, report: Callable[[str], None]
+) -> None:
+    """The owner cancels the open checkout in the admin at the very moment the consumer clicks Pay on the
+    gateway's page. The gateway lets one of them win; the shop ends as the gateway says (paid and fulfilled
+    once, or cancelled and never fulfilled), whatever order the callback, the return page and the cancel's
+    answer arrive in."""
+    recorder = Recorder()
+    owner = owner_session(stack, recorder)
+    token_for_forms = csrf_token(owner.get(f"{stack.shop.url}/admin/", timeout=30).text)
+    references: list[str] = []
+    for _round in range(ROUNDS):
+        racers = []
+        for _ in range(ORDERS_PER_ROUND):
+            shopper, payment_url = place_order(stack, {"mohair-throw": 1}, recorder)
+            shopper.session.get(payment_url, timeout=30)  # the page is open, Pay about to be clicked
+            reference = order_reference(stack, token_of(payment_url))
+            references.append(reference)
+            racers.append((shopper, payment_url, reference, clone(owner, recorder)))
+
+        def race(index: int, racers: list = racers) -> int:  # type: ignore[type-arg]
+            shopper, payment_url, reference, admin = racers[index // 2]
+            if index % 2 == 0:
+                return shopper.pay_or_cancel(payment_url, "pay").status_code
+            answer = admin.post(
+                f"{stack.shop.url}/admin/orders/{reference}/cancel",
+                data={"csrf_token": token_for_forms},
+                timeout=60,
+            )
+            return answer.status_code
+
+        answers = together(2 * ORDERS_PER_ROUND, race)
+        # Pay: the order page (200), or the gateway's "already cancelled" (409). Cancel: the admin's page.
+        assert all(a in (200, 409) for a in answers[0::2]), answers
+        assert answers[1::2] == [200] * ORDERS_PER_ROUND, answers
+
+    wait_for(
+        lambda: not control_get(stack, "deliveries", state="pending")["deliveries"],
+        timeout=60,
+        what="the callbacks to be delivered",
+    )
+    gateway = dict(
+        fetch_all(
+            stack.emulator_db,
+            "SELECT merchant_order_reference, status FROM emulator_checkouts WHERE merchant_order_reference = ANY(:r)",
+            r=references,
+        )
+    )
+    shop = dict(
+        fetch_all(
+            stack.shop_db, "SELECT reference, status FROM shop_orders WHERE reference = ANY(:r)", r=references
+        )
+    )
+    fulfilled = fulfilment_counts(stack, references)
+    expected = {"PAID": "paid", "PAID_PENDING_CALLBACK": "paid", "CANCELLED_BY_MERCHANT": "cancelled"}
+    for reference in references:
+        assert gateway[reference] in expected, (reference, gateway[reference])
+        assert shop[reference] == expected[gateway[reference]], (
+            reference,
+            shop[reference],
+            gateway[reference],
+        )
+        assert fulfilled[reference] == (1 if shop[reference] == "paid" else 0), reference
+    assert signal_counts(stack, references, "payment_confirmed") == {
+        r: 1 if shop[r] == "paid" else 0 for r in references
+    }
+    assert recorder.server_errors() == []
+    assert log_problems(stack) == []
+    report(
+        f"{len(references)} orders, owner cancel racing the consumer's Pay: "
+        f"gateway {dict(Counter(gateway.values()))}, shop {dict(Counter(shop.values()))}"
+    )
