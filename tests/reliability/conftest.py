@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.conftest import fetch_all
+from tests.conftest import fetch_all, selected_backends
 from tests.postgres import PostgresCluster
 from tests.processes import Server, free_port, wait_for
 
@@ -180,8 +180,11 @@ def check_startup(stack: Stack) -> None:
 
 @pytest.fixture(scope="session")
 def reliability_stack(
-    postgres_cluster: PostgresCluster, tmp_path_factory: pytest.TempPathFactory
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Stack]:
+    if "postgresql" not in selected_backends(request.config):
+        pytest.skip("the reliability suite runs on PostgreSQL only, and --database=sqlite was chosen")
+    postgres_cluster: PostgresCluster = request.getfixturevalue("postgres_cluster")
     log_dir = tmp_path_factory.mktemp("reliability")
     stack = start_stack(postgres_cluster, log_dir)
     try:

@@ -13,8 +13,12 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 
+import pytest
 import requests
 
+from example_shop import create_app as create_shop_app
+from example_shop.extensions import db as shop_db
+from flask_gateway.reconcile import ReconcileReport, reconcile
 from tests.conftest import fetch_all
 from tests.processes import wait_for
 from tests.reliability.conftest import Stack
@@ -201,4 +205,73 @@ def test_owner_cancel_racing_the_consumer_payment_settles_one_way(
     report(
         f"{len(references)} orders, owner cancel racing the consumer's Pay: "
         f"gateway {dict(Counter(gateway.values()))}, shop {dict(Counter(shop.values()))}"
+    )
+
+
+def test_reconcile_runs_racing_callbacks_and_return_pages_fulfil_once(
+    stack: Stack, report: Callable[[str], None], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two reconciliation runs (the cron job, in a process of their own: the shop's app built here, on the
+    same database) start at the moment the callbacks and the shoppers' return pages of the same freshly
+    paid orders arrive at the gunicorn workers. Every order is fulfilled once, whoever confirms it."""
+    add_fault(stack, operation="callback", kind="callback_fail")
+    recorder = Recorder()
+    racers = []
+    for _ in range(2 * ORDERS_PER_ROUND):
+        shopper, payment_url = place_order(stack, {"potjie-pot": 1}, recorder)
+        token = token_of(payment_url)
+        paid = shopper.pay_or_cancel(payment_url, "pay", follow=False)
+        assert paid.status_code == 303
+        body, headers = callback_request(stack, token)
+        racers.append((shopper, paid.headers["Location"], body, headers, order_reference(stack, token)))
+    references = [racer[4] for racer in racers]
+
+    for name, value in stack.shop_env.items():
+        monkeypatch.setenv(name, value)
+    cron = create_shop_app()
+    with cron.app_context():  # warm: connections made, nothing due yet
+        assert reconcile(older_than_seconds=10**9).polled == 0
+    reports: list[ReconcileReport] = []
+
+    def race(index: int) -> int:
+        if index < 2:
+            with cron.app_context():
+                reports.append(reconcile(older_than_seconds=0))
+            return 200
+        shopper, return_url, body, headers, _reference = racers[(index - 2) // 2]
+        if index % 2 == 0:
+            return _post_callback(stack, body, headers).status_code
+        return shopper.session.get(return_url, timeout=60).status_code
+
+    try:
+        answers = together(2 + 2 * len(racers), race)
+    finally:
+        with cron.app_context():
+            shop_db.session.remove()
+            shop_db.engine.dispose()
+    assert answers == [200] * len(answers), answers
+    assert all(not r.errors for r in reports), [r.errors for r in reports]
+
+    confirmed_by = dict(
+        fetch_all(
+            stack.shop_db,
+            "SELECT e.source, count(*) FROM gateway_checkout_events e JOIN gateway_checkouts c "
+            "ON c.id = e.checkout_id WHERE e.applied AND e.to_status IN ('PAID', 'PAID_PENDING_CALLBACK') "
+            "AND e.from_status NOT IN ('PAID', 'PAID_PENDING_CALLBACK') AND c.order_reference = ANY(:r) "
+            "GROUP BY e.source",
+            r=references,
+        )
+    )
+    assert sum(confirmed_by.values()) == len(references)
+    assert fulfilment_counts(stack, references) == dict.fromkeys(references, 1)
+    assert sum(r.confirmed for r in reports) == confirmed_by.get("reconcile", 0)
+    # The gunicorn workers' signals (the cron process has no counter): one per order they confirmed.
+    counted = signal_counts(stack, references, "payment_confirmed")
+    assert sum(counted.values()) == len(references) - confirmed_by.get("reconcile", 0)
+    assert all(n <= 1 for n in counted.values())
+    assert recorder.server_errors() == []
+    assert log_problems(stack) == []
+    report(
+        f"{len(references)} orders, 2 reconcile runs racing callbacks and return pages: confirmed by "
+        f"{confirmed_by}; the runs polled {[r.polled for r in reports]}"
     )
