@@ -76,7 +76,7 @@ def start_gunicorn(
     log_path = log_dir / f"{name}.log"
     command = [
         sys.executable, "-m", "gunicorn", "--workers", str(workers), "--threads", str(threads),
-        "--bind", f"127.0.0.1:{port}", "--timeout", "120", "--graceful-timeout", "5",
+        "--bind", f"127.0.0.1:{port}", "--timeout", "120", "--graceful-timeout", "5", "--keep-alive", "30",
         "--access-logfile", "-", "--access-logformat", ACCESS_FORMAT, "--error-logfile", "-",
         "--log-level", "info", "--pythonpath", str(ROOT), app_spec,
     ]  # fmt: skip

@@ -106,6 +106,12 @@ class Shopper:
     def __post_init__(self) -> None:
         self.session = new_session(self.recorder)
 
+    def fresh_connections(self) -> Shopper:
+        """The same browser (its cookies) with no connection open yet: a racer sends on a connection of
+        its own, never on a kept-alive one the server may be closing at that very moment."""
+        self.session = clone(self.session, self.recorder)
+        return self
+
     def get(self, url: str, **kwargs: Any) -> requests.Response:
         return self.session.get(urljoin(self.shop_url + "/", url), timeout=30, **kwargs)
 

@@ -99,7 +99,7 @@ def test_callback_racing_the_return_page_fulfils_once(stack: Stack, report: Call
             assert paid.status_code == 303, paid.status_code
             return_url = paid.headers["Location"]
             body, headers = callback_request(stack, token)
-            racers.append((shopper, return_url, body, headers))
+            racers.append((shopper.fresh_connections(), return_url, body, headers))
             references.append(order_reference(stack, token))
 
         def race(index: int, racers: list = racers) -> int:  # type: ignore[type-arg]
@@ -152,7 +152,7 @@ def test_owner_cancel_racing_the_consumer_payment_settles_one_way(
             shopper.session.get(payment_url, timeout=30)  # the page is open, Pay about to be clicked
             reference = order_reference(stack, token_of(payment_url))
             references.append(reference)
-            racers.append((shopper, payment_url, reference, clone(owner, recorder)))
+            racers.append((shopper.fresh_connections(), payment_url, reference, clone(owner, recorder)))
 
         def race(index: int, racers: list = racers) -> int:  # type: ignore[type-arg]
             shopper, payment_url, reference, admin = racers[index // 2]
@@ -225,6 +225,8 @@ def test_reconcile_runs_racing_callbacks_and_return_pages_fulfil_once(
         body, headers = callback_request(stack, token)
         racers.append((shopper, paid.headers["Location"], body, headers, order_reference(stack, token)))
     references = [racer[4] for racer in racers]
+    for racer in racers:
+        racer[0].fresh_connections()
 
     for name, value in stack.shop_env.items():
         monkeypatch.setenv(name, value)
