@@ -18,6 +18,7 @@ from werkzeug.exceptions import RequestEntityTooLarge
 from werkzeug.security import generate_password_hash
 
 from example_shop.config import ShopConfigError, resolve
+from flask_gateway.core.sql import create_all_safely
 
 __all__ = ["ShopConfigError", "create_app"]
 
@@ -46,7 +47,9 @@ def create_app(config: Mapping[str, Any] | None = None) -> Flask:
     app.cli.add_command(shop_cli)
 
     with app.app_context():
-        db.create_all()
+        # Every worker process of a server (gunicorn -w 4) creates the tables at the same moment: on
+        # PostgreSQL concurrent CREATE TABLEs collide, and a worker that fails to boot stops the server.
+        create_all_safely(db.engine, db.metadata)
 
     if app.config["SHOP_AUTO_INSTALL"]:
         from example_shop.setup import auto_install

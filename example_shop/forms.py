@@ -167,6 +167,9 @@ class CheckoutForm(FlaskForm):  # type: ignore[misc]
         "Postal code", filters=[_strip], validators=[_required("the postal code")]
     )
     shipping_same = BooleanField("Deliver to my billing address", default=True)
+    #: The reference the order placed from this page will get, signed (``views.checkout``): every submit of
+    #: the page, even several at once, names the same order.
+    attempt = HiddenField()
     shipping_line1 = StringField("Street address", filters=[_strip])
     shipping_line2 = StringField("Apartment, suite or complex (optional)", filters=[_strip])
     shipping_city = StringField("Town or city", filters=[_strip])

@@ -2,6 +2,10 @@
 
 Uses ``flask_gateway.installation.install`` as a setup script would. Never fatal: whatever happens is
 logged with what to do, and the shop starts; the owner can always install from ``/gateway/admin/install``.
+
+Every worker process of a server (``gunicorn -w 4``) runs it at start: one installs, and the gateway tells
+the others the account is installed already. Before reporting that as an account installed elsewhere, a
+process waits a moment for its sibling's installation to appear in the shared database.
 """
 
 from __future__ import annotations
@@ -9,9 +13,11 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from typing import Final
 
 from flask import Flask
 
+from example_shop.extensions import db
 from flask_gateway.core.errors import (
     AlreadyInstalledError,
     AuthenticationError,
@@ -26,10 +32,25 @@ __all__ = ["auto_install"]
 
 log = logging.getLogger("example_shop.setup")
 
+#: Pauses (seconds) while waiting for another process of this shop to save the installation it just made.
+SIBLING_WAITS: Final = (0.1, 0.2, 0.4, 0.8, 1.5)
+
 
 def _installed(app: Flask) -> bool:
     """Whether this shop has an installation (the extension's public ``payment_limits``)."""
     return payment_limits() is not None
+
+
+def _installed_by_a_sibling(app: Flask, pause: Callable[[float], None]) -> bool:
+    """The gateway knows the account: True when this shop's installation appears meanwhile (another worker
+    process installed it a moment ago and is saving it)."""
+    for delay in (0.0, *SIBLING_WAITS):
+        if delay:
+            pause(delay)
+        db.session.rollback()  # a fresh read, and no transaction (SQLite: no write lock) while waiting
+        if _installed(app):
+            return True
+    return False
 
 
 def auto_install(app: Flask, *, sleep: Callable[[float], None] | None = None) -> str:
@@ -65,6 +86,9 @@ def auto_install(app: Flask, *, sleep: Callable[[float], None] | None = None) ->
             try:
                 install(settings)
             except AlreadyInstalledError:
+                if _installed_by_a_sibling(app, pause):
+                    log.info("Auto-install: another process of this shop installed the payment gateway.")
+                    return "already-here"
                 log.warning(
                     "Auto-install: the gateway says account %r is already installed, so it will not send "
                     "the signing key again. Open /gateway/admin/install as the owner and enter the signing "

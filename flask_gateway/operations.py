@@ -92,6 +92,9 @@ S = CheckoutStatus
 #: A ``CREATING`` checkout is retried with its ``requestId`` only within this window: the gateway keeps
 #: idempotency keys 24 hours, so after that a resend could create a second checkout.
 REUSE_WINDOW: Final = timedelta(hours=23)
+#: Pauses (seconds, about 8 in all) of a create that meets its own requestId in flight (409): a concurrent
+#: call for the same order sent it; once that request is done the gateway replays its answer.
+_IN_FLIGHT_WAITS: Final = (0.25, 0.5, 1.0, 2.0, 4.0)
 #: An open checkout is handed out again (double click on "Pay") only if it stays open this much longer.
 _REUSE_OPEN_MARGIN: Final = timedelta(minutes=5)
 #: How long a payment plan answer is kept per process, and how long a failure is (so a gateway outage
@@ -373,6 +376,8 @@ def create_checkout(order: OrderDraft) -> GatewayCheckout:
     - a definite refusal (a 4xx answer): the record becomes ``FAILED`` and the ``GatewayError`` is raised;
     - no usable answer (connection error, timeout, 5xx after the retries): the record stays ``CREATING``
       and the error is raised. Calling again with the same order sends the same ``requestId`` (v2).
+    - 409, the same ``requestId`` in flight (a concurrent call for this order sent it): asked again for
+      about 8 seconds, until the gateway replays that request's answer; then as "no usable answer".
 
     Reuse: a call for an order (same reference, total, items, customer, addresses, API version and
     account) that already has a v2 ``CREATING`` record from the last 23 hours retries that record; one
@@ -466,14 +471,28 @@ def _refused(checkout_id: int, error: GatewayError, operation: str) -> None:
 
 
 def _send_v2_create(client: GatewayClient, checkout_id: int, body: CreateCheckoutRequest) -> Observation:
-    try:
-        answer = client.create_checkout(body)
-    except GatewayError as error:
-        if _definite_refusal(error):
-            _refused(checkout_id, error, "create")
-        else:
-            log.warning("checkout #%s: create outcome unknown, kept CREATING: %s", checkout_id, error)
-        raise
+    waits = iter(_IN_FLIGHT_WAITS)
+    while True:
+        try:
+            answer = client.create_checkout(body)
+            break
+        except ConflictError as error:
+            # This requestId is still in flight: a concurrent call for the same order (a double click)
+            # sent it a moment ago. Its answer is stored by the gateway and replayed to us once it is done.
+            delay = next(waits, None)
+            if delay is None:
+                log.warning(
+                    "checkout #%s: create still in flight elsewhere, kept CREATING: %s", checkout_id, error
+                )
+                raise
+            log.info("checkout #%s: the same create is in flight; asking again in %s s", checkout_id, delay)
+            client.transport.sleep(delay)
+        except GatewayError as error:
+            if _definite_refusal(error):
+                _refused(checkout_id, error, "create")
+            else:
+                log.warning("checkout #%s: create outcome unknown, kept CREATING: %s", checkout_id, error)
+            raise
     data = answer.data
     replay = " (idempotent replay)" if answer.idempotent_replay else ""
     return Observation(

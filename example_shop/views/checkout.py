@@ -4,6 +4,12 @@ Submitting the form places an order (``processing``) and calls ``operations.star
 stays in the session until the order is paid (see example_shop/cart.py). A second submit of the same cart
 and details (a double click, or "Back" from the payment page) reuses the order, and the extension hands
 out the same open checkout.
+
+The second submit is recognised twice over: by the session (it remembers the order it placed), and by the
+form itself, for submits sent before the first one's answer (and its session cookie) came back. The page
+carries the reference its order will get (``attempt``, signed, new for each page); the first submit inserts
+the order under that reference, a concurrent one meets the unique reference, waits for the first to commit
+and takes that order. A changed cart or changed details never reuse an order.
 """
 
 from __future__ import annotations
@@ -12,7 +18,9 @@ import logging
 
 from flask import Blueprint, current_app, flash, redirect, render_template, request, url_for
 from flask.typing import ResponseReturnValue
+from itsdangerous import BadSignature, URLSafeSerializer
 from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
 
 from example_shop import cart as session_cart
 from example_shop.cart import Cart
@@ -21,6 +29,7 @@ from example_shop.forms import CheckoutForm
 from example_shop.models import (
     Order,
     OrderStatus,
+    is_reference,
     latest_checkout,
     mark_closed,
     new_reference,
@@ -66,24 +75,61 @@ def _details(form: CheckoutForm) -> dict[str, object]:
     }
 
 
+_ATTEMPT_SALT = "example-shop.checkout-attempt"
+
+
+def _attempts() -> URLSafeSerializer:
+    return URLSafeSerializer(current_app.config["SECRET_KEY"], salt=_ATTEMPT_SALT)
+
+
+def _attempt_reference(value: str | None) -> str | None:
+    """The order reference a checkout page was given, or None (missing, forged or edited)."""
+    if not value:
+        return None
+    try:
+        reference = _attempts().loads(value)
+    except BadSignature:
+        return None
+    return reference if isinstance(reference, str) and is_reference(reference) else None
+
+
+def _reusable(
+    order: Order | None, cart: Cart, lines: list[dict[str, object]], details: dict[str, object]
+) -> bool:
+    """The order is still waiting for its payment, for exactly this cart and these details."""
+    return (
+        order is not None
+        and order.status == OrderStatus.PROCESSING
+        and order.paid_at is None
+        and order.lines == lines
+        and order.total_cents == cart.total_cents
+        and all(getattr(order, key) == value for key, value in details.items())
+    )
+
+
+def _by_reference(reference: str) -> Order | None:
+    found: Order | None = db.session.scalar(select(Order).where(Order.reference == reference))
+    return found
+
+
 def _place_order(cart: Cart, form: CheckoutForm) -> Order:
-    """The session's waiting order when nothing changed, else a new one."""
+    """The session's waiting order or the page's order when nothing changed, else a new one."""
     lines, details = _lines(cart), _details(form)
     pending = session_cart.pending_checkout()
     if pending is not None:
-        order: Order | None = db.session.scalar(select(Order).where(Order.reference == pending["reference"]))
-        if (
-            order is not None
-            and order.status == OrderStatus.PROCESSING
-            and order.paid_at is None
-            and order.lines == lines
-            and order.total_cents == cart.total_cents
-            and all(getattr(order, key) == value for key, value in details.items())
-        ):
+        order = _by_reference(pending["reference"])
+        if order is not None and _reusable(order, cart, lines, details):
             return order
+    reference = _attempt_reference(form.attempt.data)
+    if reference is not None:
+        existing = _by_reference(reference)
+        if existing is not None:
+            if _reusable(existing, cart, lines, details):
+                return existing
+            reference = None  # that order is another cart's, or settled: a new one
     now = utcnow()
     order = Order(
-        reference=new_reference(),
+        reference=reference or new_reference(),
         status=OrderStatus.PROCESSING.value,
         api_version=current_app.config.get("GATEWAY_API_VERSION", "v2"),
         lines=lines,
@@ -96,13 +142,27 @@ def _place_order(cart: Cart, form: CheckoutForm) -> Order:
         **details,
     )
     db.session.add(order)
-    db.session.flush()
+    try:
+        db.session.flush()
+    except IntegrityError:
+        # A concurrent submit of the same page placed this order first (the unique reference made this
+        # insert wait for its commit): take it, when it is the same cart.
+        db.session.rollback()
+        if reference is None:
+            raise
+        existing = _by_reference(reference)
+        if existing is not None and _reusable(existing, cart, lines, details):
+            return existing
+        form.attempt.data = ""
+        return _place_order(cart, form)
     record(order.id, "placed", f"{cart.count} item(s), {order.api_version} checkout")
     db.session.commit()
     return order
 
 
 def _render(form: CheckoutForm, cart: Cart, available: bool, status: int = 200) -> ResponseReturnValue:
+    if _attempt_reference(form.attempt.data) is None:
+        form.attempt.data = _attempts().dumps(new_reference())
     return (
         render_template(
             "shop/checkout.html",

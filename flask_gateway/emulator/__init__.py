@@ -75,16 +75,25 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
 
 
 def seed_accounts(settings: EmulatorSettings) -> None:
-    """Create the accounts of ``EMULATOR_ACCOUNTS`` that do not exist yet, and the clock row."""
-    for account_id, api_key in settings.accounts.items():
-        if db.session.get(Account, account_id) is None:
-            db.session.add(Account(merchant_account_id=account_id, api_key=api_key))
-    if db.session.get(ClockState, 1) is None:
-        db.session.add(ClockState(id=1, offset_seconds=0.0))
-    try:
-        db.session.commit()
-    except IntegrityError:  # another worker process seeded them first
-        db.session.rollback()
+    """Create the accounts of ``EMULATOR_ACCOUNTS`` that do not exist yet, and the clock row.
+
+    Every worker process of a server does this at start, at the same moment: a row another process inserted
+    after this one looked (a unique violation, at the commit or at an autoflush) means it is seeded. The
+    lookups do not autoflush, and a conflict is retried once, so whatever the other process left out is
+    still added.
+    """
+    for _ in range(2):
+        try:
+            with db.session.no_autoflush:
+                for account_id, api_key in settings.accounts.items():
+                    if db.session.get(Account, account_id) is None:
+                        db.session.add(Account(merchant_account_id=account_id, api_key=api_key))
+                if db.session.get(ClockState, 1) is None:
+                    db.session.add(ClockState(id=1, offset_seconds=0.0))
+            db.session.commit()
+            return
+        except IntegrityError:  # another worker process seeded some of them first
+            db.session.rollback()
 
 
 def _register_blueprints(app: Flask, csrf: CSRFProtect) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import socket
 import struct
 import time
+from dataclasses import dataclass
 from typing import Annotated, Any, Final, Literal
 
 from flask import g, request
@@ -31,6 +32,7 @@ __all__ = [
     "API_OPERATIONS",
     "FaultSpec",
     "ResponseDropped",
+    "TakenFault",
     "add",
     "before_operation",
     "describe",
@@ -119,8 +121,22 @@ def describe(rule: FaultRule) -> dict[str, Any]:
     }
 
 
-def take(operation: str, *kinds: str) -> FaultRule | None:
-    """Consume one use of the oldest matching rule (row-locked, so workers never share a use)."""
+@dataclass(frozen=True)
+class TakenFault:
+    """One use of a rule, as it was when taken (a plain value: the rule row may be gone the next moment)."""
+
+    kind: str
+    status: int | None
+    retry_after: int | None
+    delay_ms: int | None
+
+
+def take(operation: str, *kinds: str) -> TakenFault | None:
+    """Consume one use of the oldest matching rule (row-locked, so workers never share a use).
+
+    Returns the rule's values read under the lock, not the row: after the commit another process may
+    consume the rule's last use and delete it, and reading the expired row again would then fail.
+    """
     rule = db.session.scalars(
         select(FaultRule)
         .where(FaultRule.operation == operation, FaultRule.kind.in_(kinds))
@@ -131,12 +147,15 @@ def take(operation: str, *kinds: str) -> FaultRule | None:
     ).first()
     if rule is None:
         return None
+    taken = TakenFault(
+        kind=rule.kind, status=rule.status, retry_after=rule.retry_after, delay_ms=rule.delay_ms
+    )
     if rule.remaining is not None:
         rule.remaining -= 1
         if rule.remaining <= 0:
             db.session.delete(rule)
     db.session.commit()
-    return rule
+    return taken
 
 
 def before_operation(operation: str) -> None:

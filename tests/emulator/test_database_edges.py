@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import pytest
 
+from flask_gateway.emulator import seed_accounts
 from flask_gateway.emulator.checkouts import TOKEN_MAX_LENGTH
-from flask_gateway.emulator.models import DeliveryAttempt, db
+from flask_gateway.emulator.models import Account, ClockState, DeliveryAttempt, db
+from flask_gateway.emulator.settings import EmulatorSettings
+from tests.emulator.conftest import make_emulator
 from tests.emulator.support import Gateway, create_body, v1_checkout_body
 
 
@@ -65,3 +68,23 @@ def test_a_v1_notice_to_a_fail_url_of_the_longest_length_is_recorded(installed: 
         [attempt] = db.session.query(DeliveryAttempt).all()
         assert attempt.url.startswith(fail_url) and "reason=ABANDONED" in attempt.url
         assert len(attempt.url) > 2048
+
+
+def test_seeding_survives_another_process_seeding_at_the_same_moment(database_url, monkeypatch):
+    """Every worker process of a server seeds the accounts at start. One that looked before another one's
+    commit meets that one's rows (a unique violation, formerly raised by the autoflush of its next lookup,
+    which stopped the worker: gunicorn then shut the whole server down): it must go on."""
+    app = make_emulator(database_url)  # the other process: seeded already
+    with app.app_context():
+        real_get = db.session.get
+
+        def as_seen_before_the_other_commit(entity, key, **kwargs):
+            return None if entity is Account else real_get(entity, key, **kwargs)
+
+        monkeypatch.setattr(db.session, "get", as_seen_before_the_other_commit)
+        seed_accounts(EmulatorSettings(worker=False))  # raises nothing
+        monkeypatch.undo()
+        assert [a.merchant_account_id for a in db.session.query(Account)] == ["demo-merchant"]
+        assert db.session.get(ClockState, 1) is not None
+        db.session.remove()
+        db.engine.dispose()

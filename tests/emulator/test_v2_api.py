@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 
 import pytest
+from sqlalchemy import text
 
 from flask_gateway.core.signing import sign
 from flask_gateway.core.timestamps import format_timestamp, parse_timestamp
 from flask_gateway.core.wire import STATUS_PAYLOAD_KEYS
+from tests.conftest import new_connection
 from tests.emulator.conftest import make_emulator
 from tests.emulator.support import ACCOUNT, API_KEY, CALLBACK_URL, Gateway, create_body, service
 
@@ -515,6 +517,33 @@ def test_status_fault_answers_then_stops(installed):
         assert response.headers["Retry-After"] == "2"
     assert installed.signed("/v2/create", create_body()).status_code == 200
     assert installed.control("faults", method="GET").json == {"faults": []}
+
+
+def test_a_fault_rule_used_up_elsewhere_right_after_a_use_still_answers_the_fault(
+    installed, database_url, monkeypatch
+):
+    """Every worker process takes uses of the same rules. Right after this request took its use (and
+    committed), another process may take the last one and delete the rule: the request still answers its
+    fault (503), where reading the rule's expired row again raised ObjectDeletedError (a 500 here, and a
+    crash of the delivery worker's run for callback faults)."""
+    from flask_gateway.emulator.models import db
+
+    installed.control("faults", {"operation": "create", "kind": "status", "status": 503, "count": 3})
+    real_commit = db.session.commit
+    used_up: list[bool] = []
+
+    def commit_then_another_process_uses_the_rule_up() -> None:
+        real_commit()
+        if not used_up:
+            used_up.append(True)
+            with new_connection(database_url) as connection:
+                connection.execute(text("DELETE FROM emulator_faults"))
+
+    monkeypatch.setattr(db.session, "commit", commit_then_another_process_uses_the_rule_up)
+    assert installed.signed("/v2/create", create_body()).status_code == 503
+    monkeypatch.undo()
+    assert used_up == [True]
+    assert installed.signed("/v2/create", create_body()).status_code == 200
 
 
 def test_drop_response_commits_then_drops(installed):

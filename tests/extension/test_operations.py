@@ -10,6 +10,7 @@ from datetime import timedelta
 import pytest
 
 from flask_gateway import signals
+from flask_gateway.core.client import GatewayClient
 from flask_gateway.core.errors import (
     CheckoutExpiredError,
     ConflictError,
@@ -304,6 +305,37 @@ def test_concurrent_creates_for_one_order_make_one_checkout(installed):
     assert checkout.id in outcomes
     assert all(o == checkout.id or isinstance(o, ConflictError) for o in outcomes), outcomes
     assert len(installed.emulator.control("checkouts", method="GET").json["checkouts"]) == 1
+
+
+def test_a_create_in_flight_elsewhere_is_asked_again_until_its_answer_comes(installed, monkeypatch):
+    """A concurrent call for the same order (a double click) sent this requestId a moment ago: while it is
+    in flight the gateway answers 409. The call asks again and gets the stored answer, not an error page."""
+    real_create = GatewayClient.create_checkout
+    sent: list[str | None] = []
+
+    def in_flight_twice(self, request):  # type: ignore[no-untyped-def]
+        sent.append(request.requestId)
+        if len(sent) <= 2:
+            raise ConflictError("A request with this requestId is still in flight.", http_status=409)
+        return real_create(self, request)
+
+    monkeypatch.setattr(GatewayClient, "create_checkout", in_flight_twice)
+    with installed.shop.app_context():
+        checkout = create_checkout(sample_order())
+        assert checkout.status == "PENDING_ORDER" and checkout.payment_url
+    assert len(sent) == 3 and len(set(sent)) == 1
+
+
+def test_a_create_in_flight_for_too_long_stays_creating(installed, monkeypatch):
+    def always_in_flight(self, request):  # type: ignore[no-untyped-def]
+        raise ConflictError("A request with this requestId is still in flight.", http_status=409)
+
+    monkeypatch.setattr(GatewayClient, "create_checkout", always_in_flight)
+    with installed.shop.app_context():
+        with pytest.raises(ConflictError):
+            create_checkout(sample_order())
+        (checkout,) = get_state().session.query(GatewayCheckout).all()
+        assert checkout.status == LocalStatus.CREATING  # a later call resends the same requestId
 
 
 def test_create_needs_an_installation(harness):

@@ -13,7 +13,15 @@ from requests.adapters import BaseAdapter
 from example_shop.models import OrderStatus, latest_checkout, mark_paid, on_payment_confirmed
 from flask_gateway.extension import get_state
 from flask_gateway.signals import payment_confirmed
-from tests.shop.conftest import EMULATOR_URL, SHOP_URL, ShopHarness, Shopper, make_harness
+from tests.shop.conftest import (
+    CUSTOMER,
+    EMULATOR_URL,
+    SHOP_URL,
+    ShopHarness,
+    Shopper,
+    csrf_token,
+    make_harness,
+)
 
 V2_PAYMENT_PAGE = re.compile(
     re.escape(EMULATOR_URL) + r"/api/v2/app/checkout/v2\.demo-merchant\.[0-9a-f-]{36}"
@@ -159,6 +167,41 @@ def test_a_second_submit_reuses_the_order_and_the_checkout(shop: ShopHarness, sh
     shopper.add("rooibos-tin", 1)
     third = shopper.checkout()
     assert third.headers["Location"] != first.headers["Location"]
+
+
+def _checkout_page_form(shopper: Shopper) -> dict[str, str]:
+    """The checkout page's form as a browser sends it: its CSRF token and its ``attempt``, filled in."""
+    page = shopper.get("/checkout").get_data(as_text=True)
+    attempt = re.search(r'name="attempt"[^>]*value="([^"]+)"', page)
+    assert attempt is not None, "no attempt field on the checkout page"
+    return {"csrf_token": csrf_token(page), "attempt": unescape(attempt[1]), **CUSTOMER}
+
+
+def test_a_submit_sent_before_the_first_answer_reuses_the_order(shop: ShopHarness, shopper: Shopper) -> None:
+    """A real double click: the second submit leaves before the first one's answer (and the session cookie
+    that remembers the order) is back. The page's ``attempt`` names the order: one order, one checkout."""
+    shopper.add("mohair-throw", 1)
+    form = _checkout_page_form(shopper)
+    cookie = shopper.client.get_cookie("stoep_session", domain="shop.example")
+    assert cookie is not None
+
+    first = shopper.post("/checkout", form)
+    shopper.client.set_cookie("stoep_session", cookie.value, domain="shop.example")  # the cookie of before
+    second = shopper.post("/checkout", form)
+
+    assert first.status_code == second.status_code == 303
+    assert first.headers["Location"] == second.headers["Location"]
+    reference = shop.latest_reference()
+    assert shop.events(reference, "placed") == 1
+
+    # The same page with other details is another order; so is a forged attempt.
+    shopper.client.set_cookie("stoep_session", cookie.value, domain="shop.example")
+    changed = shopper.post("/checkout", {**form, "email": "other@example.com"})
+    assert changed.status_code == 303 and changed.headers["Location"] != first.headers["Location"]
+    assert shop.latest_reference() != reference
+    shopper.client.set_cookie("stoep_session", cookie.value, domain="shop.example")
+    forged = shopper.post("/checkout", {**form, "attempt": "STP-AAAAAAAA"})
+    assert forged.status_code == 303 and forged.headers["Location"] != first.headers["Location"]
 
 
 def test_the_order_page_needs_the_signed_link(shop: ShopHarness, shopper: Shopper) -> None:

@@ -6,8 +6,9 @@ import logging
 from pathlib import Path
 
 import pytest
+from flask import Flask
 
-from example_shop import create_app
+from example_shop import create_app, setup
 from example_shop.config import ORDER_ENDPOINT, ShopConfigError, gateway_from_env, instance_secret, resolve
 from example_shop.setup import auto_install
 from flask_gateway.operations import is_available
@@ -174,3 +175,26 @@ def test_an_account_installed_elsewhere_is_reported_not_reset(
     assert shop.emulator.control("accounts", method="GET").json == before  # nothing was reset
     with other.app.app_context():
         assert not is_available(10000)
+
+
+def test_a_sibling_process_installing_first_is_not_an_account_installed_elsewhere(
+    shop: ShopHarness, monkeypatch: pytest.MonkeyPatch, caplog
+) -> None:
+    """gunicorn -w 4: every worker runs the auto-install at once. One installs; the gateway tells the others
+    the account is installed, and their first look at the database came before their sibling saved it:
+    they find the installation a moment later, instead of asking the owner to adopt a signing key."""
+    real_installed = setup._installed
+    looks: list[bool] = []
+
+    def not_there_at_the_first_look(app: Flask) -> bool:
+        looks.append(True)
+        return len(looks) > 1 and real_installed(app)
+
+    monkeypatch.setattr(setup, "_installed", not_there_at_the_first_look)
+    with caplog.at_level(logging.INFO, logger="example_shop"):
+        assert shop.install() == "already-here"
+
+    assert "another process of this shop installed the payment gateway" in caplog.text
+    assert "adopt" not in caplog.text
+    with shop.app.app_context():
+        assert is_available(10000)

@@ -1,0 +1,19 @@
+"""Reliability under load and faults: the example shop and the emulator as real gunicorn servers.
+
+Everything runs on PostgreSQL (the session's throwaway cluster, one database per app), the shop with 4
+worker processes, the emulator with 3, both started on empty databases (``conftest.py``). Counts come from
+database rows, across processes: fulfilments are the orders' ``paid`` history rows, signals the rows of
+``reliability_signals`` (``shop_wsgi.py``).
+
+- ``test_callbacks.py``: 50 identical signed callbacks at once; callbacks racing the return page; the
+  owner's cancel racing the consumer's payment; reconcile runs racing callbacks and return pages.
+- ``test_idempotency.py``: 20 parallel refunds over the paid total (gateway API, and the shop's admin);
+  20 parallel creates with one ``requestId``; 20 parallel "Pay" submissions of one order (open checkout,
+  lost create answer, brand-new order).
+- ``test_chaos.py``: 200 seeded checkouts with faults on create, getstatus, callbacks and refunds, the
+  clock moved on, ``flask --app example_shop gateway reconcile``; every order checked against the gateway.
+
+Run: ``.venv/bin/pytest tests/reliability -q`` (part of the normal ``pytest``; skipped with
+``--database=sqlite``). The figures each test checked are printed as ``[reliability] ...`` lines;
+``RELIABILITY_SEED=<n>`` replays a chaos plan.
+"""
