@@ -22,6 +22,7 @@ from flask import g, request
 from pydantic import Field, Strict, model_validator
 from sqlalchemy import select
 
+from flask_gateway.core.sql import begin_writing
 from flask_gateway.core.wire import WireModel
 from flask_gateway.emulator import clock
 from flask_gateway.emulator.models import FaultRule, db
@@ -121,6 +122,7 @@ def describe(rule: FaultRule) -> dict[str, Any]:
 
 def take(operation: str, *kinds: str) -> FaultRule | None:
     """Consume one use of the oldest matching rule (row-locked, so workers never share a use)."""
+    begin_writing(db.session())
     rule = db.session.scalars(
         select(FaultRule)
         .where(FaultRule.operation == operation, FaultRule.kind.in_(kinds))
@@ -156,10 +158,12 @@ def before_operation(operation: str) -> None:
 
 
 def _any_rules() -> bool:
-    # One cheap query per request, remembered for the request: the hot path when no fault is configured.
+    # One cheap query per request (together with the clock offset), remembered for the request: the hot
+    # path when no fault is configured.
     cached = g.get("_emulator_any_faults")
     if cached is None:
-        cached = g._emulator_any_faults = db.session.scalar(select(FaultRule.id).limit(1)) is not None
+        clock.load_request_state()
+        cached = g._emulator_any_faults
     return bool(cached)
 
 
