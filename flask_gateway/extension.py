@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import requests
 from flask import Flask, current_app
 from sqlalchemy.orm import Session
 
@@ -38,6 +40,18 @@ class GatewayState:
     extension: Gateway
     #: Test seams: replace to inject a ``requests.Session`` or a fake sleep.
     client_options: dict[str, Any] = field(default_factory=dict)
+    #: One ``requests.Session`` per thread, shared by every client this app makes in that thread: its
+    #: connections to the gateway are kept alive and reused (a session per call would open a new TCP and
+    #: TLS connection for every poll of a reconciliation run, and leave it for the garbage collector).
+    _http: threading.local = field(default_factory=threading.local, repr=False)
+
+    def _client_options(self) -> dict[str, Any]:
+        if "session" in self.client_options:
+            return self.client_options
+        session = getattr(self._http, "session", None)
+        if session is None:
+            session = self._http.session = requests.Session()
+        return {**self.client_options, "session": session}
 
     @property
     def session(self) -> Session:
@@ -81,7 +95,7 @@ class GatewayState:
             signing_key=signing_key,
             timeout=self.config.timeout,
             max_retries=self.config.max_retries,
-            **self.client_options,
+            **self._client_options(),
         )
 
     def install_client(self, merchant_account_id: str) -> GatewayClient:
@@ -96,7 +110,7 @@ class GatewayState:
             api_key=self.box.decrypt(installation.api_key_encrypted),
             timeout=self.config.timeout,
             max_retries=self.config.max_retries,
-            **self.client_options,
+            **self._client_options(),
         )
 
 
