@@ -263,7 +263,9 @@ def figure_client(args: argparse.Namespace, folder: Path) -> None:
                 for _ in range(args.client_calls):
                     function()
                 times.append((time.perf_counter() - started) / args.client_calls)
-        bare_us, our_us = statistics.median(bare_times) * 1e6, statistics.median(our_times) * 1e6
+        # The best round of each: the least disturbed by the other work on this shared machine.
+        bare_us, our_us = min(bare_times) * 1e6, min(our_times) * 1e6
+        median_ratio = statistics.median(our_times) / statistics.median(bare_times)
         ratio = our_us / bare_us
         results["figures"]["2_client_create"] = {
             "bare_us_per_call": round(bare_us, 1),
@@ -272,6 +274,7 @@ def figure_client(args: argparse.Namespace, folder: Path) -> None:
             "target": "<= 1.15",
             "met": ratio <= 1.15,
             "calls": args.client_calls * args.client_rounds,
+            "ratio_of_medians": round(median_ratio, 3),
         }
         report(
             "2",
@@ -692,52 +695,85 @@ def figure_statements(args: argparse.Namespace, folder: Path) -> None:
 
 
 def figure_reconcile(args: argparse.Namespace, folder: Path) -> None:
+    """``reconcile()`` of due pending checkouts against the emulator served over real HTTP (gunicorn on the
+    same SQLite database), with the extension's own HTTP sessions (keep-alive, as in production)."""
+    import dataclasses
+
+    import urllib3.connectionpool
     from sqlalchemy import update
 
     from flask_gateway.extension import get_state
     from flask_gateway.models import GatewayCheckout
     from flask_gateway.reconcile import reconcile
+    from tests.extension.conftest import ACCOUNT as SHOP_ACCOUNT
+    from tests.extension.conftest import API_KEY as SHOP_API_KEY
+    from tests.extension.conftest import EMULATOR_URL
     from tests.extension.test_statement_counts import build_harness, seed
 
-    h = build_harness(f"sqlite:///{folder / 'rec-shop.sqlite3'}", f"sqlite:///{folder / 'rec-emu.sqlite3'}")
+    checkouts = args.reconcile_rows
+    emulator_url = f"sqlite:///{folder / 'rec-emu.sqlite3'}"
+    h = build_harness(f"sqlite:///{folder / 'rec-shop.sqlite3'}", emulator_url)
     h.install()
-    seed(h, args.reconcile_rows)
-    with h.shop.app_context():
-        session = get_state().session
+    seed(h, checkouts)
+    env = {
+        "EMULATOR_DATABASE_URL": emulator_url,
+        "EMULATOR_ACCOUNTS": f"{SHOP_ACCOUNT}:{SHOP_API_KEY}",
+        "EMULATOR_SECRET_KEY": "benchmark-only",
+        "EMULATOR_PUBLIC_URL": EMULATOR_URL,
+    }
+    options = ServerOptions(workers=args.workers, threads=args.threads)
+    sent = {"requests": 0, "connections": 0}
+    send, new_conn = requests.Session.send, urllib3.connectionpool.HTTPConnectionPool._new_conn
+
+    def counted_send(self: requests.Session, *a: Any, **k: Any) -> Any:
+        sent["requests"] += 1
+        return send(self, *a, **k)
+
+    def counted_conn(self: Any) -> Any:
+        sent["connections"] += 1
+        return new_conn(self)
+
+    with (
+        serve("flask_gateway.emulator:create_app()", options, env, folder / "servers.log") as port,
+        h.shop.app_context(),
+    ):
+        state = get_state()
+        state.client_options.clear()  # the extension's own sessions, over the network
+        url = f"http://127.0.0.1:{port}"
+        state.config = dataclasses.replace(state.config, base_url=url, install_url=f"{url}/install")
+        session = state.session
         # Due for reconciliation: last changed an hour ago, never polled.
         session.execute(update(GatewayCheckout).values(updated_at=datetime.now(UTC) - timedelta(hours=1)))
         session.commit()
-        sent = {"count": 0}
-        adapter_session = get_state(h.shop).client_options["session"]
-        original = adapter_session.send
-
-        def counted(*a: Any, **k: Any) -> Any:
-            sent["count"] += 1
-            return original(*a, **k)
-
-        adapter_session.send = counted
-        tracemalloc.start()
-        started = time.perf_counter()
-        result = reconcile(older_than_seconds=60)
-        seconds = time.perf_counter() - started
-        _, peak = tracemalloc.get_traced_memory()
-        tracemalloc.stop()
+        requests.Session.send = counted_send  # type: ignore[method-assign]
+        urllib3.connectionpool.HTTPConnectionPool._new_conn = counted_conn  # type: ignore[method-assign]
+        try:
+            tracemalloc.start()
+            started = time.perf_counter()
+            result = reconcile(older_than_seconds=60)
+            seconds = time.perf_counter() - started
+            _, peak = tracemalloc.get_traced_memory()
+            tracemalloc.stop()
+        finally:
+            requests.Session.send = send  # type: ignore[method-assign]
+            urllib3.connectionpool.HTTPConnectionPool._new_conn = new_conn  # type: ignore[method-assign]
     polled = result.polled
-    checkouts = args.reconcile_rows
-    ok = sent["count"] <= args.reconcile_rows and polled == args.reconcile_rows and not result.errors
+    ok = sent["requests"] <= checkouts and polled == checkouts and not result.errors
     print(
-        f"[6] reconcile {checkouts:,} pending: {sent['count']:,} requests "
-        f"({sent['count'] / checkouts:.2f} per checkout, target <= 1: {'met' if ok else 'NOT MET'}), "
-        f"polled {polled:,}, errors {len(result.errors)}, peak memory {peak / 2**20:.1f} MiB, "
-        f"{seconds:.1f} s ({checkouts / seconds:,.0f} checkouts/s; in-process "
-        "emulator, SQLite)",
+        f"[6] reconcile {checkouts:,} pending: {sent['requests']:,} requests "
+        f"({sent['requests'] / checkouts:.2f} per checkout, target <= 1: {'met' if ok else 'NOT MET'}) "
+        f"over {sent['connections']} connection(s), polled {polled:,}, errors {len(result.errors)}, "
+        f"peak memory {peak / 2**20:.1f} MiB (tracemalloc), {seconds:.1f} s ({checkouts / seconds:,.0f} "
+        "checkouts/s; emulator under gunicorn on SQLite)",
         flush=True,
     )
     results["figures"]["6_reconcile"] = {
-        "checkouts": args.reconcile_rows,
-        "requests": sent["count"],
+        "checkouts": checkouts,
+        "requests": sent["requests"],
+        "connections": sent["connections"],
         "polled": polled,
         "errors": len(result.errors),
+        "statuses": dict(result.statuses),
         "peak_memory_mib": round(peak / 2**20, 1),
         "seconds": round(seconds, 1),
         "met": ok,
@@ -780,8 +816,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pool", type=int, default=20_000, help="distinct requests per create/callback run")
     parser.add_argument("--rows", type=int, default=100_000, help="existing checkouts for figure 3")
     parser.add_argument("--sign-seconds", type=float, default=2.0)
-    parser.add_argument("--client-calls", type=int, default=300)
-    parser.add_argument("--client-rounds", type=int, default=7)
+    parser.add_argument("--client-calls", type=int, default=200)
+    parser.add_argument("--client-rounds", type=int, default=15)
     parser.add_argument("--statement-rows", type=int, nargs=2, default=[1_000, 100_000])
     parser.add_argument("--reconcile-rows", type=int, default=10_000)
     parser.add_argument("--output", type=Path, default=RESULTS)
