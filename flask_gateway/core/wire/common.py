@@ -96,11 +96,16 @@ PositiveCents = Annotated[int, Strict(), Field(gt=0, le=10**12)]
 Text = Annotated[str, Strict(), Field(max_length=255)]
 
 
+#: ``\s`` of a str pattern is exactly ``str.isspace`` (every code point checked), without a Python call per
+#: character.
+_WHITESPACE: Final = re.compile(r"\s")
+
+
 def _check_absolute_url(value: str) -> str:
     parts = urlsplit(value)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError("must be an absolute http(s) URL such as https://shop.example/path")
-    if any(ch.isspace() for ch in value):
+    if _WHITESPACE.search(value) is not None:
         raise ValueError("must not contain whitespace")
     return value
 
