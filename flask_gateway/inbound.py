@@ -262,20 +262,19 @@ def process_callback(headers: Headers, body: bytes) -> CallbackResult:
 def _process(log: CallbackLog, headers: Headers, body: bytes) -> CallbackResult:
     state = get_state()
     session = state.session
-    installation = state.installation()
-    if installation is None:
+    installed = state.installation_key()
+    if installed is None:
         _reject(
             CallbackUnauthorized,
             log,
             f"the gateway is not installed for the {state.config.environment!r} environment: "
             "no key to verify with",
         )
+    installed_account, signing_key_encrypted = installed
     claimed = headers.get(ACCOUNT_HEADER, "")
-    account_ok = hmac.compare_digest(
-        claimed.encode("utf-8"), installation.merchant_account_id.encode("utf-8")
-    )
+    account_ok = hmac.compare_digest(claimed.encode("utf-8"), installed_account.encode("utf-8"))
     signature_ok = verify(
-        body, state.box.decrypt(installation.signing_key_encrypted), headers.get(SIGNATURE_HEADER)
+        body, state.box.decrypt_cached(signing_key_encrypted), headers.get(SIGNATURE_HEADER)
     )
     if not account_ok:
         _reject(CallbackUnauthorized, log, f"{ACCOUNT_HEADER} is missing or not the installed account")
