@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test lint format setup system-packages clean
+.PHONY: demo test lint format setup system-packages bench clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11 or newer is required (set PYTHON=python3.11)")'
@@ -32,6 +32,12 @@ lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+
+## Performance figures (not a test; CI does not run it): ratios against baselines run in the same session.
+## Needs wrk and PostgreSQL (installed with apt when missing); results in benchmarks/results/latest.json.
+bench: setup
+	BENCH_PACKAGES=1 scripts/ensure-system-packages
+	$(BIN)/python benchmarks/bench.py $(BENCH_ARGS)
 
 format: setup
 	$(BIN)/ruff format .

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import requests
 from flask import Flask, current_app
+from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 
 from flask_gateway.config import ConfigurationError, GatewayConfig
@@ -14,6 +17,14 @@ from flask_gateway.core.client import GatewayClient, V1Client
 from flask_gateway.core.sql import configure_sqlite
 from flask_gateway.models import GatewayBase, Installation
 from flask_gateway.secrets import SecretBox
+
+#: ``GatewayState.installation_key``: built once (the newest installation of an environment).
+_INSTALLATION_KEY = (
+    select(Installation.merchant_account_id, Installation.signing_key_encrypted)
+    .where(Installation.environment == bindparam("environment"))
+    .order_by(Installation.id.desc())
+    .limit(1)
+)
 
 if TYPE_CHECKING:
     from flask_sqlalchemy import SQLAlchemy
@@ -38,6 +49,18 @@ class GatewayState:
     extension: Gateway
     #: Test seams: replace to inject a ``requests.Session`` or a fake sleep.
     client_options: dict[str, Any] = field(default_factory=dict)
+    #: One ``requests.Session`` per thread, shared by every client this app makes in that thread: its
+    #: connections to the gateway are kept alive and reused (a session per call would open a new TCP and
+    #: TLS connection for every poll of a reconciliation run, and leave it for the garbage collector).
+    _http: threading.local = field(default_factory=threading.local, repr=False)
+
+    def _client_options(self) -> dict[str, Any]:
+        if "session" in self.client_options:
+            return self.client_options
+        session = getattr(self._http, "session", None)
+        if session is None:
+            session = self._http.session = requests.Session()
+        return {**self.client_options, "session": session}
 
     @property
     def session(self) -> Session:
@@ -56,6 +79,13 @@ class GatewayState:
             .limit(1)
         ).first()
 
+    def installation_key(self) -> tuple[str, str] | None:
+        """The installed account and its encrypted signing key, as ``installation()`` finds the row.
+
+        Two columns, no ORM entity: what a callback needs to be verified, on its hot path."""
+        row = self.session.execute(_INSTALLATION_KEY, {"environment": self.config.environment}).first()
+        return None if row is None else (row[0], row[1])
+
     def require_installation(self) -> Installation:
         installation = self.installation()
         if installation is None:
@@ -69,7 +99,7 @@ class GatewayState:
         """A v2 client signed with the stored signing key (decrypted only here, only in memory)."""
         installation = installation or self.require_installation()
         return self.signed_client(
-            installation.merchant_account_id, self.box.decrypt(installation.signing_key_encrypted)
+            installation.merchant_account_id, self.box.decrypt_cached(installation.signing_key_encrypted)
         )
 
     def signed_client(self, merchant_account_id: str, signing_key: str | None) -> GatewayClient:
@@ -81,7 +111,7 @@ class GatewayState:
             signing_key=signing_key,
             timeout=self.config.timeout,
             max_retries=self.config.max_retries,
-            **self.client_options,
+            **self._client_options(),
         )
 
     def install_client(self, merchant_account_id: str) -> GatewayClient:
@@ -96,7 +126,7 @@ class GatewayState:
             api_key=self.box.decrypt(installation.api_key_encrypted),
             timeout=self.config.timeout,
             max_retries=self.config.max_retries,
-            **self.client_options,
+            **self._client_options(),
         )
 
 

@@ -55,7 +55,6 @@ from typing import Any, Final, Literal, NoReturn
 
 from flask import current_app
 from pydantic import ValidationError
-from sqlalchemy import select
 from werkzeug.datastructures import Headers
 from werkzeug.exceptions import NotFound
 
@@ -63,6 +62,7 @@ from flask_gateway import signals
 from flask_gateway.core.auth import ACCOUNT_HEADER, SIGNATURE_HEADER
 from flask_gateway.core.errors import GatewayError
 from flask_gateway.core.http import describe_validation_error
+from flask_gateway.core.sql import commit_keeping_loaded
 from flask_gateway.core.timestamps import utcnow
 from flask_gateway.core.wire import CheckoutStatus, CheckoutStatusPayload, V1FailReason, V1OutcomeStatus
 from flask_gateway.errors import (
@@ -82,7 +82,7 @@ from flask_gateway.models import CallbackLog, GatewayCheckout
 from flask_gateway.polling import refresh
 from flask_gateway.secrets import SecretUnreadable
 from flask_gateway.signing import verify
-from flask_gateway.transitions import Observation, Transition, apply, lock, send_pending
+from flask_gateway.transitions import Observation, Transition, apply, lock_by_token, send_pending
 from flask_gateway.urls import external_url, load_signed_reference, return_url
 
 __all__ = [
@@ -181,7 +181,8 @@ def _store(headers: Headers, body: bytes | None, detail: str = "") -> CallbackLo
         detail=detail,
     )
     session.add(log)
-    session.commit()
+    # Kept loaded: the callback goes on with this row (its id, then its outcome) without reading it again.
+    commit_keeping_loaded(session)
     return log
 
 
@@ -261,20 +262,19 @@ def process_callback(headers: Headers, body: bytes) -> CallbackResult:
 def _process(log: CallbackLog, headers: Headers, body: bytes) -> CallbackResult:
     state = get_state()
     session = state.session
-    installation = state.installation()
-    if installation is None:
+    installed = state.installation_key()
+    if installed is None:
         _reject(
             CallbackUnauthorized,
             log,
             f"the gateway is not installed for the {state.config.environment!r} environment: "
             "no key to verify with",
         )
+    installed_account, signing_key_encrypted = installed
     claimed = headers.get(ACCOUNT_HEADER, "")
-    account_ok = hmac.compare_digest(
-        claimed.encode("utf-8"), installation.merchant_account_id.encode("utf-8")
-    )
+    account_ok = hmac.compare_digest(claimed.encode("utf-8"), installed_account.encode("utf-8"))
     signature_ok = verify(
-        body, state.box.decrypt(installation.signing_key_encrypted), headers.get(SIGNATURE_HEADER)
+        body, state.box.decrypt_cached(signing_key_encrypted), headers.get(SIGNATURE_HEADER)
     )
     if not account_ok:
         _reject(CallbackUnauthorized, log, f"{ACCOUNT_HEADER} is missing or not the installed account")
@@ -285,14 +285,11 @@ def _process(log: CallbackLog, headers: Headers, body: bytes) -> CallbackResult:
         payload = CheckoutStatusPayload.from_json(body)
     except ValidationError as exc:
         _reject(CallbackBodyInvalid, log, describe_validation_error(exc), verified=True)
-    found = None
+    checkout = None
     if "\x00" not in payload.checkoutToken:  # no token has one, and PostgreSQL refuses it in a query
-        found = session.scalars(
-            select(GatewayCheckout.id).where(
-                GatewayCheckout.token == payload.checkoutToken, GatewayCheckout.api_version == "v2"
-            )
-        ).first()
-    if found is None:
+        # Found and row-locked in one statement: apply() below reuses the lock of this transaction.
+        checkout = lock_by_token(session, payload.checkoutToken)
+    if checkout is None:
         _reject(
             CallbackCheckoutUnknown,
             log,
@@ -303,7 +300,7 @@ def _process(log: CallbackLog, headers: Headers, body: bytes) -> CallbackResult:
     # Goes into the event and the log row as text: U+0000 (never in a real status) must not cost them.
     status = _printable(str(payload.checkoutPaymentStatus))
     acted_on = status in _APPLIED_FROM_CALLBACK
-    checkout = lock(session, found)  # read the current status under the lock apply() takes again
+    found = checkout.id
     observation = Observation(
         # A status the shop does not act on is recorded as an observation of the status we have: the
         # account is still checked and the timeline shows the callback, but nothing moves.

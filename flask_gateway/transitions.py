@@ -15,7 +15,7 @@ from typing import Any, Final
 from blinker import Signal
 from flask import current_app
 from sqlalchemy import select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, object_session
 
 from flask_gateway import signals
 from flask_gateway.core.sql import storable_text
@@ -23,7 +23,7 @@ from flask_gateway.core.timestamps import utcnow
 from flask_gateway.core.wire import CheckoutStatus
 from flask_gateway.models import STATUS_LENGTH, CheckoutEvent, GatewayCheckout, LocalStatus
 
-__all__ = ["RANK", "Observation", "Transition", "apply", "lock", "rank"]
+__all__ = ["RANK", "Observation", "Transition", "apply", "lock", "lock_by_token", "rank"]
 
 S = CheckoutStatus
 
@@ -85,14 +85,50 @@ class Transition:
     _pending: list[tuple[Signal, dict[str, Any]]] = field(default_factory=list, repr=False)
 
 
+_LOCKED: Final = "flask_gateway_locked_checkouts"
+
+
+def _locked_in_this_transaction(session: Session) -> set[int]:
+    """Ids of the checkouts this session's current transaction has row-locked (and so read fresh)."""
+    transaction = session.get_transaction()
+    held = session.info.get(_LOCKED)
+    if held is None or held[0] is not transaction:
+        held = session.info[_LOCKED] = (transaction, set())
+    locked: set[int] = held[1]
+    return locked
+
+
 def lock(session: Session, checkout_id: int) -> GatewayCheckout:
-    """The checkout, row-locked (``FOR UPDATE``; SQLite: the transaction already holds the write lock)."""
-    return session.scalars(
+    """The checkout, row-locked (``FOR UPDATE``; SQLite: the transaction already holds the write lock).
+
+    Locked once per transaction: a second call in the same transaction answers the row it already holds
+    (read under that lock, and changed only by this transaction since) without asking the database again.
+    """
+    if session.in_transaction() and checkout_id in _locked_in_this_transaction(session):
+        held = session.get(GatewayCheckout, checkout_id)
+        if held is not None:
+            return held
+    checkout = session.scalars(
         select(GatewayCheckout)
         .where(GatewayCheckout.id == checkout_id)
         .with_for_update()
         .execution_options(populate_existing=True)
     ).one()
+    _locked_in_this_transaction(session).add(checkout.id)
+    return checkout
+
+
+def lock_by_token(session: Session, token: str) -> GatewayCheckout | None:
+    """The v2 checkout with ``token``, row-locked as ``lock`` does (one statement: find and lock)."""
+    checkout = session.scalars(
+        select(GatewayCheckout)
+        .where(GatewayCheckout.token == token, GatewayCheckout.api_version == "v2")
+        .with_for_update()
+        .execution_options(populate_existing=True)
+    ).first()
+    if checkout is not None:
+        _locked_in_this_transaction(session).add(checkout.id)
+    return checkout
 
 
 def _mismatch(checkout: GatewayCheckout, observation: Observation) -> str | None:
@@ -215,8 +251,14 @@ def _record(
     to_status = storable_text(observation.status, STATUS_LENGTH)
     reported = f"status as reported: {observation.status!r}" if to_status != observation.status else ""
     text = "; ".join(part for part in (observation.detail, detail, reported) if part)
-    checkout.events.append(
+    # Through the event's side of the relationship: the checkout's event list is not loaded to add one
+    # (appending to ``checkout.events`` would read every earlier event of the checkout first).
+    session = object_session(checkout)
+    if session is None:  # pragma: no cover - apply() always works on a row it loaded
+        raise RuntimeError("the checkout is not in a session")
+    session.add(
         CheckoutEvent(
+            checkout=checkout,
             at=now,
             source=observation.source,
             from_status=before,

@@ -12,10 +12,12 @@ import logging
 import platform
 import random
 import time
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from typing import Any, Final, Generic, TypeVar
+from urllib.parse import urlsplit
 
 import requests
 from pydantic import BaseModel
@@ -47,6 +49,11 @@ log = logging.getLogger("flask_gateway.client")
 USER_AGENT: Final = (
     f"flask-gateway/{__version__} python-requests/{requests.__version__} "
     f"{platform.python_implementation()}/{platform.python_version()}"
+)
+
+#: ``Transport._environment_settings`` per session (dropped with the session).
+_SETTINGS_CACHE: weakref.WeakKeyDictionary[requests.Session, dict[tuple[object, ...], dict[str, Any]]] = (
+    weakref.WeakKeyDictionary()
 )
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
@@ -149,6 +156,41 @@ class Transport:
         self.sleep = sleep
         self._rng = rng or random.Random()  # noqa: S311 - jitter, not cryptography
 
+    def _environment_settings(self, url: str | None) -> dict[str, Any]:
+        """``Session.merge_environment_settings`` for ``url`` (proxies, verify, cert, stream), remembered
+        per session, origin and session settings. With ``trust_env`` requests reads every proxy
+        environment variable on each call (two walks of ``os.environ``, about a third of a local call's
+        CPU): here the environment is read once per session and origin, so changing proxy or CA-bundle
+        variables takes effect for a new ``requests.Session``, not for one already in use (the
+        extension's are per thread, for the process's life)."""
+        session = self.session
+        cache = _SETTINGS_CACHE.get(session)
+        if cache is None:
+            cache = _SETTINGS_CACHE[session] = {}
+        parts = urlsplit(url or "")
+        key = (
+            parts.scheme,
+            parts.netloc,
+            session.trust_env,
+            tuple(sorted(session.proxies.items())),
+            session.verify,
+            session.cert if not isinstance(session.cert, list) else tuple(session.cert),
+            session.stream,
+        )
+        try:
+            cached = cache[key]
+        except KeyError:
+            pass
+        except TypeError:  # an unhashable setting: nothing to remember
+            return dict(session.merge_environment_settings(url, {}, None, None, None))
+        else:
+            return {**cached, "proxies": dict(cached["proxies"])}  # copies: requests may not mutate ours
+        settings: dict[str, Any] = dict(session.merge_environment_settings(url, {}, None, None, None))
+        if len(cache) >= 64:
+            cache.clear()
+        cache[key] = {**settings, "proxies": dict(settings["proxies"])}
+        return settings
+
     def backoff(self, retry_number: int) -> float:
         """Seconds before retry ``retry_number`` (1-based): exponential, capped, with "equal jitter"."""
         ceiling = min(self.retry.backoff_max, self.retry.backoff_base * 2.0 ** (retry_number - 1))
@@ -171,7 +213,7 @@ class Transport:
         prepared = self.session.prepare_request(
             requests.Request(method, url, data=body, headers=headers, auth=auth)
         )
-        settings = self.session.merge_environment_settings(prepared.url, {}, None, None, None)
+        settings = self._environment_settings(prepared.url)
         attempt = 0
         while True:
             attempt += 1

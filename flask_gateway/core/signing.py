@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
 import hmac
 from typing import Final
 
@@ -23,6 +22,10 @@ JS_WHITESPACE: Final[frozenset[str]] = frozenset(
 )
 
 _ASCII_WHITESPACE: Final = b"\t\n\v\f\r "
+#: Below this many bytes one translate() call is cheapest; above, the memchr checks of _strip_ascii pay.
+_SMALL: Final = 8192
+#: The length of the base64 encoding of a SHA-256 digest (32 bytes): the only length that can match.
+_SIGNATURE_LENGTH: Final = 44
 # str.translate with a dict deleting each character is a single C-level pass over the text.
 _DELETE_JS_WHITESPACE: Final = dict.fromkeys(map(ord, JS_WHITESPACE))
 
@@ -36,20 +39,32 @@ def canonicalize(body: bytes | str) -> bytes:
     if isinstance(body, bytes | bytearray | memoryview):
         raw = bytes(body)
         if raw.isascii():
-            return raw.translate(None, _ASCII_WHITESPACE)
+            return _strip_ascii(raw)
         text = raw.decode("utf-8")
     else:
         if body.isascii():
-            return body.encode("ascii").translate(None, _ASCII_WHITESPACE)
+            return _strip_ascii(body.encode("ascii"))
         text = body
     return text.translate(_DELETE_JS_WHITESPACE).encode("utf-8")
+
+
+def _strip_ascii(raw: bytes) -> bytes:
+    if len(raw) < _SMALL:
+        return raw.translate(None, _ASCII_WHITESPACE)
+    # Large bodies: each ``in`` is a memchr (about a microsecond for 64 KiB). A body whose only whitespace
+    # is spaces, the usual case, takes one replace() pass, faster than translate()'s per-byte deletion;
+    # one without whitespace is not copied at all.
+    if b"\n" in raw or b"\r" in raw or b"\t" in raw or b"\v" in raw or b"\f" in raw:
+        return raw.translate(None, _ASCII_WHITESPACE)
+    return raw.replace(b" ", b"") if b" " in raw else raw
 
 
 def sign(body: bytes | str, key: str) -> str:
     """Base64 of HMAC-SHA256 over the canonical body, keyed with the secret signing key."""
     if not isinstance(key, str):
         raise TypeError("the signing key must be a str")
-    digest = hmac.new(key.encode("utf-8"), canonicalize(body), hashlib.sha256).digest()
+    # hmac.digest: OpenSSL's one-shot HMAC (no Python-level hash objects), the fastest the stdlib has.
+    digest = hmac.digest(key.encode("utf-8"), canonicalize(body), "sha256")
     return base64.b64encode(digest).decode("ascii")
 
 
@@ -72,11 +87,12 @@ def verify(body: object, key: object, signature: object) -> bool:
         body = bytes(body)
     if not isinstance(body, bytes | str):
         return False
+    # Only the canonical base64 of 32 bytes (44 characters) can ever match: anything else is refused
+    # before any work (the length is public). Junk of the right length fails the constant-time comparison
+    # with the expected value, which is always canonical base64.
+    if len(signature) != _SIGNATURE_LENGTH:
+        return False
     try:
-        # Reject junk early (without leaking anything about the expected value): only a canonical
-        # base64 encoding of 32 bytes can ever match.
-        if len(base64.b64decode(signature, validate=True)) != hashlib.sha256().digest_size:
-            return False
         expected = sign(body, key)
     except (binascii.Error, ValueError, UnicodeError):
         return False

@@ -6,18 +6,38 @@
 - ``configure_sqlite`` makes SQLite safe under a threaded server: WAL (synchronous=NORMAL), a busy timeout,
   and ``BEGIN IMMEDIATE`` so a transaction that reads then writes holds the write lock from its start
   (SQLite's stand-in for the row locks PostgreSQL takes with ``SELECT ... FOR UPDATE``).
+- ``sqlite_read_transactions`` lets read-only work (a status poll) begin its transactions DEFERRED: readers
+  then never wait for, nor hold up, the write lock. Code inside that may write after all calls
+  ``begin_writing`` first, which ends the read transaction so that the next one begins IMMEDIATE.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Final
 
 from sqlalchemy import DateTime, MetaData, event
 from sqlalchemy.engine import Dialect, Engine
+from sqlalchemy.orm import Session
 from sqlalchemy.types import TypeDecorator
 
-__all__ = ["UTCDateTime", "configure_sqlite", "create_all_safely", "storable_text"]
+__all__ = [
+    "UTCDateTime",
+    "begin_writing",
+    "commit_keeping_loaded",
+    "configure_sqlite",
+    "create_all_safely",
+    "sqlite_read_transactions",
+    "storable_text",
+]
+
+#: True inside ``sqlite_read_transactions``: a new SQLite transaction begins DEFERRED (per thread/context).
+_DEFERRED_BEGIN: ContextVar[bool] = ContextVar("flask_gateway_sqlite_deferred_begin", default=False)
+#: ``Connection.info`` key: the current transaction on this connection began DEFERRED.
+_BEGAN_DEFERRED: Final = "flask_gateway_began_deferred"
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -69,10 +89,50 @@ def configure_sqlite(engine: Engine, *, busy_timeout_ms: int = 30_000) -> None:
 
     @event.listens_for(engine, "begin")
     def _on_begin(connection: Any) -> None:
-        connection.exec_driver_sql("BEGIN IMMEDIATE")
+        deferred = _DEFERRED_BEGIN.get()
+        connection.info[_BEGAN_DEFERRED] = deferred
+        connection.exec_driver_sql("BEGIN" if deferred else "BEGIN IMMEDIATE")
 
     engine._flask_gateway_configured = True  # type: ignore[attr-defined]
     engine.dispose()  # connections opened before the listeners existed lack the settings
+
+
+@contextmanager
+def sqlite_read_transactions() -> Iterator[None]:
+    """Transactions that begin inside the block are read-only ones (SQLite: ``BEGIN`` DEFERRED, no write
+    lock; other backends: no change). Anything inside that writes must call ``begin_writing`` first."""
+    token = _DEFERRED_BEGIN.set(True)
+    try:
+        yield
+    finally:
+        _DEFERRED_BEGIN.reset(token)
+
+
+def begin_writing(session: Session) -> None:
+    """About to write (or take a row lock): leave read-only mode for the rest of the block.
+
+    When the session's current SQLite transaction began DEFERRED it is committed first (it only read), so
+    that the next statement begins an IMMEDIATE one: a DEFERRED transaction that tries to write after
+    another connection committed fails at once (SQLITE_BUSY_SNAPSHOT) instead of waiting. Objects loaded
+    so far are expired by that commit and read again when used. A no-op outside read-only mode.
+    """
+    if not _DEFERRED_BEGIN.get():
+        return
+    _DEFERRED_BEGIN.set(False)
+    if session.in_transaction() and session.connection().info.get(_BEGAN_DEFERRED):
+        session.commit()
+
+
+def commit_keeping_loaded(session: Session) -> None:
+    """Commit without expiring the objects the session holds: for a commit in the middle of a request
+    whose rows nobody else changes meanwhile (a log row just written, the account it authenticated), so
+    that using them afterwards does not read each one again."""
+    before = session.expire_on_commit
+    session.expire_on_commit = False
+    try:
+        session.commit()
+    finally:
+        session.expire_on_commit = before
 
 
 def create_all_safely(engine: Engine, metadata: MetaData) -> None:

@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 
 from sqlalchemy import or_, select
 
+from flask_gateway.core.sql import begin_writing
 from flask_gateway.core.wire import (
     CheckoutResponse,
     CheckoutStatus,
@@ -129,6 +130,7 @@ def find(account_id: str | None, token: str, *, for_update: bool = False) -> Che
     if account_id is not None:
         query = query.where(Checkout.account_id == account_id)
     if for_update:
+        begin_writing(db.session())  # a read-only request (getstatus) that must write after all
         # Re-read under the lock: a row loaded earlier in this transaction would otherwise keep its old
         # values (PostgreSQL's READ COMMITTED lets another transaction change it in between).
         query = query.with_for_update().execution_options(populate_existing=True)
@@ -193,7 +195,8 @@ def expire_due(now: datetime | None = None, *, limit: int = 500) -> int:
 
 
 def _event(checkout: Checkout, now: datetime, kind: str, detail: str = "") -> None:
-    checkout.events.append(CheckoutEvent(at=now, kind=kind, detail=detail))
+    # From the event's side: ``checkout.events.append`` would first read every earlier event of the row.
+    db.session.add(CheckoutEvent(checkout=checkout, at=now, kind=kind, detail=detail))
 
 
 def record_event(checkout: Checkout, kind: str, detail: str = "") -> None:

@@ -19,10 +19,12 @@ import time
 from dataclasses import dataclass
 from typing import Annotated, Any, Final, Literal
 
-from flask import g, request
+from flask import g, has_request_context, request
 from pydantic import Field, Strict, model_validator
 from sqlalchemy import select
 
+from flask_gateway.core.auth import ACCOUNT_HEADER
+from flask_gateway.core.sql import begin_writing
 from flask_gateway.core.wire import WireModel
 from flask_gateway.emulator import clock
 from flask_gateway.emulator.models import FaultRule, db
@@ -137,6 +139,7 @@ def take(operation: str, *kinds: str) -> TakenFault | None:
     Returns the rule's values read under the lock, not the row: after the commit another process may
     consume the rule's last use and delete it, and reading the expired row again would then fail.
     """
+    begin_writing(db.session())
     rule = db.session.scalars(
         select(FaultRule)
         .where(FaultRule.operation == operation, FaultRule.kind.in_(kinds))
@@ -175,10 +178,13 @@ def before_operation(operation: str) -> None:
 
 
 def _any_rules() -> bool:
-    # One cheap query per request, remembered for the request: the hot path when no fault is configured.
+    # One cheap query per request (together with the clock offset), remembered for the request: the hot
+    # path when no fault is configured.
     cached = g.get("_emulator_any_faults")
     if cached is None:
-        cached = g._emulator_any_faults = db.session.scalar(select(FaultRule.id).limit(1)) is not None
+        # With the account a signed request names: authenticating it then needs no query of its own.
+        clock.load_request_state(request.headers.get(ACCOUNT_HEADER) if has_request_context() else None)
+        cached = g._emulator_any_faults
     return bool(cached)
 
 

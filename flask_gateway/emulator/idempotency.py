@@ -13,10 +13,11 @@ from datetime import timedelta
 from typing import Final
 
 from flask import Response
-from sqlalchemy import delete, select
+from sqlalchemy import delete, select, update
 from sqlalchemy.exc import IntegrityError
 
 from flask_gateway.core.signing import canonicalize
+from flask_gateway.core.sql import commit_keeping_loaded
 from flask_gateway.emulator import clock
 from flask_gateway.emulator.api import json_response
 from flask_gateway.emulator.models import IdempotencyKey, db
@@ -66,11 +67,15 @@ def run_idempotent(
         db.session.execute(delete(IdempotencyKey).where(IdempotencyKey.id == key))
         db.session.commit()
         raise
-    stored = db.session.get(IdempotencyKey, key)
-    if stored is not None:  # None only if a reset ran meanwhile
-        stored.completed = True
-        stored.status_code = response.status_code
-        stored.response_body = response.get_data(as_text=True)
+    # One UPDATE with the work's changes (no re-read of the key); no row only if a reset ran meanwhile.
+    db.session.execute(
+        update(IdempotencyKey)
+        .where(IdempotencyKey.id == key)
+        .values(
+            completed=True, status_code=response.status_code, response_body=response.get_data(as_text=True)
+        )
+        .execution_options(synchronize_session=False)
+    )
     db.session.commit()
     return response
 
@@ -88,8 +93,11 @@ def _claim(account_id: str, operation: str, request_id: str, body_hash: str) -> 
         )
         db.session.add(key)
         try:
-            db.session.commit()
-            return key.id
+            db.session.flush()
+            key_id = key.id
+            # The work goes on with the account the request authenticated, without reading it again.
+            commit_keeping_loaded(db.session())
+            return key_id
         except IntegrityError:
             db.session.rollback()
         existing = db.session.scalars(

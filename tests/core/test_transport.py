@@ -402,3 +402,51 @@ def test_default_timeout_is_passed_on_every_attempt(rsps, client):
 def test_retry_policy_refuses_negative_retries():
     with pytest.raises(ValueError, match="max_retries"):
         RetryPolicy(max_retries=-1)
+
+
+class _RecordingSession(requests.Session):
+    """Answers every request with 200 ``{}`` and records the settings ``send`` got."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sent: list[dict[str, object]] = []
+        self.merges = 0
+
+    def merge_environment_settings(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        self.merges += 1
+        return super().merge_environment_settings(*args, **kwargs)
+
+    def send(self, request, **kwargs):  # type: ignore[no-untyped-def]
+        self.sent.append(kwargs)
+        response = requests.Response()
+        response.status_code = 200
+        response._content = b"{}"
+        response.request = request
+        return response
+
+
+def test_environment_proxies_are_read_once_per_session_and_origin(monkeypatch):
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy-one.test:3128")
+    monkeypatch.delenv("https_proxy", raising=False)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    session = _RecordingSession()
+    transport = Transport(session=session)
+    for _ in range(3):
+        transport.send("POST", f"{BASE}/v2/getstatus", operation="status", body=b"{}")
+    assert session.merges == 1
+    assert [kwargs["proxies"] for kwargs in session.sent] == [{"https": "http://proxy-one.test:3128"}] * 3
+    session.sent[0]["proxies"]["https"] = "mutated"  # type: ignore[index]
+    transport.send("POST", "https://other.test/v2/getstatus", operation="status", body=b"{}")
+    transport.send("POST", f"{BASE}/v2/getstatus", operation="status", body=b"{}")
+    assert session.merges == 2  # a new origin is read; the cached one is a copy, not what requests got
+    assert session.sent[-1]["proxies"] == {"https": "http://proxy-one.test:3128"}
+
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy-two.test:3128")
+    fresh = _RecordingSession()
+    Transport(session=fresh).send("POST", f"{BASE}/v2/getstatus", operation="status", body=b"{}")
+    assert fresh.sent[0]["proxies"] == {"https": "http://proxy-two.test:3128"}
+    session.trust_env = False  # a changed session setting is a new entry
+    transport.send("POST", f"{BASE}/v2/getstatus", operation="status", body=b"{}")
+    assert session.merges == 3
+    assert session.sent[-1]["proxies"] == {}

@@ -74,6 +74,30 @@ def test_secret_box_round_trip_and_ciphertext_hides_the_secret():
     assert SecretBox(None, "app-secret-key").decrypt(token) == "sk-live-0123456789"
 
 
+def test_decrypt_cached_is_keyed_by_the_ciphertext_and_never_remembers_a_failure(monkeypatch):
+    box = SecretBox(None, "app-secret-key")
+    first, second = box.encrypt("signing-key-one"), box.encrypt("signing-key-two")
+    calls: list[str] = []
+    decrypt = box.decrypt
+
+    def counting(token: str) -> str:
+        calls.append(token)
+        return decrypt(token)
+
+    monkeypatch.setattr(box, "decrypt", counting)
+    assert box.decrypt_cached(first) == "signing-key-one"
+    assert box.decrypt_cached(first) == "signing-key-one"
+    assert calls == [first]  # decrypted once
+    assert box.decrypt_cached(second) == "signing-key-two"  # a changed row: a new ciphertext, decrypted
+    assert calls == [first, second]
+    unreadable = SecretBox(None, "other").encrypt("sk")
+    for _ in range(2):
+        with pytest.raises(SecretUnreadable):
+            box.decrypt_cached(unreadable)
+    assert calls == [first, second, unreadable, unreadable]
+    assert "signing-key" not in repr(box)
+
+
 def test_changed_secret_key_is_a_clear_error():
     token = SecretBox(None, "old").encrypt("sk")
     with pytest.raises(SecretUnreadable, match="SECRET_KEY or GATEWAY_ENCRYPTION_KEY changed"):

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Callable
+from contextlib import nullcontext
 from functools import wraps
 from typing import Any, TypeVar
 
 from flask import Blueprint, Response
 
+from flask_gateway.core.sql import sqlite_read_transactions
 from flask_gateway.core.wire import (
     CancelCheckoutRequest,
     CreateCheckoutRequest,
@@ -41,14 +43,20 @@ bp = Blueprint("emulator_v2", __name__)
 F = TypeVar("F", bound=Callable[..., Response])
 
 
-def operation(name: str) -> Callable[[F], F]:
-    """Mark a route as API operation ``name``: injected ``status``/``delay`` faults apply before it runs."""
+def operation(name: str, *, reads: bool = False) -> Callable[[F], F]:
+    """Mark a route as API operation ``name``: injected ``status``/``delay`` faults apply before it runs.
+
+    ``reads``: the operation only reads, as a rule (getstatus): on SQLite its transactions begin DEFERRED
+    and take no write lock; whatever writes in it after all (a fault's use, an expiry) calls
+    ``begin_writing`` first (``faults.take`` and ``checkouts.find(for_update=True)`` do).
+    """
 
     def decorate(view: F) -> F:
         @wraps(view)
         def wrapper(*args: Any, **kwargs: Any) -> Response:
-            faults.before_operation(name)
-            return view(*args, **kwargs)
+            with sqlite_read_transactions() if reads else nullcontext():
+                faults.before_operation(name)
+                return view(*args, **kwargs)
 
         return wrapper  # type: ignore[return-value]
 
@@ -178,7 +186,7 @@ def cancel() -> Response:
 
 
 @bp.post("/v2/getstatus")
-@operation("getstatus")
+@operation("getstatus", reads=True)
 def getstatus() -> Response:
     data = read_json()
     account = authenticate_v2()
