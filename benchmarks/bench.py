@@ -53,7 +53,7 @@ for entry in (str(ROOT), str(ROOT / "benchmarks")):
         sys.path.insert(0, entry)
 
 import requests  # noqa: E402
-from emulator_throughput import ServerOptions, call, free_port, serve  # noqa: E402
+from emulator_throughput import ServerOptions, call, create_body, free_port, serve  # noqa: E402
 
 from flask_gateway.core.signing import sign, verify  # noqa: E402
 from flask_gateway.core.wire import dumps  # noqa: E402
@@ -208,7 +208,7 @@ def _create_answer(folder: Path) -> tuple[bytes, dict[str, Any]]:
     app = make_emulator(f"sqlite:///{folder / 'stub.sqlite3'}", public_url="https://gateway.example")
     driver = EmulatorDriver(app.test_client())
     driver.install(callback_url="https://shop.example/gateway/callback")
-    body = _create_body(str(uuid.uuid4()))
+    body = create_body(str(uuid.uuid4()))
     raw = dumps(body)
     key = driver.keys[TEST_ACCOUNT]
     headers = {
@@ -596,30 +596,6 @@ def figure_callback(args: argparse.Namespace, folder: Path, cluster: Any) -> Non
 # --- 4. the emulator ---------------------------------------------------------------------------------
 
 
-def _create_body(request_id: str) -> dict[str, Any]:
-    return {
-        "requestId": request_id,
-        "service": {
-            "merchantOrderReference": f"bench-{request_id[:8]}",
-            "orderAmountCents": 79800,
-            "orderItems": [
-                {
-                    "name": "Kettle",
-                    "sku": "K-1",
-                    "quantity": 2,
-                    "priceCents": 39900,
-                    "imageUrl": "https://shop.example/k.png",
-                    "pageUrl": "https://shop.example/k",
-                    "searchTerms": ["kettle"],
-                }
-            ],
-            "confirmRedirectUrl": "https://shop.example/return/ok",
-            "cancelRedirectUrl": "https://shop.example/return/cancel",
-        },
-        "checkoutTotalCents": 79800,
-    }
-
-
 def _signed_line(path: str, body: dict[str, Any], key: str) -> str:
     raw = dumps(body)
     headers = {
@@ -658,7 +634,7 @@ def figure_emulator(args: argparse.Namespace, folder: Path, backend: str, databa
         key = json.loads(answer)["secretSigningKey"]
 
         def creates(count: int) -> list[str]:
-            return [_signed_line("/v2/create", _create_body(str(uuid.uuid4())), key) for _ in range(count)]
+            return [_signed_line("/v2/create", create_body(str(uuid.uuid4())), key) for _ in range(count)]
 
         tokens = []
         for item in creates(200):

@@ -831,3 +831,25 @@ def test_the_callback_log_lists_refused_callbacks_too(admin):
     only = text(admin.client.get(f"{ADMIN}/callbacks?outcome=duplicate"))
     assert 'data-callback-outcome="duplicate"' in only and "rejected-signature</td>" not in only
     assert "2 callbacks" in text(admin.client.get(f"{ADMIN}/callbacks?outcome=not-an-outcome"))  # ignored
+
+
+def test_the_callback_log_pages_keep_their_filter(admin):
+    admin.install()
+    for n in range(26):  # PER_PAGE is 25
+        forged = admin.client.post(
+            "/gateway/callback",
+            data=b'{"n":%d}' % n,
+            headers={
+                "Content-Type": "application/json",
+                "X-Signature": "bm9wZQ==",
+                "X-Merchant-Account-ID": ACCOUNT,
+            },
+        )
+        assert forged.status_code == 401
+    first = text(admin.client.get(f"{ADMIN}/callbacks?refused=1"))
+    assert "26 callbacks, page 1 of 2" in first
+    assert first.count('data-callback-outcome="rejected-signature"') == 25
+    assert 'rel="next" href="/gateway/admin/callbacks?page=2&amp;refused=1"' in first
+    second = text(admin.client.get(f"{ADMIN}/callbacks?refused=1&page=2"))
+    assert second.count('data-callback-outcome="rejected-signature"') == 1
+    assert "{&#34;n&#34;:0}" in second  # the oldest, on the last page
