@@ -22,18 +22,18 @@ import enum
 import logging
 import re
 import secrets
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, Final
 
 from flask import Flask
-from sqlalchemy import JSON, BigInteger, DateTime, ForeignKey, Integer, String, Text, select, update
-from sqlalchemy.engine import Dialect
+from sqlalchemy import JSON, BigInteger, ForeignKey, Integer, String, Text, select, update
 from sqlalchemy.orm import Mapped, mapped_column, relationship
-from sqlalchemy.types import TypeDecorator
 
 from example_shop.extensions import db
 from flask_gateway import CheckoutStatus, GatewayCheckout
 from flask_gateway.core.money import format_money
+from flask_gateway.core.sql import UTCDateTime
+from flask_gateway.core.timestamps import utcnow
 from flask_gateway.signals import (
     checkout_cancelled,
     checkout_expired,
@@ -63,28 +63,6 @@ log = logging.getLogger("example_shop.orders")
 #: ``app.extensions`` key marking an app as this shop: the receivers ignore signals from other apps.
 EXTENSION_KEY: Final = "example_shop"
 _REFERENCE_ALPHABET: Final = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"  # Crockford: no I, L, O, U
-
-
-def utcnow() -> datetime:
-    return datetime.now(UTC)
-
-
-class UTCDateTime(TypeDecorator[datetime]):
-    """Aware UTC datetimes in and out, also on SQLite (which stores no time zone)."""
-
-    impl = DateTime(timezone=True)
-    cache_ok = True
-
-    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
-        if value is None:
-            return None
-        utc = value.astimezone(UTC)
-        return utc.replace(tzinfo=None) if dialect.name == "sqlite" else utc
-
-    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
-        if value is None:
-            return None
-        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
 class OrderStatus(enum.StrEnum):

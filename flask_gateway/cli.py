@@ -24,8 +24,7 @@ from flask_gateway.core.sql import create_all_safely
 from flask_gateway.core.timestamps import utcnow
 from flask_gateway.core.wire import STATUS_PAYLOAD_KEYS
 from flask_gateway.extension import NotInstalledError, get_state
-from flask_gateway.inbound import CallbackOutcome
-from flask_gateway.models import CallbackLog, GatewayBase, GatewayCheckout
+from flask_gateway.models import CallbackLog, CallbackOutcome, GatewayBase, GatewayCheckout
 
 __all__ = ["gateway_cli"]
 

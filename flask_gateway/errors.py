@@ -21,6 +21,8 @@ from werkzeug.exceptions import (
     Unauthorized,
 )
 
+from flask_gateway.models import CallbackOutcome
+
 if TYPE_CHECKING:
     from _typeshed.wsgi import WSGIEnvironment
 
@@ -76,28 +78,28 @@ class CallbackRejected(JSONHTTPException):
 class CallbackUnauthorized(CallbackRejected, Unauthorized):
     """401: the signature or the ``X-Merchant-Account-ID`` header does not match the installation."""
 
-    outcome = "rejected-signature"
+    outcome = CallbackOutcome.REJECTED_SIGNATURE.value
     description = "The callback's signature or merchant account is not valid."
 
 
 class CallbackTooLarge(CallbackRejected, RequestEntityTooLarge):
     """413: the body is larger than a status callback can be (64 KiB)."""
 
-    outcome = "too-large"
+    outcome = CallbackOutcome.TOO_LARGE.value
     description = "The callback body is too large."
 
 
 class CallbackBodyInvalid(CallbackRejected, BadRequest):
     """400: a correctly signed body that is not a checkout status payload (malformed JSON, bad fields)."""
 
-    outcome = "invalid-body"
+    outcome = CallbackOutcome.INVALID_BODY.value
     description = "The callback body is not a checkout status payload."
 
 
 class CallbackCheckoutUnknown(CallbackRejected, NotFound):
     """404: no v2 checkout of this shop has the payload's ``checkoutToken``."""
 
-    outcome = "unknown-checkout"
+    outcome = CallbackOutcome.UNKNOWN_CHECKOUT.value
     description = "No checkout with this checkoutToken."
 
 

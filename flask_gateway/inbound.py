@@ -50,7 +50,6 @@ import logging
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any, Final, Literal, NoReturn
 
 from flask import current_app
@@ -78,7 +77,7 @@ from flask_gateway.errors import (
     V1OutcomeUnknown,
 )
 from flask_gateway.extension import NotInstalledError, get_state
-from flask_gateway.models import CallbackLog, GatewayCheckout
+from flask_gateway.models import CallbackLog, CallbackOutcome, GatewayCheckout
 from flask_gateway.polling import refresh
 from flask_gateway.secrets import SecretUnreadable
 from flask_gateway.signing import verify
@@ -117,22 +116,6 @@ _SECRET_HEADER: Final = re.compile(
 )
 _MAX_HEADERS: Final = 50
 _MAX_HEADER_VALUE: Final = 1024
-
-
-class CallbackOutcome(StrEnum):
-    """``CallbackLog.outcome`` values."""
-
-    #: Stored, not processed yet (a row left so means the processing died).
-    RECEIVED = "received"
-    ACCEPTED = "accepted"
-    DUPLICATE = "duplicate"
-    IGNORED = "ignored"
-    MISMATCH = "mismatch"
-    REJECTED_SIGNATURE = "rejected-signature"
-    UNKNOWN_CHECKOUT = "unknown-checkout"
-    INVALID_BODY = "invalid-body"
-    TOO_LARGE = "too-large"
-    ERROR = "error"
 
 
 @dataclass(frozen=True)

@@ -166,6 +166,22 @@ class RefundRecord(GatewayBase):
     checkout: Mapped[GatewayCheckout] = relationship(back_populates="refunds")
 
 
+class CallbackOutcome(enum.StrEnum):
+    """``CallbackLog.outcome`` values."""
+
+    #: Stored, not processed yet (a row left so means the processing died).
+    RECEIVED = "received"
+    ACCEPTED = "accepted"
+    DUPLICATE = "duplicate"
+    IGNORED = "ignored"
+    MISMATCH = "mismatch"
+    REJECTED_SIGNATURE = "rejected-signature"
+    UNKNOWN_CHECKOUT = "unknown-checkout"
+    INVALID_BODY = "invalid-body"
+    TOO_LARGE = "too-large"
+    ERROR = "error"
+
+
 class CallbackLog(GatewayBase):
     """Every callback received, stored before it is processed (headers without secrets, raw body)."""
 
@@ -178,7 +194,7 @@ class CallbackLog(GatewayBase):
     headers: Mapped[dict[str, Any]]
     body: Mapped[str] = mapped_column(Text)
     verified: Mapped[bool] = mapped_column(Boolean, default=False)
-    #: accepted, duplicate, rejected-signature, unknown-checkout, mismatch, invalid-body, ignored
+    #: A ``CallbackOutcome`` value.
     outcome: Mapped[str] = mapped_column(String(40))
     http_status: Mapped[int]
     detail: Mapped[str] = mapped_column(Text, default="")

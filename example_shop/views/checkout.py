@@ -34,11 +34,11 @@ from example_shop.models import (
     mark_closed,
     new_reference,
     record,
-    utcnow,
 )
 from example_shop.payments import instalment_hint, order_draft, payment_available
 from flask_gateway import NotInstalledError
 from flask_gateway.core.errors import GatewayError
+from flask_gateway.core.timestamps import utcnow
 from flask_gateway.operations import CheckoutUnavailableError, start_checkout
 
 __all__ = ["bp"]

@@ -33,9 +33,8 @@ from flask_gateway.core.errors import (
 from flask_gateway.core.wire import CheckoutStatus
 from flask_gateway.extension import GatewayState, NotInstalledError, get_state
 from flask_gateway.forms import ActionForm, AmountField, InstallForm, RefundForm, SettingsForm, format_money
-from flask_gateway.inbound import CallbackOutcome
 from flask_gateway.installation import InstallSettings, adopt_signing_key, install, update_settings
-from flask_gateway.models import CallbackLog, GatewayCheckout, Installation, LocalStatus
+from flask_gateway.models import CallbackLog, CallbackOutcome, GatewayCheckout, Installation, LocalStatus
 from flask_gateway.polling import refresh
 from flask_gateway.secrets import SecretUnreadable, mask
 from flask_gateway.urls import callback_url

@@ -114,17 +114,28 @@ def sample_order(reference: str = "ORD-1", *, quantity: int = 2, price: int = 39
 @pytest.fixture
 def harness(databases: Databases, monkeypatch: pytest.MonkeyPatch) -> Iterator[Harness]:
     """The shop on ``database_url``, the emulator on a database of its own (same backend)."""
-    emulator_app = make_emulator(databases.url("emulator"), public_url=EMULATOR_URL)
-    shop, db, gateway = make_shop(databases.url("main"))
+    built = build_harness(databases, monkeypatch)
+    yield built
+    with built.shop.app_context():
+        built.db.engine.dispose()
 
+
+def build_harness(databases: Databases, monkeypatch: pytest.MonkeyPatch, **config: Any) -> Harness:
+    """The ``harness`` fixture's wiring, with extra shop configuration (e.g. ``GATEWAY_API_VERSION="v1"``)."""
+    emulator_app = make_emulator(databases.url("emulator"), public_url=EMULATOR_URL)
+    shop, db, gateway = make_shop(databases.url("main"), **config)
+    to_shop = connect(shop, emulator_app)
+    monkeypatch.setattr(emulator_merchant, "_session", to_shop)
+    return Harness(shop=shop, db=db, gateway=gateway, emulator=EmulatorDriver(emulator_app.test_client()))
+
+
+def connect(shop: Flask, emulator_app: Flask) -> requests.Session:
+    """Route the shop's gateway clients to ``emulator_app`` in-process (no retry pauses); returns the
+    session through which the emulator reaches the shop (the caller installs it as
+    ``flask_gateway.emulator.merchant._session``)."""
     to_emulator = requests.Session()
     to_emulator.mount(EMULATOR_URL, FlaskAdapter(emulator_app.test_client()))
     get_state(shop).client_options.update(session=to_emulator, sleep=lambda seconds: None)
-
     to_shop = requests.Session()
     to_shop.mount(SHOP_URL, FlaskAdapter(shop.test_client()))
-    monkeypatch.setattr(emulator_merchant, "_session", to_shop)
-
-    yield Harness(shop=shop, db=db, gateway=gateway, emulator=EmulatorDriver(emulator_app.test_client()))
-    with shop.app_context():
-        db.engine.dispose()
+    return to_shop

@@ -13,23 +13,15 @@ from collections.abc import Iterator
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-import pytest
-import requests
-
 from flask_gateway import signals
 from flask_gateway.core.signing import sign
 from flask_gateway.core.timestamps import utcnow
 from flask_gateway.core.wire import CreateCheckoutRequest, V1CheckoutRequest
-from flask_gateway.emulator import merchant as emulator_merchant
 from flask_gateway.extension import get_state
 from flask_gateway.models import CallbackLog, GatewayCheckout, LocalStatus
 from flask_gateway.transitions import Observation, apply
 from flask_gateway.urls import return_url, v1_outcome_url
-from tests.conftest import Databases
-from tests.emulator.conftest import make_emulator
-from tests.emulator.support import Gateway as EmulatorDriver
-from tests.extension.conftest import ACCOUNT, EMULATOR_URL, SHOP_URL, Harness, make_shop
-from tests.wsgi_adapter import FlaskAdapter
+from tests.extension.conftest import ACCOUNT, SHOP_URL, Harness
 
 SIGNAL_NAMES = (
     "payment_confirmed",
@@ -37,19 +29,6 @@ SIGNAL_NAMES = (
     "checkout_expired",
     "callback_rejected",
 )
-
-
-def make_harness(databases: Databases, monkeypatch: pytest.MonkeyPatch, **config: Any) -> Harness:
-    """The conftest ``harness`` with extra shop configuration (e.g. GATEWAY_ORDER_ENDPOINT=None)."""
-    emulator_app = make_emulator(databases.url("emulator"), public_url=EMULATOR_URL)
-    shop, db, gateway = make_shop(databases.url("main"), **config)
-    to_emulator = requests.Session()
-    to_emulator.mount(EMULATOR_URL, FlaskAdapter(emulator_app.test_client()))
-    get_state(shop).client_options.update(session=to_emulator, sleep=lambda seconds: None)
-    to_shop = requests.Session()
-    to_shop.mount(SHOP_URL, FlaskAdapter(shop.test_client()))
-    monkeypatch.setattr(emulator_merchant, "_session", to_shop)
-    return Harness(shop=shop, db=db, gateway=gateway, emulator=EmulatorDriver(emulator_app.test_client()))
 
 
 def record_signals() -> Iterator[dict[str, list[dict[str, Any]]]]:

@@ -9,20 +9,15 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-import pytest
 import requests
 from blinker import Signal
 
-from flask_gateway.emulator import merchant as emulator_merchant
 from flask_gateway.emulator.problems import ResponseDropped
 from flask_gateway.extension import get_state
 from flask_gateway.models import GatewayCheckout
 from flask_gateway.operations import create_checkout
 from flask_gateway.orders import OrderDraft
-from tests.conftest import Databases
-from tests.emulator.conftest import make_emulator
-from tests.emulator.support import Gateway as EmulatorDriver
-from tests.extension.conftest import ACCOUNT, EMULATOR_URL, SHOP_URL, Harness, make_shop, sample_order
+from tests.extension.conftest import ACCOUNT, EMULATOR_URL, Harness, sample_order
 from tests.wsgi_adapter import FlaskAdapter
 
 
@@ -61,19 +56,6 @@ def spy(harness: Harness) -> SpyAdapter:
     adapter = SpyAdapter(harness.emulator.client)
     get_state(harness.shop).client_options["session"].mount(EMULATOR_URL, adapter)
     return adapter
-
-
-def build_harness(databases: Databases, monkeypatch: pytest.MonkeyPatch, **config: Any) -> Harness:
-    """The conftest ``harness`` with extra shop configuration (e.g. ``GATEWAY_API_VERSION="v1"``)."""
-    emulator_app = make_emulator(databases.url("emulator"), public_url=EMULATOR_URL)
-    shop, db, gateway = make_shop(databases.url("main"), **config)
-    to_emulator = requests.Session()
-    to_emulator.mount(EMULATOR_URL, FlaskAdapter(emulator_app.test_client()))
-    get_state(shop).client_options.update(session=to_emulator, sleep=lambda seconds: None)
-    to_shop = requests.Session()
-    to_shop.mount(SHOP_URL, FlaskAdapter(shop.test_client()))
-    monkeypatch.setattr(emulator_merchant, "_session", to_shop)
-    return Harness(shop=shop, db=db, gateway=gateway, emulator=EmulatorDriver(emulator_app.test_client()))
 
 
 def share_signing_key(harness: Harness) -> None:

@@ -9,18 +9,15 @@ import sys
 from pathlib import Path
 
 import pytest
-import requests
 
 from flask_gateway import signals
 from flask_gateway.config import DEFAULTS
 from flask_gateway.emulator import merchant as emulator_merchant
-from flask_gateway.extension import get_state
 from flask_gateway.installation import InstallSettings, install
 from tests.conftest import Databases
 from tests.emulator.conftest import make_emulator
 from tests.emulator.support import Gateway as EmulatorDriver
-from tests.extension.conftest import ACCOUNT, API_KEY, EMULATOR_URL, SHOP_URL
-from tests.wsgi_adapter import FlaskAdapter
+from tests.extension.conftest import ACCOUNT, API_KEY, EMULATOR_URL, SHOP_URL, connect
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 
@@ -79,12 +76,7 @@ def test_the_quickstart_example_shop_takes_a_payment(
             }
         )
         emulator = make_emulator(databases.url("emulator"), public_url=EMULATOR_URL)
-        to_emulator = requests.Session()
-        to_emulator.mount(EMULATOR_URL, FlaskAdapter(emulator.test_client()))
-        get_state(app).client_options.update(session=to_emulator, sleep=lambda seconds: None)
-        to_shop = requests.Session()
-        to_shop.mount(SHOP_URL, FlaskAdapter(app.test_client()))
-        monkeypatch.setattr(emulator_merchant, "_session", to_shop)
+        monkeypatch.setattr(emulator_merchant, "_session", connect(app, emulator))
         driver = EmulatorDriver(emulator.test_client())
 
         db = module.db

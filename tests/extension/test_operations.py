@@ -43,9 +43,8 @@ from flask_gateway.orders import Customer, OrderDraft, OrderLine
 from flask_gateway.polling import refresh
 from flask_gateway.urls import load_signed_reference
 from tests.conftest import Databases, fetch_all
-from tests.extension.conftest import SHOP_URL, Harness, sample_order
+from tests.extension.conftest import SHOP_URL, Harness, build_harness, sample_order
 from tests.extension.operations_support import (
-    build_harness,
     emulator_checkout,
     load,
     new_checkout,

@@ -7,11 +7,10 @@ from jinja2 import DictLoader
 
 from flask_gateway.urls import v1_outcome_url
 from tests.conftest import Databases
-from tests.extension.conftest import Harness
+from tests.extension.conftest import Harness, build_harness
 from tests.extension.inbound_support import (
     create_v1_checkout,
     create_v2_checkout,
-    make_harness,
     record_signals,
     return_path,
     snapshot,
@@ -29,7 +28,7 @@ def installed(harness: Harness) -> Harness:
 @pytest.fixture
 def builtin(databases: Databases, monkeypatch: pytest.MonkeyPatch) -> Harness:
     """A shop without GATEWAY_ORDER_ENDPOINT: the extension's own return page is shown."""
-    h = make_harness(databases, monkeypatch, GATEWAY_ORDER_ENDPOINT=None)
+    h = build_harness(databases, monkeypatch, GATEWAY_ORDER_ENDPOINT=None)
     h.install()
     return h
 

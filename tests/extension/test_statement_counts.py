@@ -15,7 +15,6 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-import requests
 from sqlalchemy import event, insert
 from sqlalchemy.engine import Engine
 
@@ -32,8 +31,15 @@ from flask_gateway.polling import refresh
 from tests.conftest import Databases
 from tests.emulator.conftest import make_emulator
 from tests.emulator.support import Gateway as EmulatorDriver
-from tests.extension.conftest import ACCOUNT, EMULATOR_URL, SHOP_URL, Harness, make_shop, sample_order
-from tests.wsgi_adapter import FlaskAdapter
+from tests.extension.conftest import (
+    ACCOUNT,
+    EMULATOR_URL,
+    SHOP_URL,
+    Harness,
+    connect,
+    make_shop,
+    sample_order,
+)
 
 #: Upper bounds (shop side, emulator side) per operation, SQLite's ``BEGIN IMMEDIATE`` included (PostgreSQL
 #: counts fewer: psycopg sends BEGIN itself). Today's SQLite counts are 10/7, 7/3 and 8/0 (before the
@@ -49,12 +55,8 @@ def build_harness(shop_url: str, emulator_url: str) -> Harness:
     """The shop and the emulator on the given databases, wired in-process (as the ``harness`` fixture)."""
     emulator_app = make_emulator(emulator_url, public_url=EMULATOR_URL)
     shop, db, gateway = make_shop(shop_url)
-    to_emulator = requests.Session()
-    to_emulator.mount(EMULATOR_URL, FlaskAdapter(emulator_app.test_client()))
-    get_state(shop).client_options.update(session=to_emulator, sleep=lambda seconds: None)
-    to_shop = requests.Session()
-    to_shop.mount(SHOP_URL, FlaskAdapter(shop.test_client()))
-    emulator_merchant._session = to_shop  # the emulator's callbacks reach the shop in-process
+    # The emulator's callbacks reach the shop in-process (set directly: the benchmark runs outside pytest).
+    emulator_merchant._session = connect(shop, emulator_app)
     return Harness(shop=shop, db=db, gateway=gateway, emulator=EmulatorDriver(emulator_app.test_client()))
 
 

@@ -9,12 +9,11 @@ import pytest
 
 from flask_gateway.urls import return_url, v1_outcome_url
 from tests.conftest import Databases
-from tests.extension.conftest import SHOP_URL, Harness
+from tests.extension.conftest import SHOP_URL, Harness, build_harness
 from tests.extension.inbound_support import (
     create_v1_checkout,
     create_v2_checkout,
     emulator_checkout,
-    make_harness,
     path_of,
     record_signals,
     snapshot,
@@ -24,7 +23,7 @@ received = pytest.fixture(record_signals)
 
 
 def _installed(databases: Databases, monkeypatch: pytest.MonkeyPatch, **config: Any) -> Harness:
-    h = make_harness(databases, monkeypatch, GATEWAY_API_VERSION="v1", **config)
+    h = build_harness(databases, monkeypatch, GATEWAY_API_VERSION="v1", **config)
     h.install()
     return h
 

@@ -20,8 +20,7 @@ from flask_gateway.extension import get_state
 from flask_gateway.models import GatewayCheckout
 from flask_gateway.operations import clear_payment_plan_cache
 from tests.conftest import Databases, dispose_engines
-from tests.extension.conftest import Harness
-from tests.extension.inbound_support import make_harness
+from tests.extension.conftest import Harness, build_harness
 from tests.shop.conftest import SHOP_URL, ShopHarness, Shopper
 from tests.shop.conftest import make_harness as make_shop_harness
 
@@ -40,7 +39,7 @@ def sqlite_databases(tmp_path: Path) -> Iterator[Databases]:
 @pytest.fixture
 def sqlite_harness(sqlite_databases: Databases, monkeypatch: pytest.MonkeyPatch) -> Iterator[Harness]:
     """The extension's test shop and the in-process emulator (tests/extension/conftest.py), on SQLite."""
-    harness = make_harness(sqlite_databases, monkeypatch)
+    harness = build_harness(sqlite_databases, monkeypatch)
     with harness.shop.app_context():
         # Thousands of small commits: no fsync (a throwaway file; the test is about answers and rows).
         engine = harness.db.engine
@@ -54,7 +53,7 @@ def sqlite_harness(sqlite_databases: Databases, monkeypatch: pytest.MonkeyPatch)
 @pytest.fixture
 def harness(databases: Databases, monkeypatch: pytest.MonkeyPatch) -> Iterator[Harness]:
     """As tests/extension/conftest.py's ``harness``: on SQLite and on PostgreSQL."""
-    found = make_harness(databases, monkeypatch)
+    found = build_harness(databases, monkeypatch)
     yield found
     with found.shop.app_context():
         found.db.engine.dispose()

@@ -50,8 +50,8 @@ from flask_gateway.operations import (
 from flask_gateway.polling import refresh
 from flask_gateway.transitions import _SAME_RANK_MOVES, PAID_STATUSES, RANK
 from tests.conftest import Databases, dispose_engines
-from tests.extension.conftest import ACCOUNT, Harness
-from tests.extension.inbound_support import create_v2_checkout, make_harness, return_path
+from tests.extension.conftest import ACCOUNT, Harness, build_harness
+from tests.extension.inbound_support import create_v2_checkout, return_path
 
 TOTAL = 79800
 CHECKOUT_LIFETIME = 3600  # the emulator's default expiry: now + 60 minutes
@@ -75,7 +75,7 @@ class CheckoutLife(RuleBasedStateMachine):
         super().__init__()
         self.directory = Path(tempfile.mkdtemp(prefix="state-machine-"))
         self.monkeypatch = pytest.MonkeyPatch()
-        self.h: Harness = make_harness(Databases("sqlite", self.directory, None), self.monkeypatch)
+        self.h: Harness = build_harness(Databases("sqlite", self.directory, None), self.monkeypatch)
         self.h.install()
         self.confirmed: list[int] = []
         signals.payment_confirmed.connect(self._confirmed)

@@ -16,7 +16,6 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
-import requests
 from flask import Flask
 from flask.testing import FlaskClient
 from sqlalchemy import func, select
@@ -28,15 +27,14 @@ from example_shop.extensions import db
 from example_shop.models import Order, OrderEvent
 from example_shop.setup import auto_install
 from flask_gateway.emulator import merchant as emulator_merchant
-from flask_gateway.extension import get_state
 from flask_gateway.operations import clear_payment_plan_cache
 from tests.conftest import Databases
 from tests.emulator.conftest import make_emulator
 from tests.emulator.support import Gateway as EmulatorDriver
-from tests.wsgi_adapter import FlaskAdapter
+from tests.extension.conftest import EMULATOR_URL as EMULATOR_URL
+from tests.extension.conftest import SHOP_URL as SHOP_URL
+from tests.extension.conftest import connect
 
-EMULATOR_URL = "http://emulator.test"
-SHOP_URL = "https://shop.example"
 OWNER_PASSWORD = "correct horse battery staple"
 #: Fast to check in tests; production hashes use werkzeug's default (scrypt).
 OWNER_HASH = generate_password_hash(OWNER_PASSWORD, method="pbkdf2:sha256:1000")
@@ -190,13 +188,7 @@ def make_harness(
     emulator_app = make_emulator(databases.url(f"{name}-emulator"), public_url=EMULATOR_URL)
     app = create_app(shop_config(databases.url(name), **config))
 
-    to_emulator = requests.Session()
-    to_emulator.mount(EMULATOR_URL, FlaskAdapter(emulator_app.test_client()))
-    get_state(app).client_options.update(session=to_emulator, sleep=lambda seconds: None)
-
-    to_shop = requests.Session()
-    to_shop.mount(SHOP_URL, FlaskAdapter(app.test_client()))
-    monkeypatch.setattr(emulator_merchant, "_session", to_shop)
+    monkeypatch.setattr(emulator_merchant, "_session", connect(app, emulator_app))
 
     harness = ShopHarness(app=app, emulator=EmulatorDriver(emulator_app.test_client()))
     if install:
