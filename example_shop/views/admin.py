@@ -19,7 +19,7 @@ from example_shop.extensions import db
 from example_shop.forms import ActionForm, LoginForm, RefundForm
 from example_shop.links import order_url
 from example_shop.models import Order, OrderStatus, is_reference, latest_checkout, sync_with_gateway
-from flask_gateway import CheckoutStatus, GatewayCheckout, NotInstalledError
+from flask_gateway import CHANGEABLE_STATUSES, GatewayCheckout, NotInstalledError
 from flask_gateway.core.errors import GatewayError
 from flask_gateway.core.money import format_money
 from flask_gateway.operations import (
@@ -35,7 +35,6 @@ bp = Blueprint("admin", __name__, url_prefix="/admin")
 log = logging.getLogger("example_shop.admin")
 
 PER_PAGE: Final = 25
-_OPEN: Final = frozenset({CheckoutStatus.PENDING_ORDER, CheckoutStatus.CANCELLED_BY_CONSUMER})
 
 
 @bp.after_request
@@ -157,7 +156,9 @@ def _render_order(
             action_form=ActionForm(),
             remaining=remaining,
             can_refund=checkout is not None and remaining > 0,
-            can_cancel=checkout is not None and checkout.api_version == "v2" and checkout.status in _OPEN,
+            can_cancel=checkout is not None
+            and checkout.api_version == "v2"
+            and checkout.status in CHANGEABLE_STATUSES,
             private_link=order_url(order.reference, external=True),
         ),
         status,

@@ -30,7 +30,7 @@ from flask_gateway.core.errors import (
     GatewayError,
     GatewayServerError,
 )
-from flask_gateway.core.wire import CheckoutStatus
+from flask_gateway.core.wire import CHANGEABLE_STATUSES, CheckoutStatus
 from flask_gateway.extension import GatewayState, NotInstalledError, get_state
 from flask_gateway.forms import ActionForm, AmountField, InstallForm, RefundForm, SettingsForm, format_money
 from flask_gateway.installation import InstallSettings, adopt_signing_key, install, update_settings
@@ -63,7 +63,6 @@ CALLBACK_OUTCOMES: Final = tuple(o.value for o in CallbackOutcome)
 _REFUNDABLE: Final = frozenset(
     {CheckoutStatus.PAID, CheckoutStatus.PAID_PENDING_CALLBACK, CheckoutStatus.PARTIALLY_REFUNDED}
 )
-_CANCELLABLE: Final = frozenset({CheckoutStatus.PENDING_ORDER, CheckoutStatus.CANCELLED_BY_CONSUMER})
 #: What an action can raise that the owner should read (anything else is a bug: a 500 and a log line).
 _EXPECTED: Final = (GatewayError, ValueError, NotInstalledError, SecretUnreadable)
 
@@ -465,7 +464,7 @@ def _render_detail(
         refund_form=refund_form or RefundForm(),
         remaining=remaining,
         can_refund=checkout.status in _REFUNDABLE and remaining > 0,
-        can_cancel=checkout.status in _CANCELLABLE,
+        can_cancel=checkout.status in CHANGEABLE_STATUSES,
         can_refresh=checkout.api_version == "v2" and bool(checkout.token),
         order=_order_summary(checkout.order),
     )

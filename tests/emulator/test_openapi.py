@@ -104,11 +104,11 @@ def test_document_covers_every_operation_and_its_answers():
 
 
 def test_status_payload_documents_exactly_its_16_keys():
-    from flask_gateway.core.wire import STATUS_PAYLOAD_KEYS
+    from flask_gateway.core.wire import status_payload_keys
 
     payload = build_document()["components"]["schemas"]["CheckoutStatusPayload"]
-    assert payload["required"] == list(STATUS_PAYLOAD_KEYS)
-    assert set(payload["properties"]) == set(STATUS_PAYLOAD_KEYS)
+    assert payload["required"] == list(status_payload_keys())
+    assert set(payload["properties"]) == set(status_payload_keys())
 
 
 # --- malformed and oversize bodies, on every JSON endpoint -----------------------------------------
@@ -161,10 +161,10 @@ def test_body_of_exactly_64_kib_is_not_413(installed):
 def test_timestamp_out_of_range_in_utc_is_400_not_500(installed, expires_at):
     """Found while checking the document: such a value overflowed in the conversion to UTC (a 500)."""
     token = installed.create(create_body())["checkoutToken"]
-    body = {"checkoutToken": token, "service": service(expiresAt=expires_at), "checkoutTotalCents": 79800}
+    body = {"checkoutToken": token, "payjustnow": service(expiresAt=expires_at), "checkoutTotalCents": 79800}
     response = installed.signed("/v2/update", body)
     assert response.status_code == 400, response.get_data(as_text=True)
-    assert response.json["errors"][0]["field"] == "service.expiresAt"
+    assert response.json["errors"][0]["field"] == "payjustnow.expiresAt"
 
 
 @pytest.mark.parametrize(("method", "path"), JSON_ENDPOINTS)
@@ -173,8 +173,8 @@ def test_nul_character_in_text_is_400(installed, method, path):
     response = _send(installed, method, path, b'{"merchantAccountId": "a\\u0000b", "ok": ["x", "y\\u0000"]}')
     assert response.status_code == 400, response.get_data(as_text=True)
     assert response.json["errors"] == [{"field": "merchantAccountId", "message": "must not contain \\u0000"}]
-    nested = _send(installed, method, path, b'{"service": {"orderItems": [{"sku": "\\u0000"}]}}')
-    assert nested.json["errors"][0]["field"] == "service.orderItems[0].sku"
+    nested = _send(installed, method, path, b'{"payjustnow": {"orderItems": [{"sku": "\\u0000"}]}}')
+    assert nested.json["errors"][0]["field"] == "payjustnow.orderItems[0].sku"
 
 
 def test_nul_character_in_credentials_or_tokens_is_refused_not_500(installed):

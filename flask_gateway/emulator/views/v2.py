@@ -22,6 +22,7 @@ from flask_gateway.core.wire import (
     SettingsUpdateRequest,
     UpdateCheckoutRequest,
 )
+from flask_gateway.core.wire.names import spellings
 from flask_gateway.emulator import checkouts, clock, faults
 from flask_gateway.emulator.api import (
     authenticate_v2,
@@ -64,10 +65,11 @@ def operation(name: str, *, reads: bool = False) -> Callable[[F], F]:
 
 
 def _redirect_urls(data: dict[str, Any]) -> list[object]:
-    service = data.get("service")
-    if not isinstance(service, dict):
+    """The redirect URLs of a create or update body, before it is validated (the firewall runs first)."""
+    details = next((data[name] for name in spellings("order_details") if name in data), None)
+    if not isinstance(details, dict):
         return []
-    return [service.get("confirmRedirectUrl"), service.get("cancelRedirectUrl")]
+    return [details.get("confirmRedirectUrl"), details.get("cancelRedirectUrl")]
 
 
 def _after_commit(name: str, response: Response) -> Response:
