@@ -21,6 +21,7 @@ from flask_gateway.core.sql import begin_writing
 from flask_gateway.core.wire import (
     CHANGEABLE_STATUSES,
     OPEN_STATUSES,
+    PAID_STATUSES,
     CheckoutResponse,
     CheckoutStatus,
     CheckoutStatusPayload,
@@ -73,6 +74,8 @@ __all__ = [
     "update",
 ]
 
+#: The message of the gateway's documented v1 refusal of a refund above what remains refundable.
+V1_AMOUNT_EXCEEDED: Final = "Amount is greater than available amount refundable."
 #: The longest checkout token (``Checkout.token``; the wire's ``checkoutToken`` allows no more either).
 TOKEN_MAX_LENGTH: Final = 255
 #: Expiry when a create gives no ``orderExpiryMinutes``, and the v1 default.
@@ -390,12 +393,12 @@ def refund(account: Account, request: RefundRequest) -> RefundResponse:
         request.refundDescription,
         request.requestId,
     )
+    # As the gateway's latest example answers: no requestId echo, the description "OK".
     return RefundResponse(
-        requestId=request.requestId,
         refundedAmountCents=request.refundAmountCents,
         refundStatus="SUCCESS",
         refundStatusAt=checkout.updated_at,
-        refundStatusDescription=request.refundDescription or "Refund processed",
+        refundStatusDescription="OK",
     )
 
 
@@ -418,7 +421,7 @@ def create_v1(account: Account, request: V1CheckoutRequest) -> Checkout:
         api_version=ApiVersion.V1,
         status=S.PENDING_ORDER.value,
         total_cents=order.amount,
-        merchant_order_reference=order.merchant_reference,
+        merchant_order_reference=str(order.merchant_reference),
         details=request.to_wire(),
         created_at=now,
         updated_at=now,
@@ -436,16 +439,18 @@ def refund_v1(account: Account, request: V1RefundRequest) -> Checkout:
         checkout = lock(account.merchant_account_id, request.token)
     except ApiProblem:
         raise ApiProblem(400, "No order with this token for this merchant account.") from None
-    if (
-        checkout.api_version != ApiVersion.V1
-        or checkout.merchant_order_reference != request.merchant_reference
+    if checkout.api_version != ApiVersion.V1 or checkout.merchant_order_reference != str(
+        request.merchant_reference
     ):
         raise ApiProblem(400, "The token and merchant_reference do not name the same order.")
     remaining = checkout.total_cents - checkout.refunded_cents
+    if checkout.status in PAID_STATUSES and request.amount > remaining:
+        # The gateway's documented refusal (also for a second refund of a refunded order).
+        raise ApiProblem(400, f"{V1_AMOUNT_EXCEEDED} ({remaining} cents remain.)")
     if request.type == V1RefundType.FULL and request.amount != remaining:
         raise ApiProblem(400, f"A full refund must be for the remaining {remaining} cents.")
     try:
-        _apply_refund(checkout, request.amount, request.merchant_reference, request.reason, None)
+        _apply_refund(checkout, request.amount, str(request.merchant_reference), request.reason, None)
     except ApiProblem as problem:
         raise ApiProblem(400, problem.message) from None
     return checkout
@@ -469,7 +474,8 @@ _REDUCED_ECHO: Final = (
 
 
 def checkout_response(checkout: Checkout, base_url: str, *, reduced: bool = False) -> CheckoutResponse:
-    """The create/update answer (full echo of the order details) or the cancel answer (reduced echo)."""
+    """The create/update answer (full echo of the order details) or the cancel answer: a reduced echo and
+    no ``expiresAt``, as the gateway's cancel example shows it."""
     details: dict[str, Any] = dict(checkout.details)
     if reduced:
         echo = OrderDetailsEcho.model_validate({k: details[k] for k in _REDUCED_ECHO if k in details})
@@ -487,7 +493,7 @@ def checkout_response(checkout: Checkout, base_url: str, *, reduced: bool = Fals
         clickTraceId=checkout.click_trace_id,
         createdAt=checkout.created_at,
         updatedAt=checkout.updated_at,
-        expiresAt=checkout.expires_at,
+        expiresAt=None if reduced else checkout.expires_at,
         cancelledAt=checkout.cancelled_at,
         order_details=echo,
         merchantAccountId=checkout.account_id,

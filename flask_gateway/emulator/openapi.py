@@ -421,8 +421,7 @@ def _tighten(schemas: dict[str, Any], refs: Mapping[type[BaseModel], str], names
 
     - The status payload always carries its 16 keys (``null`` when unset): all required.
     - A settings update names at least one of the four settings.
-    - v1 items: the documented object keyed "1", "2", ... or an array (real clients send both); a
-      postal code as a number is not negative.
+    - v1 items: the documented object keyed "1", "2", ... or an array (real clients send both).
     - A secret in an answer is not ``writeOnly`` (that marks the API key of a request): the key comes back.
     """
     status = schemas[_component(refs[CheckoutStatusPayload])]
@@ -437,7 +436,6 @@ def _tighten(schemas: dict[str, Any], refs: Mapping[type[BaseModel], str], names
             {"type": "array", "items": item, "maxItems": 500},
         ]
     }
-    schemas["V1Address"]["properties"]["postal_code"]["oneOf"][1]["minimum"] = 0
     requests = _reachable((refs[op.request] for op in OPERATIONS), schemas)
     for name in _reachable(refs.values(), schemas) - requests:
         for prop in schemas[name].get("properties", {}).values():

@@ -77,13 +77,17 @@ def _check_e164(value: str) -> str:
 Required = Annotated[Text, Field(min_length=1)]
 
 
-def _text_or_number(what: str, *, non_negative: bool = False) -> Callable[[object], object]:
+#: The largest whole number taken where text is expected (an id; it fits every database's integer).
+LARGEST_NUMBER: Final = 10**18
+
+
+def _text_or_number(what: str) -> Callable[[object], object]:
     """A validator for a value real clients send as text or as a whole number (one error, one path)."""
 
     def check(value: object) -> object:
         if isinstance(value, int) and not isinstance(value, bool):
-            if non_negative and value < 0:
-                raise ValueError(f"{what} must not be negative")
+            if not 0 <= value <= LARGEST_NUMBER:
+                raise ValueError(f"{what} as a number must be from 0 to {LARGEST_NUMBER}")
             return value
         if isinstance(value, str):
             if not value.strip():
@@ -97,7 +101,12 @@ def _text_or_number(what: str, *, non_negative: bool = False) -> Callable[[objec
 
 
 _TEXT_OR_NUMBER_SCHEMA: Final = WithJsonSchema(
-    {"oneOf": [{"type": "string", "minLength": 1, "maxLength": 255}, {"type": "integer"}]}
+    {
+        "oneOf": [
+            {"type": "string", "minLength": 1, "maxLength": 255},
+            {"type": "integer", "minimum": 0, "maximum": 10**18},
+        ]
+    }
 )
 #: A merchant reference: text, or a number as real clients send an order or product id.
 Reference = Annotated[str | int, PlainValidator(_text_or_number("a reference")), _TEXT_OR_NUMBER_SCHEMA]
@@ -107,9 +116,7 @@ MobileNumber = Annotated[str, Strict(), Field(min_length=1, max_length=32)]
 #: E.164 only: what :func:`is_e164` checks, for senders that want to send the documented form.
 E164Number = Annotated[str, Strict(), AfterValidator(_check_e164)]
 #: The documentation's example is a number (``1611``); real clients send text (``"0181"``, ``"8001"``).
-PostalCode = Annotated[
-    str | int, PlainValidator(_text_or_number("a postal code", non_negative=True)), _TEXT_OR_NUMBER_SCHEMA
-]
+PostalCode = Annotated[str | int, PlainValidator(_text_or_number("a postal code")), _TEXT_OR_NUMBER_SCHEMA]
 
 
 def is_e164(value: str) -> bool:
@@ -265,7 +272,7 @@ class V1ConfigurationResponse(WireModel):
 
 
 class V1RefundRequest(WireModel):
-    merchant_reference: Required
+    merchant_reference: Reference
     token: Annotated[str, Strict(), Field(min_length=1, max_length=255)]
     type: V1RefundType
     amount: PositiveCents

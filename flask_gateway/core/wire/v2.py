@@ -248,10 +248,13 @@ class RefundRequest(WireModel):
 
 
 class RefundResponse(WireModel):
+    """The refund answer. The gateway's examples carry no ``requestId`` (also when one was sent) and
+    write ``refundStatusAt`` with microseconds."""
+
     requestId: str | None = None
     refundedAmountCents: Cents
     refundStatus: str
-    refundStatusAt: Timestamp | None = None
+    refundStatusAt: PreciseTimestamp | None = None
     refundStatusDescription: str | None = None
 
 

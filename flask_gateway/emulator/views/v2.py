@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import secrets
+import uuid
 from collections.abc import Callable
 from contextlib import nullcontext
 from functools import wraps
@@ -95,7 +96,7 @@ def install() -> Response:
             "or rotate settings with PATCH /install/v2.",
         )
     account.installed_at = clock.now()
-    account.signing_key = secrets.token_urlsafe(32)
+    account.signing_key = str(uuid.uuid4())  # the gateway issues UUIDs (its installation example)
     account.callback_url = request.checkoutStatusCallbackUrl
     account.callback_failures_email = request.callbackFailuresEmail
     account.minimum_cents = request.minimumCheckoutAmountCents
