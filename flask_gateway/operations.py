@@ -786,7 +786,12 @@ def cancel_checkout(checkout: GatewayCheckout, source: Literal["admin", "code"] 
     if checkout.status == S.CANCELLED_BY_MERCHANT:
         return checkout
     if checkout.status not in CHANGEABLE_STATUSES:
-        advice = "refund it instead" if checkout.status in PAID_STATUSES else "nothing to cancel"
+        if checkout.status in PAID_STATUSES:
+            advice = "refund it instead"
+        elif checkout.status == S.PENDING_PAYMENT:
+            advice = "the shopper is paying on the gateway; wait for the outcome (refund it if it is paid)"
+        else:
+            advice = "nothing to cancel"
         raise CheckoutStateError(f"checkout #{checkout.id} is {checkout.status}: {advice}.")
     state = get_state()
     session = state.session

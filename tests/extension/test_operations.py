@@ -571,6 +571,28 @@ def test_cancel_of_a_checkout_paid_meanwhile_raises_and_records_the_payment(inst
             cancel_checkout(load(installed, checkout_id))
 
 
+def test_a_payment_under_way_is_open_not_paid_and_not_for_the_shop_to_change(installed):
+    """The real gateway's PENDING_PAYMENT: learned by a poll, never confirmed, neither cancelled nor
+    updated by the shop; the payment that follows is confirmed once."""
+    checkout_id, token = new_checkout(installed)
+    assert installed.emulator.control(f"checkouts/{token}/begin-payment").json["checkoutPaymentStatus"] == (
+        "PENDING_PAYMENT"
+    )
+    with installed.shop.app_context(), recording(signals.payment_confirmed) as confirmed:
+        transition = refresh(load(installed, checkout_id), source="poll")
+        assert (transition.before, transition.after) == ("PENDING_ORDER", "PENDING_PAYMENT")
+        assert load(installed, checkout_id).payment_confirmed_at is None
+        with pytest.raises(CheckoutStateError, match="the shopper is paying on the gateway"):
+            cancel_checkout(load(installed, checkout_id))
+        with pytest.raises(CheckoutStateError, match="only an open checkout"):
+            update_checkout(load(installed, checkout_id), sample_order())
+        assert len(confirmed) == 0
+        installed.emulator.pay(token)
+        assert refresh(load(installed, checkout_id), source="poll").after == "PAID_PENDING_CALLBACK"
+        assert len(confirmed) == 1
+    assert emulator_checkout(installed, token)["checkoutPaymentStatus"] == "PAID_PENDING_CALLBACK"
+
+
 def test_cancel_of_a_checkout_never_created(installed):
     fault(installed, operation="create", kind="status", status=503, count=1)
     with installed.shop.app_context():
@@ -749,7 +771,7 @@ def test_v1_refund_refused(harness_v1):
     assert harness_v1.emulator.v1("refund", outside).status_code == 200
     with harness_v1.shop.app_context():
         with pytest.raises(
-            RefundDeclinedError, match="full refund must be for the remaining 78800"
+            RefundDeclinedError, match="Amount is greater than available amount refundable"
         ) as caught:
             refund(load(harness_v1, checkout_id), 79_800)
         assert caught.value.refund.state == RefundState.FAILED
