@@ -23,7 +23,7 @@ from flask_gateway.core.timestamps import utcnow
 from flask_gateway.core.wire import CheckoutStatus
 from flask_gateway.models import STATUS_LENGTH, CheckoutEvent, GatewayCheckout, LocalStatus
 
-__all__ = ["RANK", "Observation", "Transition", "apply", "lock", "lock_by_token", "rank"]
+__all__ = ["RANK", "Observation", "Transition", "apply", "lock", "lock_by_token", "rank", "would_apply"]
 
 S = CheckoutStatus
 
@@ -160,6 +160,11 @@ def _allowed(before: str, after: str) -> bool:
     if new > old:
         return before != LocalStatus.FAILED
     return new == old and (before, after) in _SAME_RANK_MOVES
+
+
+def would_apply(before: str, after: str) -> bool:
+    """Whether a checkout in ``before`` would move to ``after`` (the forward-only rule of ``apply``)."""
+    return _allowed(before, after)
 
 
 def apply(session: Session, checkout_id: int, observation: Observation, *, commit: bool = True) -> Transition:
