@@ -6,8 +6,9 @@
   cron job reports it.
 - ``flask gateway status TOKEN [--refresh]``: the local record and the gateway's getstatus answer.
 - ``flask gateway callbacks [--outcome O] [--refused] [--limit N]``: the newest callbacks received.
-- ``flask gateway prune-callbacks --older-than-days N``: delete callback log rows older than N days (the
-  checkouts' own history, ``gateway_checkout_events``, is kept).
+- ``flask gateway prune-callbacks [--older-than-days N] [--refused]``: delete callback log rows older than
+  N days, or every refused (never verified) row now (the checkouts' own history,
+  ``gateway_checkout_events``, is kept).
 """
 
 from __future__ import annotations
@@ -193,14 +194,32 @@ def callbacks_command(outcome: str | None, refused: bool, limit: int) -> None:
     "--older-than-days",
     "days",
     type=click.IntRange(min=1),
-    required=True,
+    default=None,
     help="Delete callback log rows received more than this many days ago.",
 )
-def prune_callbacks_command(days: int) -> None:
-    """Delete old callback log rows (the checkouts and their history stay)."""
+@click.option(
+    "--refused",
+    is_flag=True,
+    help="Delete the rows of refused, never verified requests (bad signature, too large), whatever their "
+    "age: a flood in progress can be purged now. With --older-than-days, only the older ones.",
+)
+def prune_callbacks_command(days: int | None, refused: bool) -> None:
+    """Delete callback log rows (the checkouts and their history stay)."""
+    if days is None and not refused:
+        raise click.UsageError("Say what to delete: --older-than-days N, --refused, or both.")
     session = get_state().session
-    cutoff = utcnow() - timedelta(days=days)
-    result = session.execute(delete(CallbackLog).where(CallbackLog.received_at < cutoff))
+    query = delete(CallbackLog)
+    described = []
+    if refused:
+        query = query.where(CallbackLog.verified.is_(False))
+        described.append("refused (never verified)")
+    cutoff = None
+    if days is not None:
+        cutoff = utcnow() - timedelta(days=days)
+        query = query.where(CallbackLog.received_at < cutoff)
+    result = session.execute(query)
     deleted = result.rowcount if isinstance(result, CursorResult) else 0
     session.commit()
-    click.echo(f"Deleted {deleted} callback log row(s) received before {_when(cutoff)}.")
+    what = " ".join([*described, "callback log row(s)"])
+    since = f" received before {_when(cutoff)}" if cutoff is not None else ""
+    click.echo(f"Deleted {deleted} {what}{since}.")
