@@ -488,6 +488,7 @@ def _process(
             total_cents=truth.checkoutTotalCents,
             merchant_account_id=account,
             paid_at=truth.paidAt,
+            reported_at=truth.updatedAt,
             detail=note,
         )
     transition = apply(session, found, observation, commit=False)

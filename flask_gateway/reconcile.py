@@ -44,7 +44,7 @@ from flask_gateway.core.wire import CheckoutStatus
 from flask_gateway.extension import get_state
 from flask_gateway.models import GatewayCheckout, LocalStatus
 from flask_gateway.polling import refresh
-from flask_gateway.transitions import PAID_STATUSES, Observation, apply
+from flask_gateway.transitions import PAID_STATUSES, PAYMENT_STATUSES, Observation, apply
 
 __all__ = [
     "CLAIM_LEASE_SECONDS",
@@ -290,7 +290,7 @@ def _reconcile_one(checkout_id: int, report: ReconcileReport) -> None:
         checkout = transition.checkout
         if transition.applied:
             report.changed += 1
-            if transition.after in PAID_STATUSES and transition.before not in PAID_STATUSES:
+            if transition.after in PAYMENT_STATUSES and transition.before not in PAID_STATUSES:
                 report.confirmed += 1
             if transition.after == S.EXPIRED:
                 report.expired += 1

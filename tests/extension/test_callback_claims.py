@@ -160,7 +160,7 @@ def test_a_callback_that_cannot_be_confirmed_is_503_and_changes_nothing(installe
 
 
 def test_a_duplicate_of_a_confirmed_payment_needs_no_second_getstatus(installed: Harness, received) -> None:
-    checkout_id, token = create_v2_checkout(installed)
+    _checkout_id, token = create_v2_checkout(installed)
     assert installed.emulator.pay(token).status_code == 200
     payload = gateway_status(installed, token)
     assert post_callback(installed, payload).json["outcome"] == "accepted"
@@ -271,7 +271,9 @@ def test_a_client_that_keeps_being_refused_gets_429_and_nothing_is_stored(
     assert limited.json == {"message": "Too many refused callbacks from this address; try again later."}
     assert len(callback_logs(h)) == 3  # the 429s stored nothing
     # Another address is not affected, nor are accepted callbacks counted against one.
-    assert h.client.post("/gateway/callback", data=b"{}", headers=forged, environ_base=other).status_code == 401
+    assert (
+        h.client.post("/gateway/callback", data=b"{}", headers=forged, environ_base=other).status_code == 401
+    )
     checkout_id, token = create_v2_checkout(h)
     assert h.emulator.pay(token).status_code == 200
     payload = gateway_status(h, token)
@@ -303,7 +305,7 @@ def test_an_oversize_chunked_callback_is_413_not_a_cut_body(installed: Harness) 
 
 
 def test_a_chunked_callback_within_the_limit_is_read_whole(installed: Harness, received) -> None:
-    checkout_id, token = create_v2_checkout(installed)
+    _checkout_id, token = create_v2_checkout(installed)
     assert installed.emulator.pay(token).status_code == 200
     raw = json.dumps(gateway_status(installed, token)).encode()
 
