@@ -62,6 +62,7 @@ from sqlalchemy import or_, select
 from flask_gateway.core.timestamps import format_timestamp, utcnow
 from flask_gateway.core.wire import CheckoutStatus, V1FailReason, V1OutcomeStatus
 from flask_gateway.emulator import checkouts, clock, faults, mail, merchant
+from flask_gateway.emulator.access import visible_url
 from flask_gateway.emulator.api import settings
 from flask_gateway.emulator.merchant import CALLBACK_TIMEOUT, MerchantReply
 from flask_gateway.emulator.models import (
@@ -413,6 +414,13 @@ def _label(kind: str) -> str:
 # --- descriptions (control API, dashboard) ------------------------------------------------------------
 
 
+def _shown(url: str, kind: str) -> str:
+    """A v1 notice's URL is the shop's fail URL: masked for anyone but the operator (``access``)."""
+    if kind == DeliveryKind.CALLBACK:
+        return url
+    return visible_url(url) or ""
+
+
 def describe_attempt(attempt: DeliveryAttempt) -> dict[str, Any]:
     """One attempt as ``GET /_emulator/callbacks`` shows it."""
     delivery = attempt.delivery
@@ -423,7 +431,7 @@ def describe_attempt(attempt: DeliveryAttempt) -> dict[str, Any]:
         "kind": delivery.kind,
         "number": attempt.number,
         "at": format_timestamp(attempt.at),
-        "url": attempt.url,
+        "url": _shown(attempt.url, delivery.kind),
         "httpStatus": attempt.http_status,
         "message": attempt.message,
         "ok": attempt.ok,
@@ -439,7 +447,7 @@ def describe_delivery(delivery: Delivery) -> dict[str, Any]:
         "checkoutToken": delivery.checkout.token,
         "merchantAccountId": delivery.checkout.account_id,
         "kind": delivery.kind,
-        "url": delivery.url,
+        "url": _shown(delivery.url, delivery.kind),
         "state": delivery.state,
         "attempts": delivery.attempts,
         "nextAttemptAt": (
