@@ -29,7 +29,7 @@ def create_app(config: Mapping[str, Any] | None = None) -> Flask:
         auth,  # noqa: F401 - registers the extension's admin guard
         views,
     )
-    from example_shop.extensions import csrf, db, gateway
+    from example_shop.extensions import csrf, db, gateway, limiter
     from example_shop.models import EXTENSION_KEY, connect_signals
 
     app = Flask(__name__, instance_relative_config=True)
@@ -39,6 +39,8 @@ def create_app(config: Mapping[str, Any] | None = None) -> Flask:
 
     db.init_app(app)
     app.before_request(_refuse_oversize)  # first: a 413, not the CSRF check's 400, whatever the body
+    # Then the rate limits: a flood is refused before the CSRF check, and while no transaction is open.
+    limiter.init_app(app)
     csrf.init_app(app)  # before the gateway, which exempts its signed callback blueprint
     gateway.init_app(app, db=db)
     app.extensions[EXTENSION_KEY] = True

@@ -73,6 +73,7 @@ _GATEWAY_PARSERS: Final[dict[str, Callable[[str, str], Any]]] = {
     "GATEWAY_ORDER_EXPIRY_MINUTES": _whole,
     "GATEWAY_RECONCILE_AFTER_SECONDS": _whole,
     "GATEWAY_V1_CANCEL_ON_SERVICE": _flag,
+    "GATEWAY_CONFIRM_CALLBACKS": _flag,
     "GATEWAY_TIMEOUT": _seconds,
 }
 
@@ -160,6 +161,10 @@ def resolve(
         "SESSION_COOKIE_HTTPONLY": True,
         # Every form here is a few KiB; the gateway's callback needs 64 KiB (it checks that itself).
         "MAX_CONTENT_LENGTH": 1024 * 1024,
+        # Flask-Limiter (the login form): counters in the shop's database, shared by every worker.
+        "RATELIMIT_STORAGE_URI": "flask-gateway-db://",
+        "RATELIMIT_SWALLOW_ERRORS": True,
+        "SHOP_LOGIN_RATE_LIMIT": "30 per minute",
     }
     env_values: dict[str, Any] = gateway_from_env(environ)
     for name in (
@@ -173,9 +178,12 @@ def resolve(
         "SHOP_MAX_CENTS",
         "SHOP_SECRET_KEY",
         "SHOP_DATABASE_URL",
+        "SHOP_LOGIN_RATE_LIMIT",
     ):
         if environ.get(name):
             env_values[name] = environ[name]
+    if environ.get("SHOP_RATELIMIT_STORAGE_URI"):
+        env_values["RATELIMIT_STORAGE_URI"] = environ["SHOP_RATELIMIT_STORAGE_URI"]
     if "SHOP_AUTO_INSTALL" in environ:
         env_values["SHOP_AUTO_INSTALL"] = _flag("SHOP_AUTO_INSTALL", environ["SHOP_AUTO_INSTALL"])
     config.update(env_values)

@@ -14,7 +14,6 @@ from sqlalchemy import MetaData, Table, create_engine, event, inspect, select
 from sqlalchemy.pool import NullPool
 from werkzeug.routing import Rule
 
-from example_shop import auth
 from example_shop.links import order_token
 from flask_gateway.extension import get_state
 from flask_gateway.models import GatewayCheckout
@@ -111,7 +110,6 @@ def build_shop_world(databases: Databases, monkeypatch: pytest.MonkeyPatch) -> S
         if name.startswith(("SHOP_", "GATEWAY_")):
             monkeypatch.delenv(name)
     clear_payment_plan_cache()
-    auth._failures.clear()
     harness = make_shop_harness(databases, monkeypatch)
     buyer = harness.shopper()
     buyer.add("enamel-kettle", 1)
