@@ -110,7 +110,9 @@ def build_shop_world(databases: Databases, monkeypatch: pytest.MonkeyPatch) -> S
         if name.startswith(("SHOP_", "GATEWAY_")):
             monkeypatch.delenv(name)
     clear_payment_plan_cache()
-    harness = make_shop_harness(databases, monkeypatch)
+    # Its tests log in hundreds of times from one address: the login's rate limit (tested in
+    # tests/shop/test_login_security.py) is raised out of their way.
+    harness = make_shop_harness(databases, monkeypatch, SHOP_LOGIN_RATE_LIMIT="100000 per minute")
     buyer = harness.shopper()
     buyer.add("enamel-kettle", 1)
     redirect = buyer.checkout()
