@@ -5,6 +5,8 @@
   may have missed (see :mod:`flask_gateway.reconcile`); exits 1 when a checkout could not be polled, so a
   cron job reports it.
 - ``flask gateway status TOKEN [--refresh]``: the local record and the gateway's getstatus answer.
+- ``flask gateway check-settings``: compare the gateway's settings (callback URL, e-mail, limits) with the
+  shop's (see :mod:`flask_gateway.drift`); exits 1 when they differ or the gateway cannot be asked.
 - ``flask gateway callbacks [--outcome O] [--refused] [--limit N]``: the newest callbacks received.
 - ``flask gateway prune-callbacks [--older-than-days N] [--refused]``: delete callback log rows older than
   N days, or every refused (never verified) row now (the checkouts' own history,
@@ -156,6 +158,21 @@ def status_command(token: str, apply_answer: bool) -> None:
     for key in STATUS_PAYLOAD_KEYS:
         click.echo(f"  {key:<33}{'-' if payload.get(key) is None else payload[key]}")
     if problems:
+        raise SystemExit(1)
+
+
+@gateway_cli.command("check-settings")
+def check_settings_command() -> None:
+    """Compare the gateway's settings with the shop's and say what differs (exit 1 when something does)."""
+    from flask_gateway.drift import check_settings
+
+    try:
+        report = check_settings()
+    except (GatewayError, NotInstalledError, ValueError) as error:
+        click.echo(f"The gateway's settings could not be checked: {error}", err=True)
+        raise SystemExit(1) from None
+    click.echo(report.summary())
+    if not report.ok:
         raise SystemExit(1)
 
 

@@ -31,6 +31,7 @@ from flask_gateway.core.errors import (
     GatewayServerError,
 )
 from flask_gateway.core.wire import CheckoutStatus
+from flask_gateway.drift import check_settings, last_report
 from flask_gateway.extension import GatewayState, NotInstalledError, get_state
 from flask_gateway.forms import ActionForm, AmountField, InstallForm, RefundForm, SettingsForm, format_money
 from flask_gateway.installation import InstallSettings, adopt_signing_key, install, update_settings
@@ -161,7 +162,25 @@ def index() -> ResponseReturnValue:
         + [(status, count) for status, count in counts.items() if status not in STATUSES],
         flagged=flagged or 0,
         warnings=_address_warnings(installation.callback_url if installation else None),
+        drift=last_report(installation) if installation else None,
+        action_form=ActionForm(),
     )
+
+
+@bp.post("/check-settings")
+def check_settings_now() -> ResponseReturnValue:
+    """Compare the gateway's settings with the shop's now; the status page shows the answer."""
+    try:
+        report = check_settings()
+    except _EXPECTED as error:
+        get_state().session.rollback()
+        flash(f"The gateway's settings could not be checked: {_problem(error)}", "error")
+    else:
+        if report.ok:
+            flash("The gateway's settings are the shop's.", "success")
+        else:
+            flash("The gateway's settings differ from the shop's: see below.", "error")
+    return redirect(url_for(".index"))
 
 
 def _masked_secrets(state: GatewayState, installation: Installation | None) -> dict[str, str]:
