@@ -35,6 +35,8 @@ bp = Blueprint("admin", __name__, url_prefix="/admin")
 log = logging.getLogger("example_shop.admin")
 
 PER_PAGE: Final = 25
+#: Page numbers past this are this (an offset the database cannot take would be a 500).
+MAX_PAGE: Final = 100_000
 _OPEN: Final = frozenset({CheckoutStatus.PENDING_ORDER, CheckoutStatus.CANCELLED_BY_CONSUMER})
 
 
@@ -104,7 +106,7 @@ def orders() -> ResponseReturnValue:
     statuses = [s.value for s in OrderStatus]
     if wanted not in statuses:
         wanted = None
-    page = max(request.args.get("page", 1, type=int) or 1, 1)
+    page = min(max(request.args.get("page", 1, type=int) or 1, 1), MAX_PAGE)
     query = select(Order)
     count = select(func.count(Order.id))
     if wanted:

@@ -177,7 +177,12 @@ def redeliver(delivery_id: int) -> int | None:
     so the redelivered message gets the full retry schedule. Returns the new attempt's id (None only if
     the checkout disappeared meanwhile, e.g. by a reset).
     """
-    delivery = db.session.get(Delivery, delivery_id, with_for_update=True, populate_existing=True)
+    # Ids are 32-bit on PostgreSQL: a larger one names no row (and would be a 500 in the query).
+    delivery = (
+        db.session.get(Delivery, delivery_id, with_for_update=True, populate_existing=True)
+        if 0 < delivery_id < 2**31
+        else None
+    )
     if delivery is None:
         db.session.rollback()
         raise ApiProblem(404, f"No delivery with id {delivery_id}.")

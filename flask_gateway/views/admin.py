@@ -54,6 +54,10 @@ bp = Blueprint(
 _log = logging.getLogger("flask_gateway.admin")
 
 PER_PAGE: Final = 25
+#: Page numbers past this are this (an offset the database cannot take would be a 500).
+MAX_PAGE: Final = 100_000
+#: Row ids are 32-bit integers on PostgreSQL: a larger one names no row (404, not a 500).
+MAX_ID: Final = 2**31 - 1
 #: Every status a checkout can have here, in the order the list's filter offers them.
 STATUSES: Final = (
     *(s.value for s in CheckoutStatus),
@@ -393,7 +397,7 @@ def checkouts() -> ResponseReturnValue:
         status = ""
     flagged = request.args.get("flagged") == "1"
     search = request.args.get("q", "").strip()[:255]
-    page = max(request.args.get("page", 1, type=int) or 1, 1)
+    page = _page()
     per_page = min(max(request.args.get("per_page", PER_PAGE, type=int) or PER_PAGE, 1), 100)
     query = select(GatewayCheckout).order_by(GatewayCheckout.id.desc())
     if status:
@@ -434,7 +438,7 @@ def callbacks() -> ResponseReturnValue:
     if outcome not in CALLBACK_OUTCOMES:
         outcome = ""
     refused = request.args.get("refused") == "1"
-    page = max(request.args.get("page", 1, type=int) or 1, 1)
+    page = _page()
     query = select(CallbackLog).order_by(CallbackLog.id.desc())
     if outcome:
         query = query.where(CallbackLog.outcome == outcome)
@@ -453,7 +457,13 @@ def callbacks() -> ResponseReturnValue:
     )
 
 
+def _page() -> int:
+    return min(max(request.args.get("page", 1, type=int) or 1, 1), MAX_PAGE)
+
+
 def _checkout_or_404(checkout_id: int) -> GatewayCheckout:
+    if not 0 < checkout_id <= MAX_ID:
+        abort(404, description=f"There is no checkout #{checkout_id}.")
     checkout = get_state().session.get(GatewayCheckout, checkout_id)
     if checkout is None:
         abort(404, description=f"There is no checkout #{checkout_id}.")
