@@ -134,6 +134,10 @@ _APPLIED_FROM_CALLBACK: Final = frozenset(
 )
 #: Applied from a callback only once getstatus confirmed them (the gateway's answer is then applied).
 _APPLIED_WHEN_CONFIRMED: Final = frozenset({S.PARTIALLY_REFUNDED.value, S.FULLY_REFUNDED.value})
+#: What a return page may still learn something about from the gateway.
+_STILL_OPEN: Final = frozenset(
+    {S.PENDING_ORDER.value, S.CANCELLED_BY_CONSUMER.value, S.PAID_PENDING_CALLBACK.value, S.PAID.value}
+)
 #: The two statuses of one payment: a callback claiming either agrees with a getstatus answering either.
 _PAYMENT: Final = frozenset({S.PAID.value, S.PAID_PENDING_CALLBACK.value})
 
@@ -630,13 +634,28 @@ def process_v1_outcome(kind: Literal["v1-success", "v1-fail"], args: Mapping[str
 # --- return pages ------------------------------------------------------------------------------------
 
 
+#: A return link opened again within this many seconds of the last poll shows what that poll learnt.
+RETURN_POLL_INTERVAL: Final = 5.0
+
+
+def _worth_asking(checkout: GatewayCheckout) -> bool:
+    """Whether a return page should ask the gateway: only while the payment is not known and the checkout
+    may still be paid, and not again within ``RETURN_POLL_INTERVAL`` (a reloaded link costs no call)."""
+    if checkout.payment_confirmed_at is not None or checkout.status not in _STILL_OPEN:
+        return False
+    last = checkout.last_polled_at
+    return last is None or (utcnow() - last).total_seconds() >= RETURN_POLL_INTERVAL
+
+
 def process_return(kind: Literal["confirm", "cancel"], ref: str) -> GatewayCheckout:
     """The checkout of a shopper coming back from the gateway, its status confirmed with getstatus.
 
     The return URL is a hint, never proof: its signed ``ref`` only says which checkout to ask about. A v2
     checkout is refreshed (source ``return``); when the gateway cannot be asked, the checkout is returned
-    as it is (the order page then shows it as processing; a callback or reconciliation settles it). v1
-    has no getstatus: its outcome arrived through the v1 URLs before the shopper did.
+    as it is (the order page then shows it as processing; a callback or reconciliation settles it). The
+    gateway is asked only while the payment is unknown, at most once per ``RETURN_POLL_INTERVAL`` per
+    checkout (:func:`_worth_asking`). v1 has no getstatus: its outcome arrived through the v1 URLs before
+    the shopper did.
     Raises ``InvalidReturnLink`` (400) for a forged or edited ``ref`` and ``NotFound`` for a deleted order.
     """
     checkout_id = load_signed_reference(ref, kind) if ref else None
@@ -646,7 +665,7 @@ def process_return(kind: Literal["confirm", "cancel"], ref: str) -> GatewayCheck
     checkout = session.get(GatewayCheckout, checkout_id)
     if checkout is None:
         raise NotFound("This order no longer exists.")
-    if checkout.api_version == "v2" and checkout.token:
+    if checkout.api_version == "v2" and checkout.token and _worth_asking(checkout):
         try:
             return refresh(checkout, source="return").checkout
         except (GatewayError, NotInstalledError, SecretUnreadable) as exc:
