@@ -17,6 +17,7 @@ from flask import Flask, request
 from werkzeug.exceptions import RequestEntityTooLarge
 from werkzeug.security import generate_password_hash
 
+from example_shop import access_log
 from example_shop.config import ShopConfigError, resolve
 from flask_gateway.core.sql import create_all_safely
 
@@ -32,6 +33,7 @@ def create_app(config: Mapping[str, Any] | None = None) -> Flask:
     from example_shop.extensions import csrf, db, gateway, limiter
     from example_shop.models import EXTENSION_KEY, connect_signals
 
+    access_log.install()  # order links and v1 outcome URLs never reach the access log
     app = Flask(__name__, instance_relative_config=True)
     instance = Path(app.instance_path)
     app.config.from_mapping(resolve(config, environ=os.environ, instance_path=instance))
