@@ -159,9 +159,9 @@ def test_the_login_form_has_a_per_client_rate_limit_shared_by_every_worker(
     databases: Databases, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Flask-Limiter on the login form, its counters in the database (``flask-gateway-db://``)."""
-    limit = {"SHOP_LOGIN_RATE_LIMIT": "3 per minute"}  # below the wrong-password allowance
-    one = make_harness(databases, monkeypatch, **limit)
-    two = create_app(shop_config(databases.url("shop"), **limit))
+    limit = "3 per minute"  # below the wrong-password allowance
+    one = make_harness(databases, monkeypatch, SHOP_LOGIN_RATE_LIMIT=limit)
+    two = create_app(shop_config(databases.url("shop"), SHOP_LOGIN_RATE_LIMIT=limit))
     workers = [browser(one, ATTACKER), Shopper(two.test_client())]
     workers[1].client.environ_base.update(ATTACKER)
     pages = []
