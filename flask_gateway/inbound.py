@@ -101,7 +101,14 @@ from flask_gateway.models import CallbackLog, CallbackOutcome, GatewayCheckout
 from flask_gateway.polling import refresh
 from flask_gateway.secrets import SecretUnreadable
 from flask_gateway.signing import verify
-from flask_gateway.transitions import Observation, Transition, apply, send_pending, would_apply
+from flask_gateway.transitions import (
+    PAYMENT_STATUSES,
+    Observation,
+    Transition,
+    apply,
+    send_pending,
+    would_apply,
+)
 from flask_gateway.urls import external_url, load_signed_reference, return_url
 
 __all__ = [
@@ -138,8 +145,6 @@ _APPLIED_WHEN_CONFIRMED: Final = frozenset({S.PARTIALLY_REFUNDED.value, S.FULLY_
 _STILL_OPEN: Final = frozenset(
     {S.PENDING_ORDER.value, S.CANCELLED_BY_CONSUMER.value, S.PAID_PENDING_CALLBACK.value, S.PAID.value}
 )
-#: The two statuses of one payment: a callback claiming either agrees with a getstatus answering either.
-_PAYMENT: Final = frozenset({S.PAID.value, S.PAID_PENDING_CALLBACK.value})
 
 #: Header names that may carry a secret: never stored.
 _SECRET_HEADER: Final = re.compile(
@@ -403,7 +408,8 @@ def _disagreement(claim: CheckoutStatusPayload, answer: CheckoutStatusPayload) -
     claimed, confirmed = str(claim.checkoutPaymentStatus), str(answer.checkoutPaymentStatus)
     if answer.checkoutToken != claim.checkoutToken:
         return "getstatus answered about another checkoutToken"
-    if claimed != confirmed and not {claimed, confirmed} <= _PAYMENT:
+    # The two statuses of one payment: a claim of either agrees with an answer of either.
+    if claimed != confirmed and not {claimed, confirmed} <= PAYMENT_STATUSES:
         return f"the callback says {_printable(claimed)[:40]}, getstatus says {_printable(confirmed)[:40]}"
     if answer.checkoutTotalCents != claim.checkoutTotalCents:
         return (
