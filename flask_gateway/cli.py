@@ -200,9 +200,10 @@ def callbacks_command(outcome: str | None, refused: bool, limit: int) -> None:
         answer = "no answer" if row.http_status == 0 else f"HTTP {row.http_status}"
         checkout = f"checkout #{row.checkout_id}" if row.checkout_id else "no checkout"
         signature = "verified" if row.verified else "NOT verified"
+        client = f"from {row.client_address}  " if row.client_address else ""
         click.echo(
             f"#{row.id}  {_when(row.received_at)}  {answer:<9}  {row.outcome:<18}  {signature:<12}  "
-            f"{checkout}{': ' + row.detail if row.detail else ''}"
+            f"{client}{checkout}{': ' + row.detail if row.detail else ''}"
         )
 
 
