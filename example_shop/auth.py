@@ -44,6 +44,12 @@ def _stored_hash() -> str:
     return stored if isinstance(stored, str) else ""
 
 
+def _credential_key() -> str:
+    """Stands for the owner's password in the session (``SHOP_OWNER_CREDENTIAL_KEY``): a new one ends the
+    sessions made with the old."""
+    return str(current_app.config.get("SHOP_OWNER_CREDENTIAL_KEY", ""))
+
+
 def is_owner() -> bool:
     """The session was made by a login that is still current: within its hours, with the password hash in
     force, and not ended by a logout since (the version is the server's)."""
@@ -55,7 +61,7 @@ def is_owner() -> bool:
         isinstance(mark, dict)
         and isinstance(mark.get("since"), int | float)
         and 0 <= time.time() - mark["since"] < SESSION_HOURS * 3600
-        and mark.get("key") == login_guard.hash_fingerprint(_stored_hash())
+        and mark.get("key") == _credential_key()
         and mark.get("version") == login_guard.session_version()
     )
     g.shop_is_owner = valid
@@ -66,7 +72,7 @@ def log_in() -> None:
     session[_KEY] = {
         "since": time.time(),
         "version": login_guard.session_version(),
-        "key": login_guard.hash_fingerprint(_stored_hash()),
+        "key": _credential_key(),
     }
     g.pop("shop_is_owner", None)
 

@@ -6,6 +6,8 @@ with a :class:`ShopConfigError` that names the variable and the fix (see docs/ex
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import os
 import secrets
 from collections.abc import Callable, Mapping
@@ -193,6 +195,8 @@ def resolve(
     if env not in _ENVIRONMENTS:
         raise ShopConfigError(f"SHOP_ENV={config['SHOP_ENV']!r}: use 'development' or 'production'.")
     config["SHOP_ENV"] = env
+    given_hash = (config.get("SHOP_ADMIN_PASSWORD_HASH") or "").strip()
+    credential = given_hash or config.get("SHOP_ADMIN_PASSWORD") or ""
     config["SHOP_ADMIN_PASSWORD_HASH"] = _password_hash(config)
     config["SHOP_MIN_CENTS"] = _cents("SHOP_MIN_CENTS", config["SHOP_MIN_CENTS"])
     config["SHOP_MAX_CENTS"] = _cents("SHOP_MAX_CENTS", config["SHOP_MAX_CENTS"])
@@ -213,6 +217,15 @@ def resolve(
         else:
             config["SECRET_KEY"] = instance_secret(instance_path)
     config.pop("SHOP_SECRET_KEY", None)
+    # The owner's sessions carry this: a new password ends the sessions of the old one. The same in every
+    # worker process (a plain development password is hashed with a new salt in each), and useless without
+    # SECRET_KEY (the session cookie is readable).
+    secret = str(config["SECRET_KEY"]).encode()
+    config["SHOP_OWNER_CREDENTIAL_KEY"] = (
+        hmac.new(secret, b"owner-credential:" + str(credential).encode(), hashlib.sha256).hexdigest()[:32]
+        if credential
+        else ""
+    )
 
     if not config.get("SQLALCHEMY_DATABASE_URI"):
         if config.get("SHOP_DATABASE_URL"):

@@ -14,15 +14,14 @@
   can slow down his own addresses and unknown ones, never lock the owner out of a good address.
 - A counter whose last attempt is :data:`FORGET_AFTER` old starts again from zero.
 
-**Session version** (``shop_owner_state``): a login stores the current version and a fingerprint of the
-password hash in the session; ``is_owner`` checks both against the server. Logging out increments the
-version, ending every copy of the session cookie (on every device); a new password hash
-(``SHOP_ADMIN_PASSWORD_HASH``) ends them too.
+**Session version** (``shop_owner_state``): a login stores the current version in the session;
+``is_owner`` checks it against the server. Logging out increments the
+version, ending every copy of the session cookie (on every device); a new password ends them too (the
+session carries ``SHOP_OWNER_CREDENTIAL_KEY``, an HMAC of the password's hash under ``SECRET_KEY``).
 """
 
 from __future__ import annotations
 
-import hashlib
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -43,7 +42,6 @@ __all__ = [
     "Verdict",
     "begin_attempt",
     "end_sessions",
-    "hash_fingerprint",
     "record_success",
     "session_version",
 ]
@@ -184,8 +182,3 @@ def end_sessions() -> None:
     else:
         state.session_version += 1
     db.session.commit()
-
-
-def hash_fingerprint(password_hash: str) -> str:
-    """A short digest of the password hash: a new password ends the sessions made with the old one."""
-    return hashlib.sha256(password_hash.encode()).hexdigest()[:16]

@@ -141,9 +141,9 @@ _APPLIED_FROM_CALLBACK: Final = frozenset(
 )
 #: Applied from a callback only once getstatus confirmed them (the gateway's answer is then applied).
 _APPLIED_WHEN_CONFIRMED: Final = frozenset({S.PARTIALLY_REFUNDED.value, S.FULLY_REFUNDED.value})
-#: What a return page may still learn something about from the gateway.
+#: What a return page may still learn something about from the gateway (a payment, its acknowledgement).
 _STILL_OPEN: Final = frozenset(
-    {S.PENDING_ORDER.value, S.CANCELLED_BY_CONSUMER.value, S.PAID_PENDING_CALLBACK.value, S.PAID.value}
+    {S.PENDING_ORDER.value, S.CANCELLED_BY_CONSUMER.value, S.PAID_PENDING_CALLBACK.value}
 )
 
 #: Header names that may carry a secret: never stored.
@@ -504,8 +504,6 @@ def _process(
     transition = apply(session, found, observation, commit=False)
     checkout = transition.checkout
     checkout.last_callback_at = utcnow()
-    if truth is not payload and truth is not None:
-        checkout.last_polled_at = utcnow()
     if transition.flagged:
         outcome, detail = CallbackOutcome.MISMATCH, f"flagged, not applied: {transition.reason}"
     elif unconfirmed is not None:
@@ -645,9 +643,10 @@ RETURN_POLL_INTERVAL: Final = 5.0
 
 
 def _worth_asking(checkout: GatewayCheckout) -> bool:
-    """Whether a return page should ask the gateway: only while the payment is not known and the checkout
-    may still be paid, and not again within ``RETURN_POLL_INTERVAL`` (a reloaded link costs no call)."""
-    if checkout.payment_confirmed_at is not None or checkout.status not in _STILL_OPEN:
+    """Whether a return page should ask the gateway: only while the checkout may still change (open, or
+    paid and waiting for the callback's acknowledgement), and not again within ``RETURN_POLL_INTERVAL`` of
+    the last poll (a reloaded link costs no call)."""
+    if checkout.status not in _STILL_OPEN:
         return False
     last = checkout.last_polled_at
     return last is None or (utcnow() - last).total_seconds() >= RETURN_POLL_INTERVAL
@@ -659,8 +658,8 @@ def process_return(kind: Literal["confirm", "cancel"], ref: str) -> GatewayCheck
     The return URL is a hint, never proof: its signed ``ref`` only says which checkout to ask about. A v2
     checkout is refreshed (source ``return``); when the gateway cannot be asked, the checkout is returned
     as it is (the order page then shows it as processing; a callback or reconciliation settles it). The
-    gateway is asked only while the payment is unknown, at most once per ``RETURN_POLL_INTERVAL`` per
-    checkout (:func:`_worth_asking`). v1 has no getstatus: its outcome arrived through the v1 URLs before
+    gateway is asked only while the checkout may still change, at most once per ``RETURN_POLL_INTERVAL``
+    per checkout (:func:`_worth_asking`). v1 has no getstatus: its outcome arrived through the v1 URLs before
     the shopper did.
     Raises ``InvalidReturnLink`` (400) for a forged or edited ``ref`` and ``NotFound`` for a deleted order.
     """

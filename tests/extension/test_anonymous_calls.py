@@ -56,7 +56,19 @@ def test_reopening_a_return_link_asks_the_gateway_at_most_once_per_interval(harn
 
     assert harness.emulator.pay(token).status_code == 200
     assert harness.emulator.control("deliver").status_code == 200  # the callback confirms the payment
+    with harness.shop.app_context():  # the interval since the last poll has passed
+        from datetime import timedelta
+
+        from flask_gateway.extension import get_state
+        from flask_gateway.models import GatewayCheckout
+
+        session = get_state().session
+        row = session.get_one(GatewayCheckout, checkout_id)
+        assert row.last_polled_at is not None
+        row.last_polled_at -= timedelta(seconds=10)
+        session.commit()
     asked = sent.paths().count("/v2/getstatus")
     for _ in range(5):
         assert harness.client.get(link).status_code in (200, 303)
-    assert sent.paths().count("/v2/getstatus") == asked  # paid and known: nothing more to ask
+    # One poll learns PAID (the callback's acknowledgement); then the checkout is final: nothing to ask.
+    assert sent.paths().count("/v2/getstatus") == asked + 1

@@ -170,3 +170,22 @@ def test_the_login_form_has_a_per_client_rate_limit_shared_by_every_worker(
         pages.append((answer.status_code, "Too many attempts" in answer.get_data(as_text=True)))
     assert pages == [(400, False)] * 3 + [(429, True)] * 2
     assert browser(one, OWNER_ADDRESS).log_in().status_code == 303  # another address is not limited
+
+
+def test_an_owner_session_is_valid_in_every_worker_with_a_plain_development_password(
+    databases: Databases, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each worker hashes a plain SHOP_ADMIN_PASSWORD with a salt of its own: the session must not depend
+    on that hash, or the owner is logged out whenever the next request meets another worker."""
+    password = "a development password"
+    one = make_harness(databases, monkeypatch, SHOP_ADMIN_PASSWORD_HASH=None, SHOP_ADMIN_PASSWORD=password)
+    other_worker = create_app(
+        shop_config(databases.url("shop"), SHOP_ADMIN_PASSWORD_HASH=None, SHOP_ADMIN_PASSWORD=password)
+    )
+    owner = browser(one, OWNER_ADDRESS)
+    assert owner.log_in("a development password").status_code == 303
+    cookie = owner.client.get_cookie("stoep_session", domain="shop.example")
+    assert cookie is not None
+    elsewhere = other_worker.test_client()
+    elsewhere.set_cookie(cookie.key, cookie.value, domain=cookie.domain)
+    assert elsewhere.get(SHOP_URL + "/admin/").status_code == 200
