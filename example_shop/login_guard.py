@@ -90,20 +90,29 @@ def _delay(failures: int, free: int) -> float:
     return float(min(BASE_DELAY * 2 ** (failures - free), MAX_DELAY))
 
 
-def _locked(key: str) -> LoginCounter:
-    """The counter ``key``, created when missing, row-locked for this transaction."""
-    for _ in range(2):
-        row = db.session.scalars(
-            select(LoginCounter).where(LoginCounter.key == key).with_for_update()
-        ).one_or_none()
-        if row is not None:
-            return row
+def _ensure(*keys: str) -> None:
+    """Create the counters that do not exist yet, each committed on its own (a concurrent worker may create
+    the same one: its row is as good)."""
+    for key in keys:
+        if db.session.get(LoginCounter, key) is not None:
+            continue
         db.session.add(LoginCounter(key=key, failures=0, blocked_until=0.0, last_attempt=0.0, good_until=0.0))
         try:
-            db.session.flush()
-        except IntegrityError:  # another worker created it first: lock that one
+            db.session.commit()
+        except IntegrityError:
             db.session.rollback()
-    raise RuntimeError(f"login counter {key!r} could not be created")  # pragma: no cover
+    db.session.commit()
+
+
+def _locked(key: str) -> LoginCounter:
+    """The counter ``key`` (created by ``_ensure``), row-locked for this transaction."""
+    row: LoginCounter = db.session.scalars(
+        select(LoginCounter)
+        .where(LoginCounter.key == key)
+        .with_for_update()
+        .execution_options(populate_existing=True)
+    ).one()
+    return row
 
 
 @dataclass(frozen=True)
@@ -117,10 +126,12 @@ class Verdict:
 def begin_attempt(address: str) -> Verdict:
     """Count one login attempt from ``address`` before its password is checked (see the module)."""
     moment = now()
-    db.session.commit()  # a transaction of its own, holding the counters' locks only while it counts
+    account_key, address_key = f"account:{OWNER_ACCOUNT}", f"address:{address[:80]}"
+    _ensure(account_key, address_key)
+    # A transaction of its own, holding the counters' locks (always in this order) only while it counts.
     try:
-        account = _locked(f"account:{OWNER_ACCOUNT}")
-        row = _locked(f"address:{address[:80]}")
+        account = _locked(account_key)
+        row = _locked(address_key)
         for counter in (account, row):
             if counter.last_attempt and moment - counter.last_attempt > FORGET_AFTER.total_seconds():
                 counter.failures, counter.blocked_until = 0, 0.0
@@ -150,8 +161,9 @@ def begin_attempt(address: str) -> Verdict:
 def record_success(address: str) -> None:
     """A right password from ``address``: its counter is cleared and it is a good address from now on."""
     moment = now()
-    db.session.commit()
-    row = _locked(f"address:{address[:80]}")
+    key = f"address:{address[:80]}"
+    _ensure(key)
+    row = _locked(key)
     row.failures, row.blocked_until = 0, 0.0
     row.good_until = moment + GOOD_FOR.total_seconds()
     db.session.commit()
