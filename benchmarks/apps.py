@@ -30,6 +30,11 @@ SHOP_CONFIG = {
     "GATEWAY_PUBLIC_URL": "http://127.0.0.1:8000",
     "GATEWAY_ORDER_ENDPOINT": "order_page",
     "GATEWAY_MAX_RETRIES": 0,
+    # Figure 3 measures the extension's own work per callback (signature, row lock, state machine) with no
+    # gateway behind it: no getstatus confirmation (one round trip to the gateway, measured by figure 4),
+    # and no rate limit on one client's load.
+    "GATEWAY_CONFIRM_CALLBACKS": False,
+    "GATEWAY_CALLBACK_RATE_LIMIT": None,
 }
 
 

@@ -17,6 +17,7 @@ from flask import Flask, request
 from werkzeug.exceptions import RequestEntityTooLarge
 from werkzeug.security import generate_password_hash
 
+from example_shop import access_log
 from example_shop.config import ShopConfigError, resolve
 from flask_gateway.core.sql import create_all_safely
 
@@ -29,9 +30,10 @@ def create_app(config: Mapping[str, Any] | None = None) -> Flask:
         auth,  # noqa: F401 - registers the extension's admin guard
         views,
     )
-    from example_shop.extensions import csrf, db, gateway
+    from example_shop.extensions import csrf, db, gateway, limiter
     from example_shop.models import EXTENSION_KEY, connect_signals
 
+    access_log.install()  # order links and v1 outcome URLs never reach the access log
     app = Flask(__name__, instance_relative_config=True)
     instance = Path(app.instance_path)
     app.config.from_mapping(resolve(config, environ=os.environ, instance_path=instance))
@@ -39,6 +41,8 @@ def create_app(config: Mapping[str, Any] | None = None) -> Flask:
 
     db.init_app(app)
     app.before_request(_refuse_oversize)  # first: a 413, not the CSRF check's 400, whatever the body
+    # Then the rate limits: a flood is refused before the CSRF check, and while no transaction is open.
+    limiter.init_app(app)
     csrf.init_app(app)  # before the gateway, which exempts its signed callback blueprint
     gateway.init_app(app, db=db)
     app.extensions[EXTENSION_KEY] = True

@@ -1,93 +1,97 @@
-"""The owner's login: one password (its werkzeug hash in the config), a flag in the session.
+"""The owner's login: one password (its werkzeug hash in the config), a server-checked mark in the session.
 
 The extension's admin screens (``/gateway/admin/``) use the same login through ``@gateway.admin_guard``.
+Attempts are counted, backed off and shared by every worker process, and a logout ends every copy of the
+session (:mod:`example_shop.login_guard`).
 """
 
 from __future__ import annotations
 
-import threading
 import time
 import unicodedata
-from collections import deque
 from collections.abc import Callable
 from functools import wraps
 from typing import Final, ParamSpec, TypeVar
 from urllib.parse import urlsplit
 
-from flask import current_app, redirect, request, session, url_for
+from flask import current_app, g, redirect, request, session, url_for
 from werkzeug.security import check_password_hash
 from werkzeug.wrappers import Response
 
+from example_shop import login_guard
 from example_shop.extensions import gateway
 
 __all__ = [
-    "FAILED_LOGINS_ALLOWED",
     "SESSION_HOURS",
     "check_password",
+    "client_address",
     "is_owner",
     "log_in",
     "log_out",
     "owner_required",
     "safe_next",
-    "throttled",
 ]
 
 SESSION_HOURS: Final = 8
-_KEY: Final = "owner_since"
-#: Failed logins allowed per client address in :data:`_WINDOW` seconds before the form refuses to check.
-FAILED_LOGINS_ALLOWED: Final = 5
-_WINDOW: Final = 300.0
-_failures: dict[str, deque[float]] = {}
-_failures_lock = threading.Lock()
+_KEY: Final = "owner"
 
 P = ParamSpec("P")
 R = TypeVar("R")
 
 
+def _stored_hash() -> str:
+    stored = current_app.config.get("SHOP_ADMIN_PASSWORD_HASH")
+    return stored if isinstance(stored, str) else ""
+
+
+def _credential_key() -> str:
+    """Stands for the owner's password in the session (``SHOP_OWNER_CREDENTIAL_KEY``): a new one ends the
+    sessions made with the old."""
+    return str(current_app.config.get("SHOP_OWNER_CREDENTIAL_KEY", ""))
+
+
 def is_owner() -> bool:
-    since = session.get(_KEY)
-    if not isinstance(since, int | float) or isinstance(since, bool):
-        return False
-    return 0 <= time.time() - since < SESSION_HOURS * 3600
+    """The session was made by a login that is still current: within its hours, with the password hash in
+    force, and not ended by a logout since (the version is the server's)."""
+    cached = g.get("shop_is_owner")
+    if cached is not None:
+        return bool(cached)
+    mark = session.get(_KEY)
+    valid = (
+        isinstance(mark, dict)
+        and isinstance(mark.get("since"), int | float)
+        and 0 <= time.time() - mark["since"] < SESSION_HOURS * 3600
+        and mark.get("key") == _credential_key()
+        and mark.get("version") == login_guard.session_version()
+    )
+    g.shop_is_owner = valid
+    return valid
 
 
 def log_in() -> None:
-    session[_KEY] = time.time()
+    session[_KEY] = {
+        "since": time.time(),
+        "version": login_guard.session_version(),
+        "key": _credential_key(),
+    }
+    g.pop("shop_is_owner", None)
 
 
 def log_out() -> None:
+    """End this session and every copy of it (another device, a copied cookie)."""
+    if is_owner():
+        login_guard.end_sessions()
     session.pop(_KEY, None)
+    g.pop("shop_is_owner", None)
 
 
 def check_password(password: str) -> bool:
-    stored = current_app.config.get("SHOP_ADMIN_PASSWORD_HASH")
-    return isinstance(stored, str) and bool(stored) and check_password_hash(stored, password)
+    stored = _stored_hash()
+    return bool(stored) and check_password_hash(stored, password)
 
 
-def _client() -> str:
+def client_address() -> str:
     return request.remote_addr or "unknown"
-
-
-def throttled() -> bool:
-    """True while this client has used up its failed logins (in-process; a real shop uses its proxy)."""
-    now = time.monotonic()
-    with _failures_lock:
-        attempts = _failures.get(_client())
-        if not attempts:
-            return False
-        while attempts and attempts[0] < now - _WINDOW:
-            attempts.popleft()
-        return len(attempts) >= FAILED_LOGINS_ALLOWED
-
-
-def record_failure() -> None:
-    with _failures_lock:
-        _failures.setdefault(_client(), deque(maxlen=FAILED_LOGINS_ALLOWED)).append(time.monotonic())
-
-
-def forget_failures() -> None:
-    with _failures_lock:
-        _failures.pop(_client(), None)
 
 
 def safe_next(target: str | None) -> str:

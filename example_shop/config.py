@@ -6,6 +6,8 @@ with a :class:`ShopConfigError` that names the variable and the fix (see docs/ex
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import os
 import secrets
 from collections.abc import Callable, Mapping
@@ -73,6 +75,7 @@ _GATEWAY_PARSERS: Final[dict[str, Callable[[str, str], Any]]] = {
     "GATEWAY_ORDER_EXPIRY_MINUTES": _whole,
     "GATEWAY_RECONCILE_AFTER_SECONDS": _whole,
     "GATEWAY_V1_CANCEL_ON_FAIL": _flag,
+    "GATEWAY_CONFIRM_CALLBACKS": _flag,
     "GATEWAY_TIMEOUT": _seconds,
 }
 
@@ -160,6 +163,10 @@ def resolve(
         "SESSION_COOKIE_HTTPONLY": True,
         # Every form here is a few KiB; the gateway's callback needs 64 KiB (it checks that itself).
         "MAX_CONTENT_LENGTH": 1024 * 1024,
+        # Flask-Limiter (the login form): counters in the shop's database, shared by every worker.
+        "RATELIMIT_STORAGE_URI": "flask-gateway-db://",
+        "RATELIMIT_SWALLOW_ERRORS": True,
+        "SHOP_LOGIN_RATE_LIMIT": "30 per minute",
     }
     env_values: dict[str, Any] = gateway_from_env(environ)
     for name in (
@@ -173,9 +180,12 @@ def resolve(
         "SHOP_MAX_CENTS",
         "SHOP_SECRET_KEY",
         "SHOP_DATABASE_URL",
+        "SHOP_LOGIN_RATE_LIMIT",
     ):
         if environ.get(name):
             env_values[name] = environ[name]
+    if environ.get("SHOP_RATELIMIT_STORAGE_URI"):
+        env_values["RATELIMIT_STORAGE_URI"] = environ["SHOP_RATELIMIT_STORAGE_URI"]
     if "SHOP_AUTO_INSTALL" in environ:
         env_values["SHOP_AUTO_INSTALL"] = _flag("SHOP_AUTO_INSTALL", environ["SHOP_AUTO_INSTALL"])
     config.update(env_values)
@@ -185,6 +195,8 @@ def resolve(
     if env not in _ENVIRONMENTS:
         raise ShopConfigError(f"SHOP_ENV={config['SHOP_ENV']!r}: use 'development' or 'production'.")
     config["SHOP_ENV"] = env
+    given_hash = (config.get("SHOP_ADMIN_PASSWORD_HASH") or "").strip()
+    credential = given_hash or config.get("SHOP_ADMIN_PASSWORD") or ""
     config["SHOP_ADMIN_PASSWORD_HASH"] = _password_hash(config)
     config["SHOP_MIN_CENTS"] = _cents("SHOP_MIN_CENTS", config["SHOP_MIN_CENTS"])
     config["SHOP_MAX_CENTS"] = _cents("SHOP_MAX_CENTS", config["SHOP_MAX_CENTS"])
@@ -205,6 +217,15 @@ def resolve(
         else:
             config["SECRET_KEY"] = instance_secret(instance_path)
     config.pop("SHOP_SECRET_KEY", None)
+    # The owner's sessions carry this: a new password ends the sessions of the old one. The same in every
+    # worker process (a plain development password is hashed with a new salt in each), and useless without
+    # SECRET_KEY (the session cookie is readable).
+    secret = str(config["SECRET_KEY"]).encode()
+    config["SHOP_OWNER_CREDENTIAL_KEY"] = (
+        hmac.new(secret, b"owner-credential:" + str(credential).encode(), hashlib.sha256).hexdigest()[:32]
+        if credential
+        else ""
+    )
 
     if not config.get("SQLALCHEMY_DATABASE_URI"):
         if config.get("SHOP_DATABASE_URL"):

@@ -7,6 +7,7 @@ Ports: ``DEMO_EMULATOR_PORT`` (5050) and ``DEMO_SHOP_PORT`` (5000); ``DEMO_API_V
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -78,6 +79,8 @@ def main() -> int:
     DATA.mkdir(parents=True, exist_ok=True)
     emulator_url = f"http://127.0.0.1:{emulator_port}"
     shop_url = f"http://127.0.0.1:{shop_port}"
+    # The emulator's dashboard and control API are closed with a token of this run (docs/emulator.md).
+    control_token = os.environ.get("EMULATOR_CONTROL_TOKEN") or secrets.token_urlsafe(18)
     processes: list[subprocess.Popen[bytes]] = []
     try:
         emulator = _flask(
@@ -87,6 +90,7 @@ def main() -> int:
                 "EMULATOR_WAF": "allow-local",
                 "EMULATOR_DATABASE_URL": f"sqlite:///{DATA / 'emulator.sqlite3'}",
                 "EMULATOR_PUBLIC_URL": emulator_url,
+                "EMULATOR_CONTROL_TOKEN": control_token,
             },
         )
         processes.append(emulator)
@@ -118,6 +122,7 @@ def main() -> int:
             f"  Shop:               {shop_url}/            <- start here and buy something\n"
             f"  Shop admin:         {shop_url}/admin/      (password: {OWNER_PASSWORD})\n"
             f"  Gateway emulator:   {emulator_url}/_emulator/   (dashboard: checkouts, callbacks, e-mails)\n"
+            f"                      sign in with the control token {control_token}\n"
             f"  Flow:               {api_version} (DEMO_API_VERSION=v1 make demo for the v1 flow)\n"
             "  NOTE: the emulator runs with EMULATOR_WAF=allow-local so that localhost redirect URLs work;\n"
             "        the real gateway's firewall refuses redirect URLs on localhost or an IP address.\n"

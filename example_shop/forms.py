@@ -42,7 +42,12 @@ except ImportError:  # WTForms before 3.3 takes (value, label) pairs
     _PROVINCE_CHOICES: list[Any] = [("", "Choose a province"), *((name, name) for name in PROVINCES)]
 else:
     _PROVINCE_CHOICES = [SelectChoice("", "Choose a province"), *(SelectChoice(name) for name in PROVINCES)]
-_EMAIL: Final = re.compile(r"[^@\s]+@[^@\s]+\.[^@\s.]{2,}\Z")
+#: name@host.tld, with the characters a ``mailto:`` link carries as they are: no ``?``, ``&``, ``#``, ``/``,
+#: ``%``, quotes or brackets (``a@b.com?subject=...`` would put words into the owner's e-mail).
+_EMAIL: Final = re.compile(
+    r"[A-Za-z0-9!$'*+=^_`{|}~-]+(?:\.[A-Za-z0-9!$'*+=^_`{|}~-]+)*"
+    r"@(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?\.)+[A-Za-z]{2,}\Z"
+)
 _POSTAL_CODE: Final = re.compile(r"[0-9]{4}\Z")
 _PHONE_SEPARATORS: Final = dict.fromkeys(map(ord, " -()."), None)
 _AMOUNT: Final = re.compile(r"[0-9]+(?:\.[0-9]{1,2})?\Z")

@@ -250,6 +250,10 @@ def latest_checkout(reference: str) -> GatewayCheckout | None:
 
 
 _CANCELLED: Final = frozenset({CheckoutStatus.CANCELLED_BY_CONSUMER, CheckoutStatus.CANCELLED_BY_MERCHANT})
+_REFUNDED_UNPAID: Final = (
+    "refunded in full at the gateway before the payment was confirmed here: not fulfilled; the gateway "
+    "record is flagged for review"
+)
 
 
 def sync_with_gateway(order: Order) -> Order:
@@ -266,7 +270,9 @@ def sync_with_gateway(order: Order) -> Order:
     if checkout.refunded_cents > order.refunded_cents:
         mark_refunded(reference, checkout.refunded_cents, "refund caught up from the gateway record")
     if order.state is OrderStatus.PROCESSING and order.paid_at is None:
-        if checkout.status in _CANCELLED:
+        if checkout.status == CheckoutStatus.FULLY_REFUNDED and checkout.payment_confirmed_at is None:
+            mark_closed(reference, OrderStatus.REFUNDED, _REFUNDED_UNPAID)
+        elif checkout.status in _CANCELLED:
             mark_closed(reference, OrderStatus.CANCELLED, f"checkout {checkout.status}")
         elif checkout.status == CheckoutStatus.EXPIRED:
             mark_closed(reference, OrderStatus.EXPIRED, "checkout expired")
@@ -306,7 +312,10 @@ def on_refund_succeeded(
     if _ours(sender):
         reason = getattr(refund, "reason", "") or ""
         detail = f"refunded {format_money(amount_cents)}" + (f": {reason}" if reason else "")
-        mark_refunded(checkout.order_reference, checkout.refunded_cents, detail)
+        if not mark_refunded(checkout.order_reference, checkout.refunded_cents, detail) and (
+            checkout.payment_confirmed_at is None and checkout.refunded_cents >= checkout.total_cents
+        ):
+            mark_closed(checkout.order_reference, OrderStatus.REFUNDED, _REFUNDED_UNPAID)
 
 
 def connect_signals() -> None:

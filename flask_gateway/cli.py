@@ -5,9 +5,12 @@
   may have missed (see :mod:`flask_gateway.reconcile`); exits 1 when a checkout could not be polled, so a
   cron job reports it.
 - ``flask gateway status TOKEN [--refresh]``: the local record and the gateway's getstatus answer.
+- ``flask gateway check-settings``: compare the gateway's settings (callback URL, e-mail, limits) with the
+  shop's (see :mod:`flask_gateway.drift`); exits 1 when they differ or the gateway cannot be asked.
 - ``flask gateway callbacks [--outcome O] [--refused] [--limit N]``: the newest callbacks received.
-- ``flask gateway prune-callbacks --older-than-days N``: delete callback log rows older than N days (the
-  checkouts' own history, ``gateway_checkout_events``, is kept).
+- ``flask gateway prune-callbacks [--older-than-days N] [--refused]``: delete callback log rows older than
+  N days, or every refused (never verified) row now (the checkouts' own history,
+  ``gateway_checkout_events``, is kept).
 """
 
 from __future__ import annotations
@@ -158,6 +161,21 @@ def status_command(token: str, apply_answer: bool) -> None:
         raise SystemExit(1)
 
 
+@gateway_cli.command("check-settings")
+def check_settings_command() -> None:
+    """Compare the gateway's settings with the shop's and say what differs (exit 1 when something does)."""
+    from flask_gateway.drift import check_settings
+
+    try:
+        report = check_settings()
+    except (GatewayError, NotInstalledError, ValueError) as error:
+        click.echo(f"The gateway's settings could not be checked: {error}", err=True)
+        raise SystemExit(1) from None
+    click.echo(report.summary())
+    if not report.ok:
+        raise SystemExit(1)
+
+
 @gateway_cli.command("callbacks")
 @click.option(
     "--outcome",
@@ -182,9 +200,10 @@ def callbacks_command(outcome: str | None, refused: bool, limit: int) -> None:
         answer = "no answer" if row.http_status == 0 else f"HTTP {row.http_status}"
         checkout = f"checkout #{row.checkout_id}" if row.checkout_id else "no checkout"
         signature = "verified" if row.verified else "NOT verified"
+        client = f"from {row.client_address}  " if row.client_address else ""
         click.echo(
             f"#{row.id}  {_when(row.received_at)}  {answer:<9}  {row.outcome:<18}  {signature:<12}  "
-            f"{checkout}{': ' + row.detail if row.detail else ''}"
+            f"{client}{checkout}{': ' + row.detail if row.detail else ''}"
         )
 
 
@@ -193,14 +212,32 @@ def callbacks_command(outcome: str | None, refused: bool, limit: int) -> None:
     "--older-than-days",
     "days",
     type=click.IntRange(min=1),
-    required=True,
+    default=None,
     help="Delete callback log rows received more than this many days ago.",
 )
-def prune_callbacks_command(days: int) -> None:
-    """Delete old callback log rows (the checkouts and their history stay)."""
+@click.option(
+    "--refused",
+    is_flag=True,
+    help="Delete the rows of refused, never verified requests (bad signature, too large), whatever their "
+    "age: a flood in progress can be purged now. With --older-than-days, only the older ones.",
+)
+def prune_callbacks_command(days: int | None, refused: bool) -> None:
+    """Delete callback log rows (the checkouts and their history stay)."""
+    if days is None and not refused:
+        raise click.UsageError("Say what to delete: --older-than-days N, --refused, or both.")
     session = get_state().session
-    cutoff = utcnow() - timedelta(days=days)
-    result = session.execute(delete(CallbackLog).where(CallbackLog.received_at < cutoff))
+    query = delete(CallbackLog)
+    described = []
+    if refused:
+        query = query.where(CallbackLog.verified.is_(False))
+        described.append("refused (never verified)")
+    cutoff = None
+    if days is not None:
+        cutoff = utcnow() - timedelta(days=days)
+        query = query.where(CallbackLog.received_at < cutoff)
+    result = session.execute(query)
     deleted = result.rowcount if isinstance(result, CursorResult) else 0
     session.commit()
-    click.echo(f"Deleted {deleted} callback log row(s) received before {_when(cutoff)}.")
+    what = " ".join([*described, "callback log row(s)"])
+    since = f" received before {_when(cutoff)}" if cutoff is not None else ""
+    click.echo(f"Deleted {deleted} {what}{since}.")

@@ -61,6 +61,10 @@ DEFAULTS: Final[Mapping[str, Any]] = {
     "GATEWAY_RECONCILE_AFTER_SECONDS": 300,
     "GATEWAY_CURRENCY_SYMBOL": "R",
     "GATEWAY_WIRE_NAMES": OPERATOR.key,
+    "GATEWAY_CONFIRM_CALLBACKS": True,
+    "GATEWAY_RATELIMIT_STORAGE_URI": None,
+    "GATEWAY_CALLBACK_RATE_LIMIT": "60 per minute",
+    "GATEWAY_PLAN_RATE_LIMIT": "30 per minute",
 }
 
 
@@ -81,6 +85,10 @@ class GatewayConfig:
     encryption_key: str | None
     reconcile_after_seconds: int
     currency_symbol: str
+    confirm_callbacks: bool
+    ratelimit_storage_uri: str | None
+    callback_rate_limit: str | None
+    plan_rate_limit: str | None
     #: How requests and the v1 replies spell the operator-named fields (answers are read in either set).
     wire_names: WireNames = OPERATOR
 
@@ -111,7 +119,18 @@ class GatewayConfig:
                     "(see docs/configuration.md)."
                 )
             _check_url(key, urls[key])
+            if environment == "production" and urlsplit(urls[key]).scheme != "https":
+                raise ConfigurationError(
+                    f"{key}={urls[key]!r} must be https:// in production: the signed requests, the API "
+                    "key and the answers must not cross the network in the clear."
+                )
         public_url = config["GATEWAY_PUBLIC_URL"]
+        if environment == "production" and not public_url:
+            raise ConfigurationError(
+                "GATEWAY_PUBLIC_URL is not set: in production the callback and return URLs must come from "
+                "the shop's configured https:// address, never from a request's Host header. Set it to "
+                "the shop's external address, e.g. https://shop.example."
+            )
         if public_url:
             _check_url("GATEWAY_PUBLIC_URL", public_url)
             if environment == "production" and urlsplit(public_url).scheme != "https":
@@ -157,7 +176,17 @@ class GatewayConfig:
             reconcile_after_seconds=int(config["GATEWAY_RECONCILE_AFTER_SECONDS"]),
             currency_symbol=str(config["GATEWAY_CURRENCY_SYMBOL"]),
             wire_names=names,
+            confirm_callbacks=_flag("GATEWAY_CONFIRM_CALLBACKS", config["GATEWAY_CONFIRM_CALLBACKS"]),
+            ratelimit_storage_uri=config["GATEWAY_RATELIMIT_STORAGE_URI"] or None,
+            callback_rate_limit=config["GATEWAY_CALLBACK_RATE_LIMIT"] or None,
+            plan_rate_limit=config["GATEWAY_PLAN_RATE_LIMIT"] or None,
         )
+
+
+def _flag(key: str, value: object) -> bool:
+    if isinstance(value, bool):
+        return value
+    raise ConfigurationError(f"{key}={value!r}: True or False.")
 
 
 def _check_url(key: str, value: object) -> None:

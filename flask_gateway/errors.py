@@ -18,6 +18,8 @@ from werkzeug.exceptions import (
     HTTPException,
     NotFound,
     RequestEntityTooLarge,
+    ServiceUnavailable,
+    TooManyRequests,
     Unauthorized,
 )
 
@@ -31,6 +33,8 @@ if TYPE_CHECKING:
 __all__ = [
     "CallbackBodyInvalid",
     "CallbackCheckoutUnknown",
+    "CallbackConfirmFailed",
+    "CallbackRateLimited",
     "CallbackRejected",
     "CallbackTooLarge",
     "CallbackUnauthorized",
@@ -76,7 +80,7 @@ class CallbackRejected(JSONHTTPException):
 
 
 class CallbackUnauthorized(CallbackRejected, Unauthorized):
-    """401: the signature or the ``X-Merchant-Account-ID`` header does not match the installation."""
+    """401: a wrong or missing signature, or an ``X-Merchant-Account-ID`` not the installed account."""
 
     outcome = CallbackOutcome.REJECTED_SIGNATURE.value
     description = "The callback's signature or merchant account is not valid."
@@ -101,6 +105,30 @@ class CallbackCheckoutUnknown(CallbackRejected, NotFound):
 
     outcome = CallbackOutcome.UNKNOWN_CHECKOUT.value
     description = "No checkout with this checkoutToken."
+
+
+class CallbackConfirmFailed(CallbackRejected, ServiceUnavailable):
+    """503: a correctly signed claim that getstatus could not confirm (the gateway did not answer): the
+    gateway retries the callback, and reconciliation asks again."""
+
+    outcome = CallbackOutcome.CONFIRM_FAILED.value
+    description = "The callback could not be confirmed with the gateway yet; try again later."
+
+
+class CallbackRateLimited(CallbackRejected, TooManyRequests):
+    """429: this client used up its refused callbacks for now; nothing was read or stored."""
+
+    outcome = "rate-limited"
+    description = "Too many refused callbacks from this address; try again later."
+
+    def __init__(self, description: str | None = None, *, retry_after: int = 60) -> None:
+        super().__init__(description)
+        self.retry_after = retry_after
+
+    def get_headers(
+        self, environ: WSGIEnvironment | None = None, scope: dict[str, Any] | None = None
+    ) -> list[tuple[str, str]]:
+        return [*super().get_headers(environ, scope), ("Retry-After", str(self.retry_after))]
 
 
 class V1OutcomeRejected(JSONHTTPException):

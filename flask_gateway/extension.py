@@ -16,6 +16,7 @@ from flask_gateway.config import ConfigurationError, GatewayConfig
 from flask_gateway.core.client import GatewayClient, V1Client
 from flask_gateway.core.sql import configure_sqlite
 from flask_gateway.models import GatewayBase, Installation
+from flask_gateway.ratelimit import RateLimit, make_storage
 from flask_gateway.secrets import SecretBox
 
 #: ``GatewayState.installation_key``: built once (the newest installation of an environment).
@@ -47,6 +48,10 @@ class GatewayState:
     config: GatewayConfig
     box: SecretBox
     extension: Gateway
+    #: Refused callbacks per client address (``GATEWAY_CALLBACK_RATE_LIMIT``); None: no limit.
+    callback_limit: RateLimit | None = None
+    #: Payment-plan lookups per client address (``GATEWAY_PLAN_RATE_LIMIT``); None: no limit.
+    plan_limit: RateLimit | None = None
     #: Test seams: replace to inject a ``requests.Session`` or a fake sleep.
     client_options: dict[str, Any] = field(default_factory=dict)
     #: One ``requests.Session`` per thread, shared by every client this app makes in that thread: its
@@ -177,7 +182,19 @@ class Gateway:
             )
         config = GatewayConfig.from_mapping(app.config)
         box = SecretBox(config.encryption_key, app.config.get("SECRET_KEY"))
-        app.extensions[EXTENSION_KEY] = GatewayState(db=database, config=config, box=box, extension=self)
+        storage = make_storage(config.ratelimit_storage_uri)
+        app.extensions[EXTENSION_KEY] = GatewayState(
+            db=database,
+            config=config,
+            box=box,
+            extension=self,
+            callback_limit=RateLimit.build("callback-refusals", config.callback_rate_limit, storage)
+            if config.callback_rate_limit
+            else None,
+            plan_limit=RateLimit.build("plan-lookups", config.plan_rate_limit, storage)
+            if config.plan_rate_limit
+            else None,
+        )
         with app.app_context():
             try:
                 engine = database.engine

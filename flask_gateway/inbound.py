@@ -4,30 +4,47 @@ No view code here: ``views/public.py`` reads the request and hands the parts ove
 goes through :func:`flask_gateway.transitions.apply` (row lock, forward only, amount and account checks,
 signals once, after the commit).
 
-Status callback (:func:`process_callback`), after dj-stripe: *store first, process second*.
+Status callback (:func:`process_callback`). A callback is a *claim*: its signature proves who signed it,
+and the sandbox signs anything for anyone (its 401 answers carry ``expectedSignature``), so the money
+never moves on a signature alone.
 
-1. A ``CallbackLog`` row is committed before anything is checked: the headers without secrets (no
-   ``X-Signature``, ``Authorization``, ``Cookie``, ...), the body as text, ``verified=False``, outcome
-   ``received`` and ``http_status=0`` (a row left like that means processing died).
-2. Verification, failing closed: ``X-Merchant-Account-ID`` must equal the installation's account
-   (``hmac.compare_digest``) and ``X-Signature`` must verify over the exact raw body with the stored
-   signing key. Nothing of an unverified body is trusted, not even its token.
-3. The body must parse as a ``CheckoutStatusPayload``; its ``checkoutToken`` must name one of our v2
-   checkouts.
-4. ``PAID`` / ``PAID_PENDING_CALLBACK`` (a payment) and ``CANCELLED_BY_CONSUMER`` are applied; the
-   log row's outcome is written in the same transaction, and the answer is sent only after that commit.
+1. **Rate limit.** A client that used up its refusals (``GATEWAY_CALLBACK_RATE_LIMIT`` per client address:
+   refused, unconfirmed and mismatched callbacks count, accepted ones and duplicates do not) gets 429
+   with ``Retry-After``: nothing is read, verified or stored.
+2. **Verification, before anything large is stored.** ``X-Signature`` must verify over the exact raw body
+   with the installation's signing key. ``X-Merchant-Account-ID``, when present, must be the installed
+   account (``hmac.compare_digest``); when absent, the signature alone decides: no public source shows
+   that the gateway sends that header (docs/decisions.md). A refused request keeps a bounded excerpt
+   (``CallbackLog``: the first 256 characters of the body, four short headers, the reason, the client
+   address), so a flood costs a few hundred bytes a request, and the limit caps those.
+3. A verified callback is stored in full (the headers without secrets: no ``X-Signature``,
+   ``Authorization``, ``Cookie``, ...; the body as text, ``http_status=0`` until answered), then parsed as
+   a ``CheckoutStatusPayload``; its ``checkoutToken`` must name one of our v2 checkouts.
+4. **Confirmation** (``GATEWAY_CONFIRM_CALLBACKS``, on by default): a callback that would change the
+   checkout (a payment, a consumer cancellation, a refund status) is checked with one getstatus call,
+   made with no transaction open. The answer must agree with the claim on the token, the status (the two
+   payment statuses count as one: the gateway moves ``PAID_PENDING_CALLBACK`` to ``PAID`` when a callback
+   is acknowledged) and the amount; the account is the installation's, whose key signed the request and
+   the getstatus call. What is applied is the gateway's answer. A claim the answer contradicts applies
+   nothing of its own: the answer is applied as a poll would (so a refund the gateway reports is
+   recorded), the row says ``unconfirmed`` and ``callback_rejected`` fires.
+5. The status is applied under the row lock; the log row's outcome is written in the same transaction,
+   and the answer is sent only after that commit.
 
 Answers (``CallbackLog.outcome`` in brackets):
 
 ====  =====================================================================================================
 200   applied (``accepted``); already known, e.g. a retry or a replay (``duplicate``); a status the shop
-      does not act on from a callback (refund statuses, unknown strings) or a stale one, e.g.
-      ``PAID_PENDING_CALLBACK`` after ``PAID`` (``ignored``); amount or account mismatch (``mismatch``)
+      does not act on from a callback (unknown strings; refund statuses when confirmation is off) or a
+      stale one, e.g. ``PAID_PENDING_CALLBACK`` after ``PAID`` (``ignored``); amount or account mismatch
+      (``mismatch``); a claim getstatus contradicts (``unconfirmed``)
 400   correctly signed, but not a status payload: malformed JSON, missing or wrong fields (``invalid-body``)
-401   wrong or missing signature, account header not the installed account, or no installation
-      (``rejected-signature``)
+401   wrong or missing signature, account header present but not the installed account, or no
+      installation (``rejected-signature``, an excerpt)
 404   signed payload whose ``checkoutToken`` is not one of our v2 checkouts (``unknown-checkout``)
-413   body over 64 KiB, not read (``too-large``)
+413   body over 64 KiB, also a chunked one, not read past the limit (``too-large``, an excerpt)
+429   the client used up its refusals: nothing stored
+503   the gateway could not be asked to confirm (``confirm-failed``): it retries, reconciliation settles it
 500   an unexpected error; the transaction is rolled back and the row says ``error``: the gateway retries
 ====  =====================================================================================================
 
@@ -40,7 +57,7 @@ fires so the shop can alert someone. Getstatus and reconciliation make the same 
 can pay the checkout by the back door either.
 
 ``callback_rejected`` is sent (with ``checkout`` or None, ``reason`` and ``log``) after the rejection is
-committed: for every 4xx answer and for a mismatch.
+committed: for every 4xx answer (429 excepted: nothing is stored), a mismatch and an unconfirmed claim.
 """
 
 from __future__ import annotations
@@ -54,17 +71,19 @@ from typing import Any, Final, Literal, NoReturn
 
 from flask import current_app
 from pydantic import ValidationError
+from sqlalchemy import select
 from werkzeug.datastructures import Headers
 from werkzeug.exceptions import NotFound
 
 from flask_gateway import signals
 from flask_gateway.core.auth import ACCOUNT_HEADER, SIGNATURE_HEADER
-from flask_gateway.core.errors import GatewayError
+from flask_gateway.core.errors import GatewayError, NotFoundError
 from flask_gateway.core.http import describe_validation_error
 from flask_gateway.core.sql import commit_keeping_loaded
 from flask_gateway.core.timestamps import utcnow
 from flask_gateway.core.wire import (
     OPERATOR,
+    PAYMENT_STATUSES,
     CheckoutStatus,
     CheckoutStatusPayload,
     V1FailReason,
@@ -75,6 +94,8 @@ from flask_gateway.core.wire import (
 from flask_gateway.errors import (
     CallbackBodyInvalid,
     CallbackCheckoutUnknown,
+    CallbackConfirmFailed,
+    CallbackRateLimited,
     CallbackRejected,
     CallbackTooLarge,
     CallbackUnauthorized,
@@ -89,10 +110,17 @@ from flask_gateway.models import CallbackLog, CallbackOutcome, GatewayCheckout
 from flask_gateway.polling import refresh
 from flask_gateway.secrets import SecretUnreadable
 from flask_gateway.signing import verify
-from flask_gateway.transitions import Observation, Transition, apply, lock_by_token, send_pending
+from flask_gateway.transitions import (
+    Observation,
+    Transition,
+    apply,
+    send_pending,
+    would_apply,
+)
 from flask_gateway.urls import external_url, load_signed_reference, return_url
 
 __all__ = [
+    "EXCERPT_CHARS",
     "MAX_CALLBACK_BYTES",
     "CallbackOutcome",
     "CallbackResult",
@@ -111,11 +139,19 @@ S = CheckoutStatus
 
 #: A status payload is about 1 KiB; anything over this is not a callback (413, not read).
 MAX_CALLBACK_BYTES: Final = 64 * 1024
+#: What a refused callback keeps of its body (characters).
+EXCERPT_CHARS: Final = 256
 
 #: The statuses a callback may apply: a payment (the spec: accept payment only for these two) and the
 #: consumer's cancellation (sent when the account manager enabled it).
 _APPLIED_FROM_CALLBACK: Final = frozenset(
     {S.PAID.value, S.PAID_PENDING_CALLBACK.value, S.CANCELLED_BY_CONSUMER.value}
+)
+#: Applied from a callback only once getstatus confirmed them (the gateway's answer is then applied).
+_APPLIED_WHEN_CONFIRMED: Final = frozenset({S.PARTIALLY_REFUNDED.value, S.FULLY_REFUNDED.value})
+#: What a return page may still learn something about from the gateway (a payment, its acknowledgement).
+_STILL_OPEN: Final = frozenset(
+    {S.PENDING_ORDER.value, S.CANCELLED_BY_CONSUMER.value, S.PAID_PENDING_CALLBACK.value}
 )
 
 #: Header names that may carry a secret: never stored.
@@ -124,6 +160,12 @@ _SECRET_HEADER: Final = re.compile(
 )
 _MAX_HEADERS: Final = 50
 _MAX_HEADER_VALUE: Final = 1024
+#: The headers a refused callback keeps, each cut to ``_EXCERPT_HEADER_VALUE`` characters.
+_EXCERPT_HEADERS: Final = ("Content-Type", "Content-Length", "User-Agent", ACCOUNT_HEADER)
+_EXCERPT_HEADER_VALUE: Final = 100
+_DETAIL_CHARS: Final = 500
+#: The outcomes that count against a client's ``GATEWAY_CALLBACK_RATE_LIMIT``.
+_COUNTED: Final = frozenset({CallbackOutcome.MISMATCH, CallbackOutcome.UNCONFIRMED})
 
 
 @dataclass(frozen=True)
@@ -157,24 +199,24 @@ def loggable_headers(headers: Iterable[tuple[str, str]]) -> dict[str, str]:
     return kept
 
 
-def _store(headers: Headers, body: bytes | None, detail: str = "") -> CallbackLog:
-    """Commit the log row of an incoming callback, before anything about it is checked."""
-    session = get_state().session
+def _claimed_account(headers: Headers) -> str | None:
     claimed = headers.get(ACCOUNT_HEADER)
-    log = CallbackLog(
+    return _printable(claimed)[:255] if claimed else None
+
+
+def _new_log(headers: Headers, body: bytes, client: str | None) -> CallbackLog:
+    """The full log row of a verified callback (headers without secrets, the body as text)."""
+    return CallbackLog(
         received_at=utcnow(),
-        merchant_account_id=_printable(claimed)[:255] if claimed else None,
+        merchant_account_id=_claimed_account(headers),
         headers=loggable_headers(headers),
-        body=_printable(body[:MAX_CALLBACK_BYTES].decode("utf-8", errors="replace")) if body else "",
-        verified=False,
+        body=_printable(body[:MAX_CALLBACK_BYTES].decode("utf-8", errors="replace")),
+        verified=True,
         outcome=CallbackOutcome.RECEIVED.value,
         http_status=0,
-        detail=detail,
+        detail="",
+        client_address=client,
     )
-    session.add(log)
-    # Kept loaded: the callback goes on with this row (its id, then its outcome) without reading it again.
-    commit_keeping_loaded(session)
-    return log
 
 
 def _send_rejected(checkout: GatewayCheckout | None, reason: str, log: CallbackLog) -> None:
@@ -186,18 +228,55 @@ def _send_rejected(checkout: GatewayCheckout | None, reason: str, log: CallbackL
     )
 
 
+def _count_against(client: str | None) -> None:
+    state = get_state()
+    if state.callback_limit is not None and client:
+        state.session.commit()  # the counter commits on a connection of its own (SQLite: one writer)
+        state.callback_limit.hit(client)
+
+
+def _refuse_unverified(
+    error: type[CallbackRejected], headers: Headers, body: bytes | None, client: str | None, reason: str
+) -> NoReturn:
+    """Keep a bounded excerpt of a request that proved nothing (401, 413), count it, signal, raise."""
+    session = get_state().session
+    session.rollback()
+    excerpt = body[: EXCERPT_CHARS * 4].decode("utf-8", errors="replace")[:EXCERPT_CHARS] if body else ""
+    log = CallbackLog(
+        received_at=utcnow(),
+        merchant_account_id=_claimed_account(headers),
+        headers={
+            name: _printable(value)[:_EXCERPT_HEADER_VALUE]
+            for name in _EXCERPT_HEADERS
+            if (value := headers.get(name)) is not None
+        },
+        body=_printable(excerpt),
+        verified=False,
+        outcome=error.outcome,
+        http_status=error.code or 400,
+        detail=reason[:_DETAIL_CHARS],
+        client_address=client,
+    )
+    session.add(log)
+    commit_keeping_loaded(session)
+    _log.warning("Callback %s refused (HTTP %s, %s): %s", log.id, error.code, error.outcome, reason)
+    _count_against(client)
+    _send_rejected(None, reason, log)
+    raise error(log=log)
+
+
 def _reject(
     error: type[CallbackRejected],
     log: CallbackLog,
     reason: str,
     *,
-    verified: bool = False,
+    client: str | None,
     checkout: GatewayCheckout | None = None,
 ) -> NoReturn:
-    """Record the refusal on the log row (nothing else is kept), commit, signal, raise ``error``."""
+    """Record the refusal of a verified callback on its row (nothing else is kept), commit, signal, raise."""
     session = get_state().session
     session.rollback()
-    log.verified = verified
+    session.add(log)  # stored already, or stored now with its outcome
     log.outcome = error.outcome
     log.http_status = error.code or 400
     log.detail = reason
@@ -205,6 +284,8 @@ def _reject(
     log_id = log.id
     session.commit()
     _log.warning("Callback %s refused (HTTP %s, %s): %s", log_id, error.code, error.outcome, reason)
+    if error.code != CallbackConfirmFailed.code:  # the gateway's own trouble, not the client's
+        _count_against(client)
     _send_rejected(checkout, reason, log)
     raise error(log=log, checkout=checkout)
 
@@ -227,95 +308,222 @@ def _record_error(log_id: int, exc: BaseException) -> None:
 # --- the callback ------------------------------------------------------------------------------------
 
 
-def refuse_oversize(headers: Headers, content_length: int | None) -> NoReturn:
-    """Log a callback whose body is over ``MAX_CALLBACK_BYTES`` (not read) and raise 413."""
+def refuse_oversize(headers: Headers, content_length: int | None, client: str | None = None) -> NoReturn:
+    """Log an excerpt-less row for a callback whose body is over ``MAX_CALLBACK_BYTES`` and raise 413."""
     size = f"{content_length} bytes" if content_length is not None else "a body"
-    log = _store(headers, None)
-    _reject(CallbackTooLarge, log, f"{size} over the limit of {MAX_CALLBACK_BYTES} bytes; not read")
+    _refuse_unverified(
+        CallbackTooLarge,
+        headers,
+        None,
+        client,
+        f"{size} over the limit of {MAX_CALLBACK_BYTES} bytes; not read past it",
+    )
 
 
-def process_callback(headers: Headers, body: bytes) -> CallbackResult:
-    """Store, verify and apply one status callback; see the module docstring for the answers.
+def check_rate_limit(client: str | None) -> None:
+    """429 (nothing stored) for a client that used up its refused callbacks."""
+    limit = get_state().callback_limit
+    if limit is None or not client:
+        return
+    wait = limit.retry_after(client)
+    if wait is not None:
+        _log.warning("Callback from %s not read: over the limit of refused callbacks", client)
+        raise CallbackRateLimited(retry_after=wait)
 
-    Raises a ``CallbackRejected`` subclass (an ``HTTPException``) for every refusal.
+
+def process_callback(headers: Headers, body: bytes, client: str | None = None) -> CallbackResult:
+    """Verify, store and apply one status callback; see the module docstring for the answers.
+
+    ``client`` is the request's address (rate limit, log row). Raises a ``CallbackRejected`` subclass (an
+    ``HTTPException``) for every refusal.
     """
-    log = _store(headers, body)
-    log_id = log.id
-    try:
-        return _process(log, headers, body)
-    except CallbackRejected:
-        raise
-    except Exception as exc:
-        _record_error(log_id, exc)
-        raise
-
-
-def _process(log: CallbackLog, headers: Headers, body: bytes) -> CallbackResult:
     state = get_state()
-    session = state.session
     installed = state.installation_key()
     if installed is None:
-        _reject(
+        _refuse_unverified(
             CallbackUnauthorized,
-            log,
+            headers,
+            body,
+            client,
             f"the gateway is not installed for the {state.config.environment!r} environment: "
             "no key to verify with",
         )
     installed_account, signing_key_encrypted = installed
-    claimed = headers.get(ACCOUNT_HEADER, "")
-    account_ok = hmac.compare_digest(claimed.encode("utf-8"), installed_account.encode("utf-8"))
-    signature_ok = verify(
-        body, state.box.decrypt_cached(signing_key_encrypted), headers.get(SIGNATURE_HEADER)
-    )
-    if not account_ok:
-        _reject(CallbackUnauthorized, log, f"{ACCOUNT_HEADER} is missing or not the installed account")
-    if not signature_ok:
-        _reject(CallbackUnauthorized, log, f"{SIGNATURE_HEADER} is missing or does not match the body")
-
+    claimed = headers.get(ACCOUNT_HEADER)
+    # Absent: verified by the signature alone (no public source shows the gateway sends the header).
+    if claimed is not None and not hmac.compare_digest(
+        claimed.encode("utf-8", "replace"), installed_account.encode("utf-8")
+    ):
+        _refuse_unverified(
+            CallbackUnauthorized, headers, body, client, f"{ACCOUNT_HEADER} is not the installed account"
+        )
+    if not verify(body, state.box.decrypt_cached(signing_key_encrypted), headers.get(SIGNATURE_HEADER)):
+        _refuse_unverified(
+            CallbackUnauthorized,
+            headers,
+            body,
+            client,
+            f"{SIGNATURE_HEADER} is missing or does not match the body",
+        )
+    log = _new_log(headers, body, client)
     try:
         payload = CheckoutStatusPayload.from_json(body)
     except ValidationError as exc:
-        _reject(CallbackBodyInvalid, log, describe_validation_error(exc), verified=True)
-    checkout = None
-    if "\x00" not in payload.checkoutToken:  # no token has one, and PostgreSQL refuses it in a query
-        # Found and row-locked in one statement: apply() below reuses the lock of this transaction.
-        checkout = lock_by_token(session, payload.checkoutToken)
+        _reject(CallbackBodyInvalid, log, describe_validation_error(exc), client=client)
+    checkout = _find(payload.checkoutToken)
     if checkout is None:
         _reject(
             CallbackCheckoutUnknown,
             log,
             f"no v2 checkout has the token {payload.checkoutToken[:255]!r}",
-            verified=True,
+            client=client,
         )
+    session = state.session
+    session.add(log)
+    # Stored before it is processed. Kept loaded: the callback goes on with this row and the checkout
+    # without reading them again.
+    commit_keeping_loaded(session)
+    log_id = log.id
+    try:
+        result = _process(
+            log, payload, checkout, installed_account, state.box.decrypt_cached(signing_key_encrypted), client
+        )
+    except CallbackRejected:
+        raise
+    except Exception as exc:
+        _record_error(log_id, exc)
+        raise
+    if result.outcome in _COUNTED:
+        _count_against(client)
+    return result
 
+
+def _find(token: str) -> GatewayCheckout | None:
+    if "\x00" in token:  # no token has one, and PostgreSQL refuses it in a query
+        return None
+    found: GatewayCheckout | None = (
+        get_state()
+        .session.scalars(
+            select(GatewayCheckout).where(GatewayCheckout.token == token, GatewayCheckout.api_version == "v2")
+        )
+        .first()
+    )
+    return found
+
+
+def _disagreement(claim: CheckoutStatusPayload, answer: CheckoutStatusPayload) -> str | None:
+    """Why getstatus does not back the callback's claim, or None when it does."""
+    claimed, confirmed = str(claim.checkoutPaymentStatus), str(answer.checkoutPaymentStatus)
+    if answer.checkoutToken != claim.checkoutToken:
+        return "getstatus answered about another checkoutToken"
+    # The two statuses of one payment: a claim of either agrees with an answer of either.
+    if claimed != confirmed and not {claimed, confirmed} <= PAYMENT_STATUSES:
+        return f"the callback says {_printable(claimed)[:40]}, getstatus says {_printable(confirmed)[:40]}"
+    if answer.checkoutTotalCents != claim.checkoutTotalCents:
+        return (
+            f"the callback says a total of {claim.checkoutTotalCents} cents, getstatus "
+            f"{answer.checkoutTotalCents}"
+        )
+    return None
+
+
+def _confirm(
+    log: CallbackLog,
+    checkout: GatewayCheckout,
+    payload: CheckoutStatusPayload,
+    account: str,
+    signing_key: str,
+    client: str | None,
+) -> tuple[CheckoutStatusPayload | None, str | None]:
+    """Ask the gateway (getstatus) about the claim: (its answer, why it disagrees or None).
+
+    The answer is None when the gateway says it has no such checkout for this account (404): the claim is
+    then unconfirmed and nothing is applied. Any other failure refuses the callback with 503.
+    """
+    state = get_state()
+    # Signed with the key that verified the callback: the installation read once, for both.
+    client_api = state.signed_client(account, signing_key)
+    state.session.commit()  # no transaction (SQLite: no write lock) while the gateway answers
+    try:
+        answer = client_api.get_status(payload.checkoutToken).data
+    except NotFoundError:
+        return None, "getstatus: the gateway has no such checkout for the installed account"
+    except GatewayError as error:
+        _reject(
+            CallbackConfirmFailed,
+            log,
+            f"could not confirm with getstatus ({error.message}); answered 503 so the gateway retries",
+            client=client,
+            checkout=checkout,
+        )
+    return answer, _disagreement(payload, answer)
+
+
+def _process(
+    log: CallbackLog,
+    payload: CheckoutStatusPayload,
+    checkout: GatewayCheckout,
+    account: str,
+    signing_key: str,
+    client: str | None,
+) -> CallbackResult:
+    state = get_state()
+    session = state.session
     # Goes into the event and the log row as text: U+0000 (never in a real status) must not cost them.
     status = _printable(str(payload.checkoutPaymentStatus))
-    acted_on = status in _APPLIED_FROM_CALLBACK
-    found = checkout.id
-    observation = Observation(
+    confirming = state.config.confirm_callbacks
+    acted_on = status in _APPLIED_FROM_CALLBACK or (confirming and status in _APPLIED_WHEN_CONFIRMED)
+    found, before = checkout.id, checkout.status
+    unconfirmed: str | None = None
+    truth: CheckoutStatusPayload | None = payload
+    if acted_on and confirming and would_apply(before, status):
+        truth, unconfirmed = _confirm(log, checkout, payload, account, signing_key, client)
+    if not acted_on:
         # A status the shop does not act on is recorded as an observation of the status we have: the
         # account is still checked and the timeline shows the callback, but nothing moves.
-        status=status if acted_on else checkout.status,
-        source="callback",
-        total_cents=payload.checkoutTotalCents if acted_on else None,
-        merchant_account_id=claimed,
-        paid_at=payload.paidAt,
-        detail=f"callback #{log.id}: {status}" + ("" if acted_on else " (not acted on from a callback)"),
-    )
+        observation = Observation(
+            status=before,
+            source="callback",
+            merchant_account_id=account,
+            detail=f"callback #{log.id}: {status} (not acted on from a callback)",
+        )
+    elif truth is None:  # the gateway has no such checkout for us: nothing is applied
+        observation = Observation(
+            status=before, source="callback", detail=f"callback #{log.id}: {status} NOT CONFIRMED"
+        )
+    else:
+        # Agreed (the same status, or both payment statuses): the claim's status; else the gateway's.
+        told = status if unconfirmed is None else _printable(str(truth.checkoutPaymentStatus))
+        if truth is payload:
+            note = f"callback #{log.id}: {status}"
+        elif unconfirmed is None:
+            note = f"callback #{log.id}: {status}, confirmed by getstatus ({truth.checkoutPaymentStatus})"
+        else:
+            note = f"callback #{log.id}: {status} NOT CONFIRMED ({unconfirmed}); applied what getstatus says"
+        observation = Observation(
+            status=told,
+            source="callback",
+            total_cents=truth.checkoutTotalCents,
+            merchant_account_id=account,
+            paid_at=truth.paidAt,
+            reported_at=truth.updatedAt,
+            detail=note,
+        )
     transition = apply(session, found, observation, commit=False)
     checkout = transition.checkout
     checkout.last_callback_at = utcnow()
     if transition.flagged:
         outcome, detail = CallbackOutcome.MISMATCH, f"flagged, not applied: {transition.reason}"
+    elif unconfirmed is not None:
+        outcome, detail = CallbackOutcome.UNCONFIRMED, f"not confirmed: {unconfirmed}"
     elif not acted_on:
         outcome, detail = CallbackOutcome.IGNORED, f"status {status} is not acted on from a callback"
     elif transition.applied:
         outcome, detail = CallbackOutcome.ACCEPTED, f"{transition.before} -> {transition.after}"
-    elif transition.before == status:
-        outcome, detail = CallbackOutcome.DUPLICATE, f"already {status}"
+    elif transition.before == observation.status or transition.before == status:
+        outcome, detail = CallbackOutcome.DUPLICATE, f"already {transition.before}"
     else:
         outcome, detail = CallbackOutcome.IGNORED, f"{status} not applied: {transition.reason}"
-    log.verified = True
     log.checkout_id = checkout.id
     log.outcome = outcome.value
     log.http_status = 200
@@ -326,6 +534,9 @@ def _process(log: CallbackLog, headers: Headers, body: bytes) -> CallbackResult:
     if outcome is CallbackOutcome.MISMATCH:
         _log.warning("Callback %s for checkout %s flagged: %s", log_id, checkout_id, transition.reason)
         _send_rejected(checkout, transition.reason, log)
+    elif outcome is CallbackOutcome.UNCONFIRMED:
+        _log.warning("Callback %s for checkout %s not confirmed: %s", log_id, checkout_id, unconfirmed)
+        _send_rejected(checkout, f"not confirmed by getstatus: {unconfirmed}", log)
     return CallbackResult(outcome=outcome, log=log, checkout=checkout, transition=transition)
 
 
@@ -436,13 +647,29 @@ def process_v1_outcome(kind: Literal["v1-success", "v1-fail"], args: Mapping[str
 # --- return pages ------------------------------------------------------------------------------------
 
 
+#: A return link opened again within this many seconds of the last poll shows what that poll learnt.
+RETURN_POLL_INTERVAL: Final = 5.0
+
+
+def _worth_asking(checkout: GatewayCheckout) -> bool:
+    """Whether a return page should ask the gateway: only while the checkout may still change (open, or
+    paid and waiting for the callback's acknowledgement), and not again within ``RETURN_POLL_INTERVAL`` of
+    the last poll (a reloaded link costs no call)."""
+    if checkout.status not in _STILL_OPEN:
+        return False
+    last = checkout.last_polled_at
+    return last is None or (utcnow() - last).total_seconds() >= RETURN_POLL_INTERVAL
+
+
 def process_return(kind: Literal["confirm", "cancel"], ref: str) -> GatewayCheckout:
     """The checkout of a shopper coming back from the gateway, its status confirmed with getstatus.
 
     The return URL is a hint, never proof: its signed ``ref`` only says which checkout to ask about. A v2
     checkout is refreshed (source ``return``); when the gateway cannot be asked, the checkout is returned
-    as it is (the order page then shows it as processing; a callback or reconciliation settles it). v1
-    has no getstatus: its outcome arrived through the v1 URLs before the shopper did.
+    as it is (the order page then shows it as processing; a callback or reconciliation settles it). The
+    gateway is asked only while the checkout may still change, at most once per ``RETURN_POLL_INTERVAL``
+    per checkout (:func:`_worth_asking`). v1 has no getstatus: its outcome arrived through the v1 URLs before
+    the shopper did.
     Raises ``InvalidReturnLink`` (400) for a forged or edited ``ref`` and ``NotFound`` for a deleted order.
     """
     checkout_id = load_signed_reference(ref, kind) if ref else None
@@ -452,7 +679,7 @@ def process_return(kind: Literal["confirm", "cancel"], ref: str) -> GatewayCheck
     checkout = session.get(GatewayCheckout, checkout_id)
     if checkout is None:
         raise NotFound("This order no longer exists.")
-    if checkout.api_version == "v2" and checkout.token:
+    if checkout.api_version == "v2" and checkout.token and _worth_asking(checkout):
         try:
             return refresh(checkout, source="return").checkout
         except (GatewayError, NotInstalledError, SecretUnreadable) as exc:

@@ -42,6 +42,8 @@ def _store(settings: InstallSettings, signing_key: str) -> Installation:
     installation.minimum_cents = settings.minimum_cents
     installation.maximum_cents = settings.maximum_cents
     installation.updated_at = now
+    # The gateway just answered with these settings: nothing differs now.
+    installation.settings_checked_at, installation.settings_drift = now, []
     state.session.add(installation)
     state.session.commit()
     return installation
@@ -114,5 +116,6 @@ def update_settings(
     installation.maximum_cents = answer.data.maximumCheckoutAmountCents or maximum_cents
     installation.signing_key_encrypted = state.box.encrypt(answer.data.signingKey.get_secret_value())
     installation.updated_at = utcnow()
+    installation.settings_checked_at, installation.settings_drift = installation.updated_at, []
     state.session.commit()
     return installation

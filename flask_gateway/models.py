@@ -11,7 +11,7 @@ import enum
 from datetime import datetime
 from typing import Any, ClassVar, Final
 
-from sqlalchemy import JSON, BigInteger, Boolean, ForeignKey, Index, Integer, String, Text
+from sqlalchemy import JSON, BigInteger, Boolean, Float, ForeignKey, Index, Integer, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 from flask_gateway.core.sql import UTCDateTime
@@ -25,6 +25,7 @@ __all__ = [
     "GatewayCheckout",
     "Installation",
     "LocalStatus",
+    "RateLimitCounter",
     "RefundRecord",
     "RefundState",
 ]
@@ -66,6 +67,10 @@ class Installation(GatewayBase):
     maximum_cents: Mapped[int] = mapped_column(BigInteger)
     installed_at: Mapped[datetime]
     updated_at: Mapped[datetime]
+    #: The last comparison of the gateway's settings with these (``flask_gateway.drift``): when, and what
+    #: differed (a list of ``{"setting", "shop", "gateway"}``; empty when they agreed).
+    settings_checked_at: Mapped[datetime | None]
+    settings_drift: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON)
 
 
 class GatewayCheckout(GatewayBase):
@@ -175,6 +180,10 @@ class CallbackOutcome(enum.StrEnum):
     DUPLICATE = "duplicate"
     IGNORED = "ignored"
     MISMATCH = "mismatch"
+    #: Correctly signed, but getstatus does not say the same: a claim the gateway does not back (HTTP 200).
+    UNCONFIRMED = "unconfirmed"
+    #: Correctly signed, but the gateway could not be asked to confirm it (HTTP 503: the gateway retries).
+    CONFIRM_FAILED = "confirm-failed"
     REJECTED_SIGNATURE = "rejected-signature"
     UNKNOWN_CHECKOUT = "unknown-checkout"
     INVALID_BODY = "invalid-body"
@@ -183,7 +192,8 @@ class CallbackOutcome(enum.StrEnum):
 
 
 class CallbackLog(GatewayBase):
-    """Every callback received, stored before it is processed (headers without secrets, raw body)."""
+    """Every callback received: a verified one in full (headers without secrets, raw body), stored before
+    it is processed; a refused one as a bounded excerpt (``flask_gateway.inbound``)."""
 
     __tablename__ = "gateway_callback_log"
 
@@ -198,3 +208,16 @@ class CallbackLog(GatewayBase):
     outcome: Mapped[str] = mapped_column(String(40))
     http_status: Mapped[int]
     detail: Mapped[str] = mapped_column(Text, default="")
+    #: The address the request came from (``request.remote_addr``: put ProxyFix in front behind a proxy).
+    client_address: Mapped[str | None] = mapped_column(String(64))
+
+
+class RateLimitCounter(GatewayBase):
+    """One fixed-window counter of ``flask_gateway.ratelimit.DatabaseStorage`` (shared by every process)."""
+
+    __tablename__ = "gateway_rate_limits"
+
+    key: Mapped[str] = mapped_column(String(255), primary_key=True)
+    count: Mapped[int] = mapped_column(BigInteger)
+    #: Seconds since the epoch (``time.time()``) when this window ends.
+    expires_at: Mapped[float] = mapped_column(Float, index=True)

@@ -620,6 +620,8 @@ def payment_plan(total_cents: int) -> PaymentPlan | None:
     client = state.v1_client(installation)
     # Never wait on the network inside a transaction (on SQLite it holds the write lock).
     state.session.commit()
+    if not _plan_lookup_allowed():
+        return None  # not cached: the hint comes back once the visitor's window ends
     try:
         answer = client.configuration(amount=total_cents).data.payment_plan
     except GatewayError as error:
@@ -644,6 +646,22 @@ def payment_plan(total_cents: int) -> PaymentPlan | None:
                 _plan_cache.clear()
         _plan_cache[key] = (now + lifetime, plan)
     return plan
+
+
+def _plan_lookup_allowed() -> bool:
+    """One more authenticated gateway call for this visitor (``GATEWAY_PLAN_RATE_LIMIT`` per address)?
+
+    Every new cart total costs a v1 configuration call: an anonymous visitor varying quantities must not
+    turn the shop into a client of the gateway on his behalf."""
+    limit = get_state().plan_limit
+    if limit is None or not has_request_context():
+        return True
+    client = request.remote_addr or "unknown"
+    if limit.retry_after(client) is not None:
+        log.info("payment plan lookups of %s over GATEWAY_PLAN_RATE_LIMIT: hint left out", client)
+        return False
+    limit.hit(client)
+    return True
 
 
 def _money(cents: int) -> str:

@@ -31,6 +31,7 @@ def refresh(checkout: GatewayCheckout, *, source: str = "poll") -> Transition:
         total_cents=payload.checkoutTotalCents,
         paid_at=payload.paidAt,
         expires_at=payload.expiresAt,
+        reported_at=payload.updatedAt,
         detail=f"getstatus: {payload.checkoutPaymentStatus}",
     )
     transition = apply(state.session, checkout_id, observed, commit=False)

@@ -40,7 +40,7 @@ from typing import Final
 from sqlalchemy import ColumnElement, and_, func, or_, select, update
 
 from flask_gateway.core.timestamps import utcnow
-from flask_gateway.core.wire import OPEN_STATUSES, PAID_STATUSES, CheckoutStatus
+from flask_gateway.core.wire import OPEN_STATUSES, PAID_STATUSES, PAYMENT_STATUSES, CheckoutStatus
 from flask_gateway.extension import get_state
 from flask_gateway.models import GatewayCheckout, LocalStatus
 from flask_gateway.polling import refresh
@@ -290,7 +290,7 @@ def _reconcile_one(checkout_id: int, report: ReconcileReport) -> None:
         checkout = transition.checkout
         if transition.applied:
             report.changed += 1
-            if transition.after in PAID_STATUSES and transition.before not in PAID_STATUSES:
+            if transition.after in PAYMENT_STATUSES and transition.before not in PAID_STATUSES:
                 report.confirmed += 1
             if transition.after == S.EXPIRED:
                 report.expired += 1

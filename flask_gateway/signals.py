@@ -13,6 +13,7 @@ __all__ = [
     "checkout_cancelled",
     "checkout_created",
     "checkout_expired",
+    "checkout_flagged",
     "payment_confirmed",
     "refund_succeeded",
 ]
@@ -38,3 +39,8 @@ refund_succeeded = _signals.signal("gateway-refund-succeeded")
 #: A callback was refused (bad signature, unknown checkout, mismatch). Sends ``checkout`` (or None),
 #: ``reason`` and ``log`` (the ``CallbackLog`` row).
 callback_rejected = _signals.signal("gateway-callback-rejected")
+
+#: A checkout was flagged for a person (amounts or accounts that do not add up, a payment after a
+#: cancellation, a refund reported before the shop knew of the payment). Sends ``checkout``, ``reason``
+#: and ``source``.
+checkout_flagged = _signals.signal("gateway-checkout-flagged")

@@ -4,10 +4,20 @@ Every path that learns a status (callback, return page, v1 URL, getstatus poll, 
 action) builds an ``Observation`` and calls ``apply``. It locks the row, refuses backward moves, checks
 amount and account, records an event, commits, and only then sends each signal, once: the row's
 ``payment_confirmed_at`` (set under the lock) decides which transaction confirmed the payment.
+
+Refund statuses learnt from the gateway (a poll, a confirmed callback; not the shop's own ``refund``)
+are recorded under the same lock: ``FULLY_REFUNDED`` records what was not refunded here yet (settling the
+shop's own pending refunds when they account for it exactly, else as a ``RefundRecord`` of a refund made
+at the gateway, timed by the answer's ``updatedAt``) and sends ``refund_succeeded``; ``PARTIALLY_REFUNDED``
+with nothing refunded here settles the one pending refund, or flags the checkout (the status answer does
+not carry the amount). Only ``PAID`` and ``PAID_PENDING_CALLBACK`` confirm a payment: a checkout whose
+first news of a payment is a refund status was refunded before the shop knew of it, so it is never
+confirmed for fulfilment; it is flagged for a person (``checkout_flagged``).
 """
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final
@@ -20,10 +30,26 @@ from sqlalchemy.orm import Session, object_session
 from flask_gateway import signals
 from flask_gateway.core.sql import storable_text
 from flask_gateway.core.timestamps import utcnow
-from flask_gateway.core.wire import OPEN_STATUSES, PAID_STATUSES, CheckoutStatus
-from flask_gateway.models import STATUS_LENGTH, CheckoutEvent, GatewayCheckout, LocalStatus
+from flask_gateway.core.wire import OPEN_STATUSES, PAID_STATUSES, PAYMENT_STATUSES, CheckoutStatus
+from flask_gateway.models import (
+    STATUS_LENGTH,
+    CheckoutEvent,
+    GatewayCheckout,
+    LocalStatus,
+    RefundRecord,
+    RefundState,
+)
 
-__all__ = ["RANK", "Observation", "Transition", "apply", "lock", "lock_by_token", "rank"]
+__all__ = [
+    "RANK",
+    "Observation",
+    "Transition",
+    "apply",
+    "lock",
+    "lock_by_token",
+    "rank",
+    "would_apply",
+]
 
 S = CheckoutStatus
 
@@ -47,6 +73,8 @@ _SAME_RANK_MOVES: Final = {
     *((before.value, after.value) for before in OPEN_STATUSES for after in OPEN_STATUSES if before != after),
     (S.PAID_PENDING_CALLBACK.value, S.PAID.value),
 }
+_PAYMENT: Final = PAYMENT_STATUSES
+_REFUNDED: Final = frozenset({S.PARTIALLY_REFUNDED.value, S.FULLY_REFUNDED.value})
 
 
 def rank(status: str) -> int | None:
@@ -69,6 +97,8 @@ class Observation:
     expires_at: datetime | None = None
     payment_url: str | None = None
     refunded_cents: int | None = None
+    #: When the source says the status last changed (getstatus ``updatedAt``): the time of a refund seen.
+    reported_at: datetime | None = None
     detail: str = ""
 
 
@@ -162,6 +192,11 @@ def _allowed(before: str, after: str) -> bool:
     return new == old and (before, after) in _SAME_RANK_MOVES
 
 
+def would_apply(before: str, after: str) -> bool:
+    """Whether a checkout in ``before`` would move to ``after`` (the forward-only rule of ``apply``)."""
+    return _allowed(before, after)
+
+
 def apply(session: Session, checkout_id: int, observation: Observation, *, commit: bool = True) -> Transition:
     """Apply what ``observation`` says to checkout ``checkout_id``; see the module docstring."""
     checkout = lock(session, checkout_id)
@@ -170,8 +205,7 @@ def apply(session: Session, checkout_id: int, observation: Observation, *, commi
     transition = Transition(checkout=checkout, before=before, after=before, applied=False)
     problem = _mismatch(checkout, observation)
     if problem is not None:
-        checkout.flagged = True
-        checkout.flag_reason = problem
+        _flag(checkout, transition, problem, observation.source)
         transition.flagged, transition.reason = True, problem
         _record(checkout, now, observation, before, applied=False, detail=f"REFUSED: {problem}")
     else:
@@ -215,6 +249,14 @@ def send_pending(transition: Transition) -> None:
         signal.send(app, checkout=transition.checkout, **kwargs)
 
 
+def _flag(checkout: GatewayCheckout, transition: Transition, reason: str, source: str) -> None:
+    """Flag the checkout for a person; ``checkout_flagged`` is sent (after the commit) when it was not yet."""
+    if not checkout.flagged:
+        transition._pending.append((signals.checkout_flagged, {"reason": reason, "source": source}))
+    checkout.flagged = True
+    checkout.flag_reason = reason
+
+
 def _effects(
     checkout: GatewayCheckout, transition: Transition, observation: Observation, now: datetime
 ) -> None:
@@ -223,18 +265,88 @@ def _effects(
     def queue(signal: Signal, kwargs: dict[str, Any]) -> None:
         transition._pending.append((signal, kwargs))
 
-    if after in PAID_STATUSES and checkout.payment_confirmed_at is None:
+    if after in _PAYMENT and checkout.payment_confirmed_at is None:
         checkout.payment_confirmed_at = now
         checkout.paid_at = observation.paid_at or now
         checkout.paid_cents = checkout.total_cents
         queue(signals.payment_confirmed, {"source": observation.source})
         if rank(transition.before) == RANK[S.CANCELLED_BY_MERCHANT]:
-            checkout.flagged = True
-            checkout.flag_reason = f"paid after the shop saw it {transition.before}: review the order"
+            _flag(
+                checkout,
+                transition,
+                f"paid after the shop saw it {transition.before}: review the order",
+                observation.source,
+            )
+    elif after in _REFUNDED and observation.source != "refund":
+        if checkout.payment_confirmed_at is None:
+            # Money was taken and (some or all of it) given back before the shop heard of the payment:
+            # whoever refunded it, the order must not be fulfilled without a person looking at it.
+            checkout.paid_at = observation.paid_at or checkout.paid_at
+            checkout.paid_cents = checkout.total_cents
+            _flag(
+                checkout,
+                transition,
+                f"the gateway reports {after} before the shop knew of the payment: never confirmed for "
+                "fulfilment; review the order and the gateway's records",
+                observation.source,
+            )
+        _record_gateway_refund(checkout, transition, observation, now)
     elif after in (S.CANCELLED_BY_CONSUMER, S.CANCELLED_BY_MERCHANT):
         queue(signals.checkout_cancelled, {"status": after, "source": observation.source})
     elif after == S.EXPIRED:
         queue(signals.checkout_expired, {"source": observation.source})
+
+
+def _record_gateway_refund(
+    checkout: GatewayCheckout, transition: Transition, observation: Observation, now: datetime
+) -> None:
+    """Record a refund status the gateway reports that the shop's own refunds do not account for."""
+    session = object_session(checkout)
+    if session is None:  # pragma: no cover - apply() always works on a row it loaded
+        raise RuntimeError("the checkout is not in a session")
+    pending = [r for r in checkout.refunds if r.state == RefundState.PENDING]
+    at = observation.reported_at or now
+    settled: list[RefundRecord] = []
+    if observation.status == S.FULLY_REFUNDED:
+        missing = checkout.total_cents - checkout.refunded_cents
+        if missing <= 0:
+            return
+        if pending and sum(r.amount_cents for r in pending) == missing:
+            settled = pending  # the answers to the shop's own refunds were lost; the gateway made them
+        else:
+            record = RefundRecord(
+                request_id=f"gateway-{uuid.uuid4()}",
+                amount_cents=missing,
+                reason=f"refunded at the gateway, not through the shop (seen by {observation.source})",
+                state=RefundState.PENDING.value,
+                created_at=at,
+            )
+            checkout.refunds.append(record)
+            session.flush()
+            settled = [record]
+    elif checkout.refunded_cents == 0:  # PARTIALLY_REFUNDED: the answer does not carry the amount
+        if len(pending) == 1:
+            settled = pending
+        else:
+            _flag(
+                checkout,
+                transition,
+                "the gateway reports a partial refund the shop did not record (the status answer does not "
+                "carry its amount): check the refund on the gateway",
+                observation.source,
+            )
+            return
+    for record in settled:
+        record.state = RefundState.SUCCEEDED.value
+        record.completed_at = at
+        record.error = None
+        checkout.refunded_cents += record.amount_cents
+        transition._pending.append(
+            (signals.refund_succeeded, {"refund": record, "amount_cents": record.amount_cents})
+        )
+    if settled:
+        amounts = ", ".join(f"{r.amount_cents} cents (refund #{r.id})" for r in settled)
+        transition.reason = f"refund seen at the gateway recorded: {amounts}"
 
 
 def _record(

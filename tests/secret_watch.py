@@ -2,7 +2,7 @@
 
 - **Secrets.** Every secret the code handles is recorded as it appears: whatever goes into
   ``flask_gateway.secrets.SecretBox.encrypt`` (the API keys and signing keys the extension stores), every
-  signing key the emulator issues (``secrets.token_urlsafe`` in ``flask_gateway.emulator.views.v2``), and
+  signing key the emulator issues (``new_signing_key`` in ``flask_gateway.emulator.views.v2``), and
   the known test credentials (``KNOWN_SECRETS``). Each is looked for as it is, in base64 and urlsafe
   base64 (with and without padding), and, for the known accounts, as an HTTP Basic credential.
 - **Log lines.** A handler on the root logger at DEBUG keeps every record of every test (message and
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import base64
 import logging
-import secrets as stdlib_secrets
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -150,17 +149,15 @@ def _wrap_encrypt(original: Callable[..., str]) -> Callable[..., str]:
     return encrypt
 
 
-class _RecordingSecrets:
-    """Stands in for the stdlib ``secrets`` module where the emulator issues signing keys."""
+def _wrap_new_key(original: Callable[[], str]) -> Callable[[], str]:
+    """The emulator's key maker, recording each key it issues."""
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(stdlib_secrets, name)
+    def new_signing_key() -> str:
+        key = original()
+        _record(key)
+        return key
 
-    @staticmethod
-    def token_urlsafe(nbytes: int | None = None) -> str:
-        token = stdlib_secrets.token_urlsafe(nbytes)
-        _record(token)
-        return token
+    return new_signing_key
 
 
 class SecretWatchPlugin:
@@ -182,7 +179,7 @@ class SecretWatchPlugin:
         from flask_gateway.secrets import SecretBox
 
         self._patch(SecretBox, "encrypt", _wrap_encrypt(SecretBox.encrypt))
-        self._patch(v2, "secrets", _RecordingSecrets())
+        self._patch(v2, "new_signing_key", _wrap_new_key(v2.new_signing_key))
         logging.getLogger().addHandler(self.handler)
         for name in PROJECT_LOGGERS:
             logger = logging.getLogger(name)

@@ -14,8 +14,8 @@ from flask.typing import ResponseReturnValue
 from sqlalchemy import func, select
 from werkzeug.wrappers import Response
 
-from example_shop import auth
-from example_shop.extensions import db
+from example_shop import auth, login_guard
+from example_shop.extensions import db, limiter
 from example_shop.forms import ActionForm, LoginForm, RefundForm
 from example_shop.links import order_url
 from example_shop.models import Order, OrderStatus, is_reference, latest_checkout, sync_with_gateway
@@ -35,6 +35,8 @@ bp = Blueprint("admin", __name__, url_prefix="/admin")
 log = logging.getLogger("example_shop.admin")
 
 PER_PAGE: Final = 25
+#: Page numbers past this are this (an offset the database cannot take would be a 500).
+MAX_PAGE: Final = 100_000
 
 
 @bp.after_request
@@ -46,7 +48,12 @@ def _private(response: Response) -> Response:
 # --- login -------------------------------------------------------------------------------------------------
 
 
+def _login_rate_limit() -> str:
+    return str(current_app.config["SHOP_LOGIN_RATE_LIMIT"])
+
+
 @bp.route("/login", methods=["GET", "POST"])
+@limiter.limit(_login_rate_limit, methods=["POST"])
 def login() -> ResponseReturnValue:
     form = LoginForm()
     configured = bool(current_app.config.get("SHOP_ADMIN_PASSWORD_HASH"))
@@ -55,19 +62,23 @@ def login() -> ResponseReturnValue:
             return redirect(auth.safe_next(request.args.get("next")))
         form.next.data = auth.safe_next(request.args.get("next"))
         return render_template("shop/admin/login.html", form=form, configured=configured)
-    if auth.throttled():
-        form.password.errors = [
-            "Too many wrong passwords from this address: wait five minutes, then try again."
-        ]
-        return render_template("shop/admin/login.html", form=form, configured=configured), 429
     if form.validate_on_submit():
+        address = auth.client_address()
+        # Counted before the password is checked, so concurrent guesses cannot all be checked.
+        verdict = login_guard.begin_attempt(address)
+        if not verdict.allowed:
+            minutes = max(round(verdict.wait / 60), 1)
+            form.password.errors = [
+                f"Too many wrong passwords: wait about {minutes} minute(s), then try again."
+            ]
+            page = render_template("shop/admin/login.html", form=form, configured=configured)
+            return page, 429, {"Retry-After": str(int(verdict.wait) + 1)}
         if auth.check_password(form.password.data or ""):
-            auth.forget_failures()
+            login_guard.record_success(address)
             auth.log_in()
-            log.info("owner logged in from %s", request.remote_addr)
+            log.info("owner logged in from %s", address)
             return redirect(auth.safe_next(form.next.data), 303)
-        auth.record_failure()
-        log.warning("wrong owner password from %s", request.remote_addr)
+        log.warning("wrong owner password from %s", address)
         form.password.errors = [
             "That password is not right."
             if configured
@@ -94,7 +105,7 @@ def orders() -> ResponseReturnValue:
     statuses = [s.value for s in OrderStatus]
     if wanted not in statuses:
         wanted = None
-    page = max(request.args.get("page", 1, type=int) or 1, 1)
+    page = min(max(request.args.get("page", 1, type=int) or 1, 1), MAX_PAGE)
     query = select(Order)
     count = select(func.count(Order.id))
     if wanted:

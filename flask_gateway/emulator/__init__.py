@@ -60,6 +60,8 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
         response.headers.setdefault("X-Frame-Options", "DENY")
         response.headers.setdefault("Content-Security-Policy", "frame-ancestors 'none'")
         response.headers.setdefault("X-Content-Type-Options", "nosniff")
+        # Hosted pages carry checkout tokens in their URLs: never sent on as a Referer.
+        response.headers.setdefault("Referrer-Policy", "no-referrer")
         return response
 
     with app.app_context():

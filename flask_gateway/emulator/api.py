@@ -7,7 +7,7 @@ import binascii
 import hmac
 import json
 from collections.abc import Iterable, Mapping
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 from flask import Flask, Response, current_app, request
 from pydantic import ValidationError
@@ -60,10 +60,7 @@ def read_json() -> dict[str, Any]:
     raw = raw_body()
     if not raw.strip():
         raise ApiProblem(400, "The request body is empty: send a JSON object.")
-    try:
-        data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ApiProblem(400, f"The request body is not valid JSON: {exc}.") from None
+    data = _loads(raw)
     if not isinstance(data, dict):
         raise ApiProblem(400, "The request body must be a JSON object.")
     nul = _nul_at(data)
@@ -94,9 +91,43 @@ def refuse_malformed_json() -> None:
     raw = raw_body()
     if not raw.strip():
         return
+    _loads(raw)
+
+
+#: No request of the API nests deeper than a few levels; deeper JSON is refused before it is parsed (the
+#: parser, and every walk over its result, would otherwise run out of stack: a 500).
+MAX_JSON_DEPTH: Final = 32
+
+
+def _depth_over(raw: bytes, limit: int) -> bool:
+    """Whether ``raw`` opens more than ``limit`` arrays/objects at once (brackets inside strings ignored)."""
+    depth = 0
+    in_string = escaped = False
+    for byte in raw:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:  # backslash
+                escaped = True
+            elif byte == 0x22:  # quote
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in (0x5B, 0x7B):  # [ {
+            depth += 1
+            if depth > limit:
+                return True
+        elif byte in (0x5D, 0x7D):  # ] }
+            depth -= 1
+    return False
+
+
+def _loads(raw: bytes) -> Any:
+    if _depth_over(raw, MAX_JSON_DEPTH):
+        raise ApiProblem(400, f"The request body nests JSON deeper than {MAX_JSON_DEPTH} levels.")
     try:
-        json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise ApiProblem(400, f"The request body is not valid JSON: {exc}.") from None
 
 

@@ -62,6 +62,7 @@ from sqlalchemy import or_, select
 from flask_gateway.core.timestamps import format_timestamp, utcnow
 from flask_gateway.core.wire import CheckoutStatus, V1FailReason, V1OutcomeStatus
 from flask_gateway.emulator import checkouts, clock, faults, mail, merchant
+from flask_gateway.emulator.access import visible_url
 from flask_gateway.emulator.api import settings
 from flask_gateway.emulator.merchant import CALLBACK_TIMEOUT, MerchantReply
 from flask_gateway.emulator.models import (
@@ -176,7 +177,12 @@ def redeliver(delivery_id: int) -> int | None:
     so the redelivered message gets the full retry schedule. Returns the new attempt's id (None only if
     the checkout disappeared meanwhile, e.g. by a reset).
     """
-    delivery = db.session.get(Delivery, delivery_id, with_for_update=True, populate_existing=True)
+    # Ids are 32-bit on PostgreSQL: a larger one names no row (and would be a 500 in the query).
+    delivery = (
+        db.session.get(Delivery, delivery_id, with_for_update=True, populate_existing=True)
+        if 0 < delivery_id < 2**31
+        else None
+    )
     if delivery is None:
         db.session.rollback()
         raise ApiProblem(404, f"No delivery with id {delivery_id}.")
@@ -413,6 +419,13 @@ def _label(kind: str) -> str:
 # --- descriptions (control API, dashboard) ------------------------------------------------------------
 
 
+def _shown(url: str, kind: str) -> str:
+    """A v1 notice's URL is the shop's fail URL: masked for anyone but the operator (``access``)."""
+    if kind == DeliveryKind.CALLBACK:
+        return url
+    return visible_url(url) or ""
+
+
 def describe_attempt(attempt: DeliveryAttempt) -> dict[str, Any]:
     """One attempt as ``GET /_emulator/callbacks`` shows it."""
     delivery = attempt.delivery
@@ -423,7 +436,7 @@ def describe_attempt(attempt: DeliveryAttempt) -> dict[str, Any]:
         "kind": delivery.kind,
         "number": attempt.number,
         "at": format_timestamp(attempt.at),
-        "url": attempt.url,
+        "url": _shown(attempt.url, delivery.kind),
         "httpStatus": attempt.http_status,
         "message": attempt.message,
         "ok": attempt.ok,
@@ -439,7 +452,7 @@ def describe_delivery(delivery: Delivery) -> dict[str, Any]:
         "checkoutToken": delivery.checkout.token,
         "merchantAccountId": delivery.checkout.account_id,
         "kind": delivery.kind,
-        "url": delivery.url,
+        "url": _shown(delivery.url, delivery.kind),
         "state": delivery.state,
         "attempts": delivery.attempts,
         "nextAttemptAt": (

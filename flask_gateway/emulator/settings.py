@@ -36,6 +36,9 @@ class EmulatorSettings:
     public_url: str | None = None
     #: How answers and callbacks spell the operator-named fields (requests are read in either set).
     wire_names: WireNames = OPERATOR
+    #: When set, the dashboard and the control API need it (``Authorization: Bearer``, or the dashboard's
+    #: sign-in form); unset, they are open (tests, the demo), and the v1 outcome URLs are still masked.
+    control_token: str | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> EmulatorSettings:
@@ -50,11 +53,24 @@ class EmulatorSettings:
             worker=_choice(env, "EMULATOR_WORKER", {"1": True, "0": False}, "1"),
             public_url=(env.get("EMULATOR_PUBLIC_URL") or "").rstrip("/") or None,
             wire_names=_wire_names(env.get("EMULATOR_WIRE_NAMES", OPERATOR.key)),
+            control_token=_token(env.get("EMULATOR_CONTROL_TOKEN", "")),
         )
 
     @property
     def max_callback_attempts(self) -> int:
         return len(self.callback_retry_delays) + 1
+
+
+def _token(value: str) -> str | None:
+    token = value.strip()
+    if not token:
+        return None
+    if len(token) < 16:
+        raise SettingsError(
+            "EMULATOR_CONTROL_TOKEN is too short to keep anyone out: use at least 16 random characters "
+            '(python -c "import secrets; print(secrets.token_urlsafe(24))").'
+        )
+    return token
 
 
 def _parse_accounts(value: str) -> dict[str, str]:

@@ -31,6 +31,7 @@ from flask_gateway.core.errors import (
     GatewayServerError,
 )
 from flask_gateway.core.wire import CHANGEABLE_STATUSES, CheckoutStatus
+from flask_gateway.drift import check_settings, last_report
 from flask_gateway.extension import GatewayState, NotInstalledError, get_state
 from flask_gateway.forms import ActionForm, AmountField, InstallForm, RefundForm, SettingsForm, format_money
 from flask_gateway.installation import InstallSettings, adopt_signing_key, install, update_settings
@@ -53,6 +54,10 @@ bp = Blueprint(
 _log = logging.getLogger("flask_gateway.admin")
 
 PER_PAGE: Final = 25
+#: Page numbers past this are this (an offset the database cannot take would be a 500).
+MAX_PAGE: Final = 100_000
+#: Row ids are 32-bit integers on PostgreSQL: a larger one names no row (404, not a 500).
+MAX_ID: Final = 2**31 - 1
 #: Every status a checkout can have here, in the order the list's filter offers them.
 STATUSES: Final = (
     *(s.value for s in CheckoutStatus),
@@ -160,7 +165,25 @@ def index() -> ResponseReturnValue:
         + [(status, count) for status, count in counts.items() if status not in STATUSES],
         flagged=flagged or 0,
         warnings=_address_warnings(installation.callback_url if installation else None),
+        drift=last_report(installation) if installation else None,
+        action_form=ActionForm(),
     )
+
+
+@bp.post("/check-settings")
+def check_settings_now() -> ResponseReturnValue:
+    """Compare the gateway's settings with the shop's now; the status page shows the answer."""
+    try:
+        report = check_settings()
+    except _EXPECTED as error:
+        get_state().session.rollback()
+        flash(f"The gateway's settings could not be checked: {_problem(error)}", "error")
+    else:
+        if report.ok:
+            flash("The gateway's settings are the shop's.", "success")
+        else:
+            flash("The gateway's settings differ from the shop's: see below.", "error")
+    return redirect(url_for(".index"))
 
 
 def _masked_secrets(state: GatewayState, installation: Installation | None) -> dict[str, str]:
@@ -373,7 +396,7 @@ def checkouts() -> ResponseReturnValue:
         status = ""
     flagged = request.args.get("flagged") == "1"
     search = request.args.get("q", "").strip()[:255]
-    page = max(request.args.get("page", 1, type=int) or 1, 1)
+    page = _page()
     per_page = min(max(request.args.get("per_page", PER_PAGE, type=int) or PER_PAGE, 1), 100)
     query = select(GatewayCheckout).order_by(GatewayCheckout.id.desc())
     if status:
@@ -414,7 +437,7 @@ def callbacks() -> ResponseReturnValue:
     if outcome not in CALLBACK_OUTCOMES:
         outcome = ""
     refused = request.args.get("refused") == "1"
-    page = max(request.args.get("page", 1, type=int) or 1, 1)
+    page = _page()
     query = select(CallbackLog).order_by(CallbackLog.id.desc())
     if outcome:
         query = query.where(CallbackLog.outcome == outcome)
@@ -433,7 +456,13 @@ def callbacks() -> ResponseReturnValue:
     )
 
 
+def _page() -> int:
+    return min(max(request.args.get("page", 1, type=int) or 1, 1), MAX_PAGE)
+
+
 def _checkout_or_404(checkout_id: int) -> GatewayCheckout:
+    if not 0 < checkout_id <= MAX_ID:
+        abort(404, description=f"There is no checkout #{checkout_id}.")
     checkout = get_state().session.get(GatewayCheckout, checkout_id)
     if checkout is None:
         abort(404, description=f"There is no checkout #{checkout_id}.")

@@ -36,6 +36,7 @@ from flask_gateway.core.wire import CheckoutStatus
 from flask_gateway.extension import get_state
 from flask_gateway.inbound import (
     MAX_CALLBACK_BYTES,
+    check_rate_limit,
     process_callback,
     process_return,
     process_v1_outcome,
@@ -66,16 +67,37 @@ def _json(body: dict[str, Any], status: int = 200) -> Response:
     return response
 
 
+def _read_callback_body(client: str | None) -> bytes:
+    """The raw body, read once: 413 for one over ``MAX_CALLBACK_BYTES``, also when it comes chunked (no
+    ``Content-Length``: werkzeug would cut it at the limit silently, and the cut body answer 401)."""
+    length = request.content_length
+    if length is not None and length > MAX_CALLBACK_BYTES:
+        refuse_oversize(request.headers, length, client)
+    request.max_content_length = MAX_CALLBACK_BYTES + 1  # one byte more tells an oversize chunked body
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        while size <= MAX_CALLBACK_BYTES:
+            chunk = request.stream.read(MAX_CALLBACK_BYTES + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    except RequestEntityTooLarge:
+        size = MAX_CALLBACK_BYTES + 1
+    if size > MAX_CALLBACK_BYTES:
+        refuse_oversize(request.headers, length, client)
+    return b"".join(chunks)
+
+
 @bp.post("/callback")
 def callback() -> Response:
     """The gateway's signed status callback (``checkoutStatusCallbackUrl``)."""
-    request.max_content_length = MAX_CALLBACK_BYTES
-    try:
-        # Read once, uncached: the signature is checked over exactly these bytes.
-        body = request.get_data(cache=False)
-    except RequestEntityTooLarge:
-        refuse_oversize(request.headers, request.content_length)
-    result = process_callback(request.headers, body)
+    client = request.remote_addr
+    check_rate_limit(client)
+    # Read once, uncached: the signature is checked over exactly these bytes.
+    body = _read_callback_body(client)
+    result = process_callback(request.headers, body, client)
     return _json({"status": "ok", "outcome": result.outcome.value})
 
 

@@ -41,6 +41,8 @@ class Exchange:
     #: The request headers the page prints (X-*, Content-Type).
     request_headers: dict[str, str]
     response_status: int | None
+    #: The answer as the page prints it; None: not printed.
+    response_body_text: str | None
     response_body: Any
     #: Only part of the example could be recovered (see the file's notes).
     partial: bool
@@ -123,6 +125,7 @@ def load(name: str) -> Exchange:
         request_body=body,
         request_headers=dict(request.get("headers") or {}),
         response_status=response.get("status"),
+        response_body_text=_restore_emails(response.get("body_text"), response.get("body")),
         response_body=response.get("body"),
         partial=bool(request.get("truncated") or response.get("truncated")),
         notes=data.get("notes", ""),

@@ -136,6 +136,9 @@ class Gateway:
         return response.json  # type: ignore[return-value]
 
     def control(self, path: str, body: Any = None, *, method: str = "POST") -> TestResponse:
+        """A control API call; POSTs are JSON (``{}`` without a body), as the emulator requires."""
+        if body is None and method == "POST":
+            body = {}
         return self.client.open(f"/_emulator/{path}", method=method, json=body)
 
     def pay(self, token: str) -> TestResponse:

@@ -214,7 +214,7 @@ def install(base: str, callback_url: str, *, email: str | None = None) -> tuple[
 
 def create_and_pay(base: str, client: GatewayClient) -> tuple[str, str]:
     created = client.create_checkout(CreateCheckoutRequest.model_validate(create_body())).data
-    paid = requests.post(f"{base}/_emulator/checkouts/{created.checkoutToken}/pay", timeout=10)
+    paid = requests.post(f"{base}/_emulator/checkouts/{created.checkoutToken}/pay", json={}, timeout=10)
     assert paid.status_code == 200, paid.text
     assert paid.json()["checkoutPaymentStatus"] == "PAID_PENDING_CALLBACK"
     return created.checkoutToken, str(created.paymentUrl)

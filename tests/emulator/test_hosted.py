@@ -416,7 +416,7 @@ def test_v1_cancel_on_gateway_true_cancels(installed, merchant):
 def test_v1_cancel_on_gateway_false_lets_the_consumer_retry(installed, merchant):
     page, csrf = open_page(installed, v1_checkout(installed))
     token = token_of(page)
-    answer = {"token": token, "return_url": RETURN_URL, "cancel_on_service": False}
+    answer = {"token": token, "return_url": RETURN_URL, "cancel_on_payjustnow": False}
     merchant_url(merchant, FAIL_URL, {"token": token, "status": "FAIL", "reason": "CANCELLED"}, json=answer)
     response = installed.client.post(f"{page}/cancel", data={"csrf_token": csrf})
     assert response.status_code == 303

@@ -291,6 +291,27 @@ def test_an_apps_own_policy_keeps_its_directives_but_never_allows_framing(admin)
     assert "x.example" not in header
 
 
+def test_the_extensions_pages_restrict_scripts(admin, harness):
+    for path in (f"{ADMIN}/", f"{ADMIN}/install", f"{ADMIN}/checkouts", "/gateway/return/confirm?ref=forged"):
+        header = admin.client.get(path).headers["Content-Security-Policy"]
+        assert "script-src 'none'" in header, path
+        assert "object-src 'none'" in header and "frame-ancestors 'none'" in header, path
+
+
+def test_an_apps_policy_without_a_script_rule_gets_one(admin):
+    from flask import after_this_request
+
+    @admin.shop.before_request
+    def policy():
+        @after_this_request
+        def set_policy(response):
+            response.headers["Content-Security-Policy"] = "img-src https://cdn.example"
+            return response
+
+    header = admin.client.get(f"{ADMIN}/").headers["Content-Security-Policy"]
+    assert header == "img-src https://cdn.example; script-src 'self'; frame-ancestors 'none'"
+
+
 def test_the_app_can_override_the_base_layout(admin):
     admin.shop.jinja_loader = DictLoader(  # type: ignore[assignment]
         {

@@ -327,7 +327,7 @@ def test_forged_signature_is_401_and_changes_nothing(installed: Harness, receive
     assert_no_secrets(callback_logs(installed), signatures=tuple(s for s in (signature,) if s))
 
 
-@pytest.mark.parametrize("account", ["other-merchant", "", None, "demo-merchant "])
+@pytest.mark.parametrize("account", ["other-merchant", "", "demo-merchant "])
 def test_wrong_account_header_is_401(installed: Harness, received, account: str | None) -> None:
     checkout_id, token = create_v2_checkout(installed)
     payload = paid_payload(installed, token)
@@ -423,7 +423,7 @@ def test_a_body_of_exactly_the_limit_is_read(installed: Harness, received) -> No
 
 @pytest.mark.parametrize(
     "status",
-    ["PARTIALLY_REFUNDED", "FULLY_REFUNDED", "EXPIRED", "PENDING_ORDER", "SOMETHING_NEW", "PA\x00ID"],
+    ["EXPIRED", "PENDING_ORDER", "SOMETHING_NEW", "PA\x00ID"],
 )
 def test_statuses_not_acted_on_are_recorded_with_200(installed: Harness, received, status: str) -> None:
     checkout_id, token = create_v2_checkout(installed)

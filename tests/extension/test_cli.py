@@ -32,14 +32,14 @@ def test_init_db_creates_only_the_gateway_tables(harness):
         assert not [t for t in inspect(db.engine).get_table_names() if t.startswith("gateway_")]
     result = invoke(harness, "init-db")
     assert result.exit_code == 0, result.output
-    assert "Created 5 table(s): gateway_" in result.output
+    assert "Created 6 table(s): gateway_" in result.output
     with harness.shop.app_context():
         tables = set(inspect(db.engine).get_table_names())
     assert {t.name for t in GatewayBase.metadata.sorted_tables} <= tables
     assert "shop_products" not in tables
     again = invoke(harness, "init-db")
     assert again.exit_code == 0
-    assert "All 5 gateway tables exist already" in again.output
+    assert "All 6 gateway tables exist already" in again.output
 
 
 def test_reconcile_command(installed):
@@ -174,4 +174,26 @@ def test_prune_callbacks_deletes_only_old_rows_and_keeps_the_history(installed):
         assert [row.outcome for row in left] == ["rejected-signature"]
         assert session.scalar(select(func.count()).select_from(CheckoutEvent)) == events
         assert load(installed, checkout_id).status == "PAID_PENDING_CALLBACK"  # the checkout is untouched
-    assert invoke(installed, "prune-callbacks").exit_code == 2  # --older-than-days is required
+    assert invoke(installed, "prune-callbacks").exit_code == 2  # --older-than-days or --refused is required
+
+
+def test_prune_callbacks_refused_purges_a_flood_now_and_keeps_verified_rows(installed):
+    from sqlalchemy import select
+
+    from flask_gateway.extension import get_state
+    from flask_gateway.models import CallbackLog
+
+    checkout_id = _received_callbacks(installed)  # one accepted, one refused, both just now
+    for _ in range(3):
+        installed.client.post("/gateway/callback", data=b"{}", headers={"X-Signature": "bm9wZQ=="})
+
+    result = invoke(installed, "prune-callbacks", "--refused")
+
+    assert result.exit_code == 0, result.output
+    assert result.output.strip() == "Deleted 4 refused (never verified) callback log row(s)."
+    with installed.shop.app_context():
+        left = get_state().session.scalars(select(CallbackLog)).all()
+        assert [(row.outcome, row.verified, row.checkout_id) for row in left] == [
+            ("accepted", True, checkout_id)
+        ]
+    assert invoke(installed, "prune-callbacks").exit_code == 2  # says what to delete

@@ -85,6 +85,32 @@ def test_production_needs_an_https_public_url():
     )
 
 
+@pytest.mark.parametrize("key", ["GATEWAY_BASE_URL", "GATEWAY_INSTALL_URL", "GATEWAY_V1_BASE_URL"])
+def test_production_refuses_plain_http_gateway_urls(key):
+    urls = {
+        "GATEWAY_ENVIRONMENT": "production",
+        "GATEWAY_BASE_URL": "https://gw.example",
+        "GATEWAY_INSTALL_URL": "https://install.gw.example",
+        "GATEWAY_V1_BASE_URL": "https://v1.gw.example",
+        "GATEWAY_PUBLIC_URL": "https://shop.example",
+    }
+    with pytest.raises(ConfigurationError, match=f"{key}=.*must be https:// in production"):
+        GatewayConfig.from_mapping({**urls, key: urls[key].replace("https://", "http://")})
+
+
+def test_production_needs_gateway_public_url():
+    urls = {
+        "GATEWAY_ENVIRONMENT": "production",
+        "GATEWAY_BASE_URL": "https://gw.example",
+        "GATEWAY_INSTALL_URL": "https://install.gw.example",
+        "GATEWAY_V1_BASE_URL": "https://v1.gw.example",
+    }
+    with pytest.raises(ConfigurationError, match="GATEWAY_PUBLIC_URL is not set"):
+        GatewayConfig.from_mapping(dict(urls))
+    # The sandbox keeps falling back to the request's address.
+    assert GatewayConfig.from_mapping({**urls, "GATEWAY_ENVIRONMENT": "sandbox"}).public_url is None
+
+
 def test_config_repr_hides_the_encryption_key():
     key = Fernet.generate_key().decode()
     assert key not in repr(GatewayConfig.from_mapping({"GATEWAY_ENCRYPTION_KEY": key}))

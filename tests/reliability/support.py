@@ -353,7 +353,8 @@ def log_problems(stack: Stack, injected_500: Mapping[str, int] | None = None) ->
     Any 500, from either server, but for the emulator's injected ones: ``injected_500`` maps
     ``"METHOD /path"`` to how many 500 fault answers the test had the emulator give there. The emulator's
     other 5xx are injected faults too; the shop answers 502 only from ``POST /checkout`` ("we couldn't
-    reach the payment provider"), and any other 5xx of the shop counts.
+    reach the payment provider") and 503 only from ``POST /gateway/callback`` (its getstatus confirmation
+    met an injected gateway fault: the gateway retries), and any other 5xx of the shop counts.
     """
     problems = []
     allowed = Counter(injected_500 or {})
@@ -362,7 +363,11 @@ def log_problems(stack: Stack, injected_500: Mapping[str, int] | None = None) ->
             if name == "emulator" and status == "500" and allowed[f"{method} {path}"] > 0:
                 allowed[f"{method} {path}"] -= 1
                 continue
-            expected = name == "emulator" or (status == "502" and (method, path) == ("POST", "/checkout"))
+            expected = (
+                name == "emulator"
+                or (status == "502" and (method, path) == ("POST", "/checkout"))
+                or (status == "503" and (method, path) == ("POST", "/gateway/callback"))
+            )
             if status == "500" or (status.startswith("5") and not expected):
                 problems.append(f"{name}: {status} {method} {path}")
         for line_number, line in enumerate(text.splitlines(), start=1):

@@ -22,7 +22,7 @@ from sqlalchemy import func, select
 from werkzeug.security import generate_password_hash
 from werkzeug.test import TestResponse
 
-from example_shop import auth, create_app
+from example_shop import create_app
 from example_shop.extensions import db
 from example_shop.models import Order, OrderEvent
 from example_shop.setup import auto_install
@@ -203,7 +203,6 @@ def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         if name.startswith(("SHOP_", "GATEWAY_")):
             monkeypatch.delenv(name)
     clear_payment_plan_cache()
-    auth._failures.clear()
     yield
     clear_payment_plan_cache()
 

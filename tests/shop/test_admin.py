@@ -8,7 +8,7 @@ from html import unescape
 import pytest
 from werkzeug.security import check_password_hash
 
-from example_shop import auth, create_app
+from example_shop import create_app, login_guard
 from example_shop.config import ShopConfigError
 from tests.shop.conftest import (
     OWNER_HASH,
@@ -72,7 +72,7 @@ def test_an_owner_already_logged_in_skips_the_form(shopper: Shopper) -> None:
 
 
 def test_repeated_wrong_passwords_are_slowed_down(shopper: Shopper) -> None:
-    for _ in range(auth.FAILED_LOGINS_ALLOWED):
+    for _ in range(login_guard.FREE_ATTEMPTS):
         assert shopper.log_in("wrong").status_code == 400
     blocked = shopper.log_in()  # even the right one, for a while
     assert blocked.status_code == 429

@@ -141,3 +141,39 @@ def test_phone_numbers_and_amounts() -> None:
         except ValueError:
             continue
         raise AssertionError(f"{wrong!r} was accepted")
+
+
+def test_an_email_that_would_write_into_the_owners_mailto_link_is_refused(
+    shop: ShopHarness, shopper: Shopper
+) -> None:
+    shopper.add("enamel-kettle")
+    for email in (
+        "thandi@example.com?subject=Refund%20me&body=Pay%20to%20...",
+        "thandi@example.com&cc=all@example.com",
+        "thandi@example.com#x",
+        "thandi@example.com/x",
+    ):
+        answer = shopper.checkout(email=email)
+        assert answer.status_code == 400, email
+        assert _field_errors(answer.get_data(as_text=True)) == {
+            "email": "Enter an email address like name@example.com."
+        }
+    assert shop.order_count() == 0
+
+
+def test_the_owners_mailto_link_is_encoded(shop: ShopHarness, shopper: Shopper) -> None:
+    from example_shop.extensions import db
+    from example_shop.models import Order
+
+    shopper.add("enamel-kettle")
+    shopper.checkout()
+    reference = shop.latest_reference()
+    with shop.app.app_context():  # an address stored before the stricter check
+        order = db.session.query(Order).filter_by(reference=reference).one()
+        order.email = "a@b.com?subject=x&body=y"
+        db.session.commit()
+    owner = shop.shopper()
+    owner.log_in()
+    html = owner.get(f"/admin/orders/{reference}").get_data(as_text=True)
+    assert 'href="mailto:a%40b.com%3Fsubject%3Dx%26body%3Dy"' in html
+    assert "mailto:a@b.com?subject" not in html

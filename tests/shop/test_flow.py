@@ -333,3 +333,37 @@ def test_v1_cancel_keeps_the_cart(v1_shop: ShopHarness) -> None:
     assert 'data-payment-status="cancelled">cancelled<' in html
     assert "Your cart is still here" in html
     assert _cart_count(shopper) == 1
+
+
+def test_an_order_refunded_at_the_gateway_before_its_payment_was_known_is_never_fulfilled(
+    shop: ShopHarness, shopper: Shopper
+) -> None:
+    from flask_gateway.core.wire import RefundRequest
+
+    shopper.add("enamel-kettle", 1)
+    redirect = shopper.checkout()
+    reference = shop.latest_reference()
+    shop.pay_on_gateway(redirect.headers["Location"])  # paid; the callback never arrives
+    with shop.app.app_context():
+        checkout = latest_checkout(reference)
+        assert checkout is not None and checkout.token is not None
+        client = get_state().client()
+        client.refund(
+            RefundRequest(
+                checkoutToken=checkout.token,
+                merchantRefundReference="at-the-gateway",
+                refundAmountCents=checkout.total_cents,
+                refundDescription="refunded on the gateway's dashboard",
+            )
+        )
+
+    result = shop.app.test_cli_runner().invoke(args=["gateway", "reconcile", "--older-than", "0"])
+    assert result.exit_code == 0, result.output
+
+    order = shop.order(reference)
+    assert order.status == OrderStatus.REFUNDED
+    assert order.paid_at is None and order.fulfilled_at is None  # never sent to packing
+    assert shop.events(reference, "paid") == 0
+    with shop.app.app_context():
+        checkout = latest_checkout(reference)
+        assert checkout is not None and checkout.flagged and checkout.payment_confirmed_at is None

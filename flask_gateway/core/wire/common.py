@@ -36,6 +36,7 @@ __all__ = [
     "CHANGEABLE_STATUSES",
     "OPEN_STATUSES",
     "PAID_STATUSES",
+    "PAYMENT_STATUSES",
     "TEXT_MAX_LENGTH",
     "AbsoluteUrl",
     "Cents",
@@ -100,6 +101,9 @@ OPEN_STATUSES: Final = frozenset(
 )
 #: The merchant may update or cancel (the documented rule).
 CHANGEABLE_STATUSES: Final = frozenset({CheckoutStatus.PENDING_ORDER, CheckoutStatus.CANCELLED_BY_CONSUMER})
+#: The statuses that confirm a payment: the refund statuses also say money was taken, but then given back,
+#: so a refund status seen before the payment was known never confirms it.
+PAYMENT_STATUSES: Final = frozenset({CheckoutStatus.PAID, CheckoutStatus.PAID_PENDING_CALLBACK})
 #: Money was taken (refunds included).
 PAID_STATUSES: Final = frozenset(
     {

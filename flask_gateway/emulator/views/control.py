@@ -1,5 +1,6 @@
-"""Control API for tests and demos (JSON, no auth): reset, accounts, clock, consumer actions, faults.
+"""Control API for tests and demos (JSON): reset, accounts, clock, consumer actions, faults.
 
+Open unless ``EMULATOR_CONTROL_TOKEN`` is set; POSTs need a JSON content type (``emulator/access.py``).
 Deliveries, dead letters and e-mails have their own routes in ``views/deliveries.py``.
 """
 
@@ -11,10 +12,12 @@ from flask import Blueprint, Response
 from pydantic import Field, Strict
 from sqlalchemy import delete, select
 from sqlalchemy.exc import IntegrityError
+from werkzeug.wrappers import Response as WerkzeugResponse
 
 from flask_gateway.core.timestamps import format_timestamp
 from flask_gateway.core.wire import WireModel
 from flask_gateway.emulator import checkouts, clock, consumer, delivery, faults
+from flask_gateway.emulator.access import check_access
 from flask_gateway.emulator.api import base_url, json_response, parse, read_json, settings
 from flask_gateway.emulator.models import (
     Account,
@@ -33,6 +36,11 @@ from flask_gateway.emulator.models import (
 __all__ = ["bp", "describe_account"]
 
 bp = Blueprint("emulator_control", __name__, url_prefix="/_emulator")
+
+
+@bp.before_request
+def _operator_only() -> WerkzeugResponse | None:
+    return check_access(dashboard=False)
 
 
 class AccountSpec(WireModel):

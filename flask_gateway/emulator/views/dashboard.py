@@ -10,7 +10,7 @@ import json
 from functools import cache
 from typing import Any, Final
 
-from flask import Blueprint, Response, abort, flash, redirect, render_template, url_for
+from flask import Blueprint, Response, abort, flash, redirect, render_template, request, url_for
 from sqlalchemy import func, select
 from sqlalchemy.orm import selectinload
 from werkzeug.wrappers import Response as WerkzeugResponse
@@ -19,12 +19,20 @@ from flask_gateway.core.money import format_money
 from flask_gateway.core.timestamps import format_timestamp
 from flask_gateway.core.wire import WireNames
 from flask_gateway.emulator import checkouts, clock, faults
+from flask_gateway.emulator.access import (
+    check_access,
+    mask_v1_urls,
+    remember_operator,
+    token_matches,
+    visible_url,
+)
 from flask_gateway.emulator.api import base_url, settings
 from flask_gateway.emulator.models import (
     Account,
     Checkout,
     Delivery,
     DeliveryAttempt,
+    DeliveryKind,
     DeliveryState,
     Email,
     FaultRule,
@@ -42,6 +50,31 @@ bp = Blueprint("emulator_dashboard", __name__)
 PAGE_ROWS: Final = 200
 #: Checkouts shown on the overview.
 RECENT_CHECKOUTS: Final = 25
+
+
+@bp.before_request
+def _operator_only() -> WerkzeugResponse | None:
+    return check_access(dashboard=True)
+
+
+@bp.app_template_filter("merchant_url")
+def _merchant_url(url: str | None, kind: str) -> str | None:
+    """A delivery's URL as this viewer may see it: a v1 notice goes to the shop's fail URL (masked)."""
+    return url if kind == DeliveryKind.CALLBACK else visible_url(url)
+
+
+@bp.route("/_emulator/login", methods=["GET", "POST"])
+def login() -> WerkzeugResponse | tuple[str, int] | str:
+    """Sign in to the dashboard with ``EMULATOR_CONTROL_TOKEN`` (CSRF-protected form)."""
+    target = request.args.get("next", "")
+    if not target.startswith("/_emulator/") or target.startswith("//"):
+        target = url_for(".overview")
+    if request.method == "POST":
+        if token_matches(request.form.get("token", "")):
+            remember_operator()
+            return redirect(target, 303)
+        return render_template("emulator/dashboard/login.html", wrong=True, target=target), 401
+    return render_template("emulator/dashboard/login.html", wrong=False, target=target)
 
 
 @bp.app_template_filter("when")
@@ -102,7 +135,7 @@ def checkout(token: str) -> str:
         status=json.dumps(
             checkouts.status_payload(found, base_url()).to_wire(settings().wire_names), indent=2
         ),
-        details=json.dumps(found.details, indent=2, ensure_ascii=False),
+        details=json.dumps(mask_v1_urls(found.details), indent=2, ensure_ascii=False),
         deliveries=deliveries,
     )
 

@@ -1,4 +1,4 @@
-"""Control API for the outbox (JSON, no auth): run deliveries, callback log, dead letters, e-mails.
+"""Control API for the outbox (JSON, closed like ``views/control.py``): deliveries, callbacks, e-mails.
 
 - ``POST /_emulator/deliver``: run the due attempts now, synchronously -> ``{"attempts": n}``.
 - ``GET /_emulator/callbacks`` (optional ``?checkoutToken=``, ``?kind=callback|v1_abandoned``): every
@@ -23,6 +23,7 @@ from sqlalchemy import ColumnElement, false, select
 from sqlalchemy.orm import InstrumentedAttribute, selectinload
 
 from flask_gateway.emulator import delivery
+from flask_gateway.emulator.access import check_access
 from flask_gateway.emulator.api import json_response
 from flask_gateway.emulator.mail import describe_email
 from flask_gateway.emulator.models import Checkout, Delivery, DeliveryAttempt, DeliveryState, Email, db
@@ -30,6 +31,12 @@ from flask_gateway.emulator.models import Checkout, Delivery, DeliveryAttempt, D
 __all__ = ["bp"]
 
 bp = Blueprint("emulator_deliveries", __name__, url_prefix="/_emulator")
+
+
+@bp.before_request
+def _operator_only() -> None:
+    check_access(dashboard=False)
+
 
 _WITH_ATTEMPTS = (selectinload(Delivery.checkout), selectinload(Delivery.attempt_log))
 

@@ -38,7 +38,7 @@ from flask_gateway.emulator.idempotency import run_idempotent
 from flask_gateway.emulator.models import Account, db
 from flask_gateway.emulator.problems import ApiProblem
 
-__all__ = ["bp", "operation"]
+__all__ = ["bp", "new_signing_key", "operation"]
 
 bp = Blueprint("emulator_v2", __name__)
 
@@ -63,6 +63,11 @@ def operation(name: str, *, reads: bool = False) -> Callable[[F], F]:
         return wrapper  # type: ignore[return-value]
 
     return decorate
+
+
+def new_signing_key() -> str:
+    """A fresh signing key: a random UUID, as the gateway issues them (its installation example)."""
+    return str(uuid.uuid4())
 
 
 def _redirect_urls(data: dict[str, Any]) -> list[object]:
@@ -96,7 +101,7 @@ def install() -> Response:
             "or rotate settings with PATCH /install/v2.",
         )
     account.installed_at = clock.now()
-    account.signing_key = str(uuid.uuid4())  # the gateway issues UUIDs (its installation example)
+    account.signing_key = new_signing_key()
     account.callback_url = request.checkoutStatusCallbackUrl
     account.callback_failures_email = request.callbackFailuresEmail
     account.minimum_cents = request.minimumCheckoutAmountCents

@@ -1,0 +1,132 @@
+"""Drift of the gateway's settings: does the gateway still have the callback URL, e-mail and limits the shop
+installed?
+
+Anyone who can sign a settings update can change them behind the shop's back, and on the sandbox anyone
+can (its 401 answers carry ``expectedSignature``): the callbacks then go to another server and the shop
+never hears of its payments. :func:`check_settings` compares the gateway's settings with the
+installation's and records the answer on it (``settings_checked_at``, ``settings_drift``); the admin
+status page shows it (with a "check now" button) and ``flask gateway check-settings`` runs it from cron
+(exit code 1 when something differs).
+
+The gateway has no operation that only reads its settings. So the check reads the limits with the v1
+configuration (read-only), then sends them back unchanged in a settings update, whose answer carries all
+four settings and the signing key: the update changes nothing, and what it answers is the gateway's view
+(docs/decisions.md). A signing key that differs from the stored one is stored (the gateway signs the
+callbacks with it) and reported.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from flask_gateway.core.timestamps import utcnow
+from flask_gateway.core.wire import SettingsUpdateRequest
+from flask_gateway.extension import get_state
+from flask_gateway.models import Installation
+
+__all__ = ["Difference", "DriftReport", "check_settings", "last_report"]
+
+_log = logging.getLogger("flask_gateway.drift")
+
+
+@dataclass(frozen=True)
+class Difference:
+    setting: str
+    shop: str
+    gateway: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"setting": self.setting, "shop": self.shop, "gateway": self.gateway}
+
+
+@dataclass
+class DriftReport:
+    checked_at: datetime
+    differences: list[Difference] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.differences
+
+    def summary(self) -> str:
+        if self.ok:
+            return "The gateway's settings are the shop's (callback URL, e-mail, limits, signing key)."
+        lines = ["The gateway's settings differ from the shop's:"]
+        lines += [f"  {d.setting}: the shop has {d.shop}, the gateway {d.gateway}" for d in self.differences]
+        lines.append(
+            "If nobody here changed them, someone else signed a settings update: save the settings screen "
+            "to put the shop's back, and ask the gateway's account manager about the account."
+        )
+        return "\n".join(lines)
+
+
+def _shown(value: Any) -> str:
+    return "(none)" if value is None or value == "" else repr(value)
+
+
+def check_settings() -> DriftReport:
+    """Ask the gateway for its settings, compare, record the result on the installation and return it.
+
+    Raises ``NotInstalledError`` before installation and ``GatewayError`` when the gateway cannot be asked.
+    """
+    state = get_state()
+    installation = state.require_installation()
+    v1 = state.v1_client(installation)
+    client = state.client(installation)
+    stored_key = state.box.decrypt_cached(installation.signing_key_encrypted)
+    state.session.commit()  # no transaction while the gateway answers
+    limits = v1.configuration().data
+    report = DriftReport(checked_at=utcnow())
+    sent: dict[str, int] = {}
+    if limits.minimum_amount is not None:
+        sent["minimumCheckoutAmountCents"] = limits.minimum_amount
+    if limits.maximum_amount is not None:
+        sent["maximumCheckoutAmountCents"] = limits.maximum_amount
+    if not sent:
+        raise ValueError("the gateway's v1 configuration answered no limits: its settings cannot be read")
+    # The gateway's own limits, sent back: a settings update that changes nothing and answers all four.
+    answer = client.update_settings(SettingsUpdateRequest.model_validate(sent)).data
+    theirs = {
+        "callback URL": (installation.callback_url, answer.checkoutStatusCallbackUrl),
+        "failure e-mail": (installation.callback_failures_email, answer.callbackFailuresEmail),
+        "minimum amount (cents)": (installation.minimum_cents, answer.minimumCheckoutAmountCents),
+        "maximum amount (cents)": (installation.maximum_cents, answer.maximumCheckoutAmountCents),
+    }
+    for setting, (ours, gateways) in theirs.items():
+        if (ours or None) != (gateways or None):
+            report.differences.append(Difference(setting, _shown(ours), _shown(gateways)))
+    new_key = answer.signingKey.get_secret_value()
+    installation = state.require_installation()
+    if not hmac.compare_digest(new_key.encode(), stored_key.encode()):
+        installation.signing_key_encrypted = state.box.encrypt(new_key)
+        report.differences.append(
+            Difference(
+                "signing key", "the stored key", "another key (now stored: callbacks are signed with it)"
+            )
+        )
+    installation.settings_checked_at = report.checked_at
+    installation.settings_drift = [d.to_json() for d in report.differences]
+    state.session.commit()
+    if not report.ok:
+        _log.warning(
+            "gateway settings of merchant account %s differ: %s",
+            installation.merchant_account_id,
+            "; ".join(f"{d.setting}: shop {d.shop}, gateway {d.gateway}" for d in report.differences),
+        )
+    return report
+
+
+def last_report(installation: Installation) -> DriftReport | None:
+    """The result of the last check, as recorded on the installation (None: never checked)."""
+    if installation.settings_checked_at is None:
+        return None
+    differences = [
+        Difference(str(d.get("setting")), str(d.get("shop")), str(d.get("gateway")))
+        for d in installation.settings_drift or []
+        if isinstance(d, dict)
+    ]
+    return DriftReport(checked_at=installation.settings_checked_at, differences=differences)
