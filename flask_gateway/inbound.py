@@ -16,6 +16,8 @@ Status callback (:func:`process_callback`), after dj-stripe: *store first, proce
    checkouts.
 4. ``PAID`` / ``PAID_PENDING_CALLBACK`` (a payment) and ``CANCELLED_BY_CONSUMER`` are applied; the
    log row's outcome is written in the same transaction, and the answer is sent only after that commit.
+   A ``PAID_PENDING_CALLBACK`` callback is recorded as ``PAID``: the gateway says ``PAID`` once the shop
+   answers 200, and this answer is that 200 (:func:`_recorded_status`, docs/decisions.md).
 
 Answers (``CallbackLog.outcome`` in brackets):
 
@@ -219,6 +221,17 @@ def _record_error(log_id: int, exc: BaseException) -> None:
 # --- the callback ------------------------------------------------------------------------------------
 
 
+def _recorded_status(status: str) -> str:
+    """What the shop records for a payment callback it is about to acknowledge with 200.
+
+    The gateway turns ``PAID_PENDING_CALLBACK`` into ``PAID`` when the merchant answers its callback with
+    200 (docs/decisions.md), and this answer is that 200: the shop records ``PAID`` at once, so the shop
+    and the gateway say the same. Should the answer be lost, the gateway sends the callback again, which
+    finds the payment already recorded.
+    """
+    return S.PAID.value if status == S.PAID_PENDING_CALLBACK else status
+
+
 def refuse_oversize(headers: Headers, content_length: int | None) -> NoReturn:
     """Log a callback whose body is over ``MAX_CALLBACK_BYTES`` (not read) and raise 413."""
     size = f"{content_length} bytes" if content_length is not None else "a body"
@@ -283,11 +296,12 @@ def _process(log: CallbackLog, headers: Headers, body: bytes) -> CallbackResult:
     # Goes into the event and the log row as text: U+0000 (never in a real status) must not cost them.
     status = _printable(str(payload.checkoutPaymentStatus))
     acted_on = status in _APPLIED_FROM_CALLBACK
+    recorded = _recorded_status(status)
     found = checkout.id
     observation = Observation(
         # A status the shop does not act on is recorded as an observation of the status we have: the
         # account is still checked and the timeline shows the callback, but nothing moves.
-        status=status if acted_on else checkout.status,
+        status=recorded if acted_on else checkout.status,
         source="callback",
         total_cents=payload.checkoutTotalCents if acted_on else None,
         merchant_account_id=claimed,
@@ -303,8 +317,8 @@ def _process(log: CallbackLog, headers: Headers, body: bytes) -> CallbackResult:
         outcome, detail = CallbackOutcome.IGNORED, f"status {status} is not acted on from a callback"
     elif transition.applied:
         outcome, detail = CallbackOutcome.ACCEPTED, f"{transition.before} -> {transition.after}"
-    elif transition.before == status:
-        outcome, detail = CallbackOutcome.DUPLICATE, f"already {status}"
+    elif transition.before == recorded:
+        outcome, detail = CallbackOutcome.DUPLICATE, f"already {recorded}"
     else:
         outcome, detail = CallbackOutcome.IGNORED, f"{status} not applied: {transition.reason}"
     log.verified = True
