@@ -14,6 +14,7 @@ __all__ = ["DEFAULTS", "ENVIRONMENT_URLS", "ConfigurationError", "GatewayConfig"
 
 Environment = Literal["sandbox", "production", "emulator"]
 ApiVersion = Literal["v2", "v1"]
+Waf = Literal["strict", "allow-local"]
 
 
 class ConfigurationError(RuntimeError):
@@ -48,6 +49,7 @@ DEFAULTS: Final[Mapping[str, Any]] = {
     "GATEWAY_ENCRYPTION_KEY": None,
     "GATEWAY_RECONCILE_AFTER_SECONDS": 300,
     "GATEWAY_CURRENCY_SYMBOL": "R",
+    "GATEWAY_WAF": "strict",
 }
 
 
@@ -68,6 +70,10 @@ class GatewayConfig:
     encryption_key: str | None
     reconcile_after_seconds: int
     currency_symbol: str
+    #: What the gateway's firewall does with redirect URLs on localhost or an IP address: "strict" refuses
+    #: them (the real gateway always does); "allow-local" describes an emulator started with
+    #: EMULATOR_WAF=allow-local. Only the admin screens' warnings depend on it.
+    waf: Waf = "strict"
 
     def __repr__(self) -> str:  # the encryption key never appears in a repr or a log line
         return (
@@ -117,6 +123,15 @@ class GatewayConfig:
         prefix = str(config["GATEWAY_URL_PREFIX"]).rstrip("/")
         if not prefix.startswith("/"):
             raise ConfigurationError(f"GATEWAY_URL_PREFIX={prefix!r} must start with '/', e.g. '/gateway'.")
+        waf = config["GATEWAY_WAF"]
+        if waf not in ("strict", "allow-local"):
+            raise ConfigurationError(f"GATEWAY_WAF={waf!r}: use 'strict' (default) or 'allow-local'.")
+        if waf == "allow-local" and environment != "emulator":
+            raise ConfigurationError(
+                f"GATEWAY_WAF='allow-local' with GATEWAY_ENVIRONMENT={environment!r}: the real gateway's "
+                "firewall always refuses redirect URLs on localhost or an IP address. Remove GATEWAY_WAF "
+                "(only an emulator started with EMULATOR_WAF=allow-local accepts them)."
+            )
         return cls(
             environment=environment,
             base_url=urls["GATEWAY_BASE_URL"].rstrip("/"),
@@ -133,6 +148,7 @@ class GatewayConfig:
             encryption_key=config["GATEWAY_ENCRYPTION_KEY"],
             reconcile_after_seconds=int(config["GATEWAY_RECONCILE_AFTER_SECONDS"]),
             currency_symbol=str(config["GATEWAY_CURRENCY_SYMBOL"]),
+            waf=waf,
         )
 
 
