@@ -169,7 +169,7 @@ def _render(form: CheckoutForm, cart: Cart, available: bool, status: int = 200) 
             form=form,
             cart=cart,
             available=available,
-            hint=instalment_hint(cart.total_cents) if available else "",
+            hint=instalment_hint(cart.total_cents) if available else None,
             errors=form.errors_in_order(),
         ),
         status,
