@@ -121,7 +121,7 @@ def add_checkout(harness: Harness, reference: str, status: str, total: int = 798
             total_cents=total,
             paid_cents=0,
             refunded_cents=0,
-            order={"reference": reference},
+            order=fields.pop("order", {"reference": reference}),
             created_at=now,
             updated_at=now,
             **{"flagged": False, **fields},
@@ -721,6 +721,20 @@ def test_checkout_detail_shows_the_timeline_and_the_callbacks(admin):
     assert "Cancel checkout" in body and "Refresh status from the gateway" in body
     assert f'action="/gateway/admin/checkouts/{checkout_id}/refund"' not in body  # not paid: no refund
     assert "R 798.00" in body
+
+
+def test_the_order_as_sent_reads_as_an_order(admin):
+    admin.install()
+    checkout_id = paid_checkout(admin)
+    body = text(admin.client.get(f"{ADMIN}/checkouts/{checkout_id}"))
+    order = visible(body.split('id="gateway-order"')[1])
+    assert "Enamel kettle K-1 2 R 399.00 R 798.00" in order
+    assert "Customer Thandi Mokoena thandi@example.com · +27821234567" in order
+    assert "Billing address 1 Long St, Cape Town, WC, 8001 Delivery address The billing address" in order
+    assert "Everything stored with the checkout" in order and "unit_price_cents" in order  # all of it
+    # A stored order of another shape is shown as stored, never a 500.
+    odd = add_checkout(admin, "ODD-SHAPE", "PENDING_ORDER", order={"lines": [{"name": "x"}], "customer": 7})
+    assert admin.client.get(f"{ADMIN}/checkouts/{odd}").status_code == 200
 
 
 def test_unknown_checkout_is_404(admin):
