@@ -85,7 +85,7 @@ _LABELS: Final = {
     OrderStatus.PAID: "Paid",
     OrderStatus.CANCELLED: "Cancelled",
     OrderStatus.EXPIRED: "Expired",
-    OrderStatus.PARTIALLY_REFUNDED: "Partially refunded",
+    OrderStatus.PARTIALLY_REFUNDED: "Partly refunded",
     OrderStatus.REFUNDED: "Refunded",
 }
 

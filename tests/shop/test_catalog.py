@@ -27,11 +27,12 @@ def test_the_catalog_shows_every_product_with_its_image_price_and_hint(shopper: 
     assert 'data-instalments="416668 416666 416666"' in html
     cards = re.findall(r'data-product-slug="([^"]+)".*?(?:data-instalments="([\d ]+)"|</li>)', html, re.S)
     for slug, amounts in cards:
-        product = find(slug)
-        assert product is not None
+        card_product = find(slug)
+        assert card_product is not None
         if amounts:  # the instalments add up to the price, the first carrying the odd cents
             cents = [int(a) for a in amounts.split()]
-            assert sum(cents) == product.price_cents and cents[0] - cents[1] == product.price_cents % 3
+            price = card_product.price_cents
+            assert sum(cents) == price and cents[0] - cents[1] == price % 3
     # R 45.00 is below the merchant's minimum (R 50.00): no hint for the rooibos tin.
     assert html.count("data-instalment-hint") == len(PRODUCTS) - 1
 

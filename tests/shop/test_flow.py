@@ -63,7 +63,7 @@ def test_v2_pay_confirm_by_callback_then_return_paid_once(shop: ShopHarness, sho
     assert order_page.startswith("/orders/view/")
     assert _status(shopper, order_page)["status"] == "processing"
     page = shopper.get(order_page).get_data(as_text=True)
-    assert 'data-payment-status="processing">processing<' in page
+    assert 'data-payment-status="processing">Processing<' in page
     assert f'data-status-url="{order_page}/status.json"' in page  # the page polls while processing
     assert '<noscript><meta http-equiv="refresh"' in page
 
@@ -75,7 +75,7 @@ def test_v2_pay_confirm_by_callback_then_return_paid_once(shop: ShopHarness, sho
     status = _status(shopper, order_page)
     assert status["status"] == "paid"
     assert status["final"] is True
-    assert 'data-payment-status="paid">paid<' in status["html"]
+    assert 'data-payment-status="paid">Paid<' in status["html"]
     assert status["cart_count"] == 0  # the cart went with the paid order (the page updates its header)
     callbacks = shop.emulator.control("callbacks", method="GET").json
     assert any(attempt.get("httpStatus") == 200 for attempt in callbacks["callbacks"]), callbacks
@@ -87,7 +87,7 @@ def test_v2_pay_confirm_by_callback_then_return_paid_once(shop: ShopHarness, sho
     landing = shopper.follow(back)
     html = landing.get_data(as_text=True)
     assert landing.status_code == 200
-    assert 'data-payment-status="paid">paid<' in html
+    assert 'data-payment-status="paid">Paid<' in html
     assert f"<span data-order-reference>{reference}</span>" in html
     assert "data-status-url" not in html and "refresh" not in html  # final: no more polling
     assert landing.headers["Cache-Control"] == "no-store"
@@ -134,7 +134,7 @@ def test_cancel_on_the_gateway_keeps_the_cart(shop: ShopHarness, shopper: Shoppe
 
     html = unescape(landing.get_data(as_text=True))
     assert landing.status_code == 200
-    assert 'data-payment-status="cancelled">cancelled<' in html
+    assert 'data-payment-status="cancelled">Cancelled<' in html
     assert "Your cart is still here" in html
     assert "Nothing was charged" in html
     assert shop.order(reference).status == "cancelled"
@@ -258,7 +258,7 @@ def test_an_expired_checkout_expires_the_order_and_keeps_the_cart(
 
     assert shop.order(reference).status == OrderStatus.EXPIRED
     page = unescape(shopper.get(_order_page(shopper, reference)).get_data(as_text=True))
-    assert 'data-payment-status="expired">expired<' in page
+    assert 'data-payment-status="expired">Expired<' in page
     assert "Your cart is still here" in page
 
 
@@ -316,7 +316,7 @@ def test_v1_pay_and_return_paid_once(v1_shop: ShopHarness) -> None:
     assert v1_shop.order(reference).status == "paid"
 
     landing = shopper.follow(shopper.get(outcome["redirectUrl"]))
-    assert 'data-payment-status="paid">paid<' in landing.get_data(as_text=True)
+    assert 'data-payment-status="paid">Paid<' in landing.get_data(as_text=True)
     assert v1_shop.events(reference, "paid") == 1
     assert _cart_count(shopper) == 0
 
@@ -330,6 +330,6 @@ def test_v1_cancel_keeps_the_cart(v1_shop: ShopHarness) -> None:
     landing = shopper.follow(shopper.get(outcome["redirectUrl"]))
 
     html = unescape(landing.get_data(as_text=True))
-    assert 'data-payment-status="cancelled">cancelled<' in html
+    assert 'data-payment-status="cancelled">Cancelled<' in html
     assert "Your cart is still here" in html
     assert _cart_count(shopper) == 1
