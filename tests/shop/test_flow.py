@@ -10,9 +10,15 @@ import pytest
 import requests
 from requests.adapters import BaseAdapter
 
-from example_shop.models import OrderStatus, latest_checkout, mark_paid, on_payment_confirmed
+from example_shop.models import (
+    OrderStatus,
+    latest_checkout,
+    mark_paid,
+    on_checkout_cancelled,
+    on_payment_confirmed,
+)
 from flask_gateway.extension import get_state
-from flask_gateway.signals import payment_confirmed
+from flask_gateway.signals import checkout_cancelled, payment_confirmed
 from tests.shop.conftest import (
     CUSTOMER,
     EMULATOR_URL,
@@ -242,6 +248,28 @@ def test_a_failed_receiver_is_caught_up_from_the_gateway_record(shop: ShopHarnes
 
     assert _status(shopper, order_page)["status"] == "paid"
     assert shop.events(reference, "paid") == 1
+
+
+def test_a_cancellation_caught_up_from_the_gateway_record_is_told_in_words(
+    shop: ShopHarness, shopper: Shopper
+) -> None:
+    shopper.add("enamel-kettle", 1)
+    shopper.checkout()
+    reference = shop.latest_reference()
+    owner = shop.shopper()
+    owner.log_in()
+    page = f"/admin/orders/{reference}"
+
+    checkout_cancelled.disconnect(on_checkout_cancelled)  # as if the receiver had failed
+    try:
+        owner.submit(page, f"{page}/cancel")
+        assert shop.order(reference).status == "processing"
+    finally:
+        checkout_cancelled.connect(on_checkout_cancelled)
+
+    history = unescape(owner.get(page).get_data(as_text=True)).split('id="history-title"')[1]
+    assert shop.order(reference).status == "cancelled"
+    assert "the gateway says cancelled by the shop (CANCELLED_BY_MERCHANT)" in history
 
 
 def test_an_expired_checkout_expires_the_order_and_keeps_the_cart(
