@@ -87,7 +87,7 @@ def _json_body(size: int) -> bytes:
         items.append(
             {"name": f"Enamel kettle number {n}", "sku": f"K-{n}", "quantity": 1, "priceCents": 39900}
         )
-        candidate = dumps({"requestId": str(uuid.UUID(int=n)), "service": {"orderItems": items}})
+        candidate = dumps({"requestId": str(uuid.UUID(int=n)), "payjustnow": {"orderItems": items}})
         if len(candidate) > size:
             break
         body, n = candidate, n + 1
@@ -542,7 +542,7 @@ def figure_callback(args: argparse.Namespace, folder: Path, cluster: Any) -> Non
                 paidAt=paid_at,
                 paymentReference=700_000_000 + n,
                 merchantOrderReference=f"B-{n}",
-                serviceOrderReference=n,
+                gatewayOrderReference=n,
                 createdAt=now,
                 updatedAt=paid_at,
             ).to_json()

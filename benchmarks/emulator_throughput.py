@@ -290,7 +290,7 @@ def once_each(requests: Sequence[Request]) -> Source:
 def create_body(request_id: str) -> dict[str, Any]:
     return {
         "requestId": request_id,
-        "service": {
+        "payjustnow": {
             "merchantOrderReference": f"bench-{request_id[:8]}",
             "orderAmountCents": 79800,
             "orderItems": [

@@ -72,7 +72,7 @@ _GATEWAY_PARSERS: Final[dict[str, Callable[[str, str], Any]]] = {
     "GATEWAY_MAX_RETRIES": _whole,
     "GATEWAY_ORDER_EXPIRY_MINUTES": _whole,
     "GATEWAY_RECONCILE_AFTER_SECONDS": _whole,
-    "GATEWAY_V1_CANCEL_ON_SERVICE": _flag,
+    "GATEWAY_V1_CANCEL_ON_FAIL": _flag,
     "GATEWAY_TIMEOUT": _seconds,
 }
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from flask_gateway._version import __version__
 from flask_gateway.core import GatewayClient, V1Client
 from flask_gateway.core.errors import GatewayError
-from flask_gateway.core.wire import CheckoutStatus
+from flask_gateway.core.wire import CHANGEABLE_STATUSES, OPEN_STATUSES, PAID_STATUSES, CheckoutStatus
 
 if TYPE_CHECKING:
     from flask_gateway.extension import Gateway, NotInstalledError
@@ -20,6 +20,9 @@ if TYPE_CHECKING:
     from flask_gateway.orders import Address, Customer, OrderDraft, OrderLine
 
 __all__ = [
+    "CHANGEABLE_STATUSES",
+    "OPEN_STATUSES",
+    "PAID_STATUSES",
     "Address",
     "CheckoutStatus",
     "Customer",

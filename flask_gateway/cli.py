@@ -22,7 +22,7 @@ from sqlalchemy import CursorResult, delete, inspect, or_, select
 from flask_gateway.core.errors import GatewayError
 from flask_gateway.core.sql import create_all_safely
 from flask_gateway.core.timestamps import utcnow
-from flask_gateway.core.wire import STATUS_PAYLOAD_KEYS
+from flask_gateway.core.wire import status_payload_keys
 from flask_gateway.extension import NotInstalledError, get_state
 from flask_gateway.models import CallbackLog, CallbackOutcome, GatewayBase, GatewayCheckout
 
@@ -147,12 +147,12 @@ def status_command(token: str, apply_answer: bool) -> None:
             transition = refresh(checkout, source="admin")
             verb = "applied" if transition.applied else f"not applied ({transition.reason})"
             click.echo(f"Refreshed: {transition.before} -> {transition.after}, {verb}.")
-        payload = state.client().get_status(token).data.to_wire()
+        payload = state.client().get_status(token).data.to_wire(state.config.wire_names)
     except (GatewayError, NotInstalledError) as error:
         click.echo(f"The gateway could not be asked: {error}", err=True)
         raise SystemExit(1) from None
     click.echo("Gateway (getstatus)")
-    for key in STATUS_PAYLOAD_KEYS:
+    for key in status_payload_keys(state.config.wire_names):
         click.echo(f"  {key:<33}{'-' if payload.get(key) is None else payload[key]}")
     if problems:
         raise SystemExit(1)

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal
 from urllib.parse import urlsplit
 
+from flask_gateway.core.wire.names import OPERATOR, WireNames, wire_names
+
 __all__ = ["DEFAULTS", "ENVIRONMENT_URLS", "ConfigurationError", "GatewayConfig"]
 
 Environment = Literal["sandbox", "production", "emulator"]
@@ -21,10 +23,20 @@ class ConfigurationError(RuntimeError):
     """A ``GATEWAY_*`` key is missing or wrong; the message names it and says how to fix it."""
 
 
-#: The emulator's URLs when it runs locally as in the demo (``flask --app flask_gateway.emulator run
-#: --port 5050``). The sandbox and production URLs are issued with the merchant account, so for those
-#: environments the three URL keys must be set explicitly.
+#: The gateway's addresses per environment, used when the three URL keys are not set.
+#:
+#: - ``sandbox``: the addresses the gateway's developer documentation gives (developers.payjustnow.com:
+#:   the create, installation and v1 checkout pages).
+#: - ``emulator``: the emulator running locally as in the demo (``flask --app flask_gateway.emulator run
+#:   --port 5050``).
+#: - ``production``: none; the documentation states no production address (it sends merchants to their
+#:   account manager), so the three keys must be set (``ConfigurationError`` says so).
 ENVIRONMENT_URLS: Final[Mapping[str, Mapping[str, str]]] = {
+    "sandbox": {
+        "GATEWAY_BASE_URL": "https://sandbox-checkout.payjustnow.io",
+        "GATEWAY_INSTALL_URL": "https://install.sandbox-checkout.payjustnow.io",
+        "GATEWAY_V1_BASE_URL": "https://sandbox.payjustnow.com",
+    },
     "emulator": {
         "GATEWAY_BASE_URL": "http://127.0.0.1:5050",
         "GATEWAY_INSTALL_URL": "http://127.0.0.1:5050/install",
@@ -45,11 +57,12 @@ DEFAULTS: Final[Mapping[str, Any]] = {
     "GATEWAY_URL_PREFIX": "/gateway",
     "GATEWAY_ORDER_ENDPOINT": None,
     "GATEWAY_ORDER_EXPIRY_MINUTES": 60,
-    "GATEWAY_V1_CANCEL_ON_SERVICE": True,
+    "GATEWAY_V1_CANCEL_ON_FAIL": True,
     "GATEWAY_ENCRYPTION_KEY": None,
     "GATEWAY_RECONCILE_AFTER_SECONDS": 300,
     "GATEWAY_CURRENCY_SYMBOL": "R",
     "GATEWAY_WAF": "strict",
+    "GATEWAY_WIRE_NAMES": OPERATOR.key,
 }
 
 
@@ -66,7 +79,7 @@ class GatewayConfig:
     url_prefix: str
     order_endpoint: str | None
     order_expiry_minutes: int
-    v1_cancel_on_service: bool
+    v1_cancel_on_fail: bool
     encryption_key: str | None
     reconcile_after_seconds: int
     currency_symbol: str
@@ -74,6 +87,8 @@ class GatewayConfig:
     #: them (the real gateway always does); "allow-local" describes an emulator started with
     #: EMULATOR_WAF=allow-local. Only the admin screens' warnings depend on it.
     waf: Waf = "strict"
+    #: How requests and the v1 replies spell the operator-named fields (answers are read in either set).
+    wire_names: WireNames = OPERATOR
 
     def __repr__(self) -> str:  # the encryption key never appears in a repr or a log line
         return (
@@ -97,8 +112,9 @@ class GatewayConfig:
                 urls[key] = str(config[key])
             if key not in urls:
                 raise ConfigurationError(
-                    f"{key} is not set. With GATEWAY_ENVIRONMENT={environment!r} the gateway's URLs come "
-                    f"with your merchant account: set {key} in the app config (see docs/configuration.md)."
+                    f"{key} is not set. The gateway's documentation gives no {environment} address (your "
+                    f"account manager issues it with the merchant account): set {key} in the app config "
+                    "(see docs/configuration.md)."
                 )
             _check_url(key, urls[key])
         public_url = config["GATEWAY_PUBLIC_URL"]
@@ -120,6 +136,13 @@ class GatewayConfig:
         retries = config["GATEWAY_MAX_RETRIES"]
         if not isinstance(retries, int) or isinstance(retries, bool) or not 0 <= retries <= 10:
             raise ConfigurationError(f"GATEWAY_MAX_RETRIES={retries!r}: a whole number from 0 to 10.")
+        try:
+            names = wire_names(str(config["GATEWAY_WIRE_NAMES"]))
+        except ValueError as exc:
+            raise ConfigurationError(
+                f"GATEWAY_WIRE_NAMES={config['GATEWAY_WIRE_NAMES']!r}: use 'operator' (the real gateway's "
+                "names, the default) or 'spec' (the spec's neutral words)."
+            ) from exc
         prefix = str(config["GATEWAY_URL_PREFIX"]).rstrip("/")
         if not prefix.startswith("/"):
             raise ConfigurationError(f"GATEWAY_URL_PREFIX={prefix!r} must start with '/', e.g. '/gateway'.")
@@ -144,11 +167,12 @@ class GatewayConfig:
             url_prefix=prefix,
             order_endpoint=config["GATEWAY_ORDER_ENDPOINT"],
             order_expiry_minutes=expiry,
-            v1_cancel_on_service=bool(config["GATEWAY_V1_CANCEL_ON_SERVICE"]),
+            v1_cancel_on_fail=bool(config["GATEWAY_V1_CANCEL_ON_FAIL"]),
             encryption_key=config["GATEWAY_ENCRYPTION_KEY"],
             reconcile_after_seconds=int(config["GATEWAY_RECONCILE_AFTER_SECONDS"]),
             currency_symbol=str(config["GATEWAY_CURRENCY_SYMBOL"]),
             waf=waf,
+            wire_names=names,
         )
 
 

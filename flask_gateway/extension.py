@@ -111,6 +111,7 @@ class GatewayState:
             signing_key=signing_key,
             timeout=self.config.timeout,
             max_retries=self.config.max_retries,
+            wire_names=self.config.wire_names,
             **self._client_options(),
         )
 

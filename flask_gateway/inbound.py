@@ -65,7 +65,15 @@ from flask_gateway.core.errors import GatewayError
 from flask_gateway.core.http import describe_validation_error
 from flask_gateway.core.sql import commit_keeping_loaded
 from flask_gateway.core.timestamps import utcnow
-from flask_gateway.core.wire import CheckoutStatus, CheckoutStatusPayload, V1FailReason, V1OutcomeStatus
+from flask_gateway.core.wire import (
+    OPERATOR,
+    CheckoutStatus,
+    CheckoutStatusPayload,
+    V1FailReason,
+    V1MerchantAnswer,
+    V1OutcomeStatus,
+    WireNames,
+)
 from flask_gateway.errors import (
     CallbackBodyInvalid,
     CallbackCheckoutUnknown,
@@ -340,18 +348,19 @@ def _process(log: CallbackLog, headers: Headers, body: bytes) -> CallbackResult:
 
 @dataclass(frozen=True)
 class V1Reply:
-    """The JSON the v1 success and fail URLs answer (the spec's merchant answer)."""
+    """The JSON the v1 success and fail URLs answer (the gateway's merchant answer)."""
 
     token: str
     return_url: str
     #: Fail URL only: True lets the gateway cancel the order; False keeps it open for another try.
-    cancel_on_service: bool | None = None
+    cancel_on_gateway: bool | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        body: dict[str, Any] = {"token": self.token, "return_url": self.return_url}
-        if self.cancel_on_service is not None:
-            body["cancel_on_service"] = self.cancel_on_service
-        return body
+    def to_json(self, names: WireNames = OPERATOR) -> dict[str, Any]:
+        """The answer's JSON, the cancel flag spelled as ``names`` says (``cancel_on_payjustnow``)."""
+        answer = V1MerchantAnswer(
+            token=self.token, return_url=self.return_url, cancel_on_gateway=self.cancel_on_gateway
+        )
+        return answer.to_wire(names)
 
 
 def shop_return_url(checkout: GatewayCheckout, kind: Literal["confirm", "cancel"]) -> str:
@@ -373,8 +382,8 @@ def process_v1_outcome(kind: Literal["v1-success", "v1-fail"], args: Mapping[str
     The URL's ``ref`` is signed for this order and this endpoint (``urls.v1_outcome_url``) and only the
     gateway was given it, so a valid ``ref`` with the order's ``token`` is the gateway's word: v1 has no
     getstatus to ask. Success pays (source ``v1``). Fail with ``reason=CANCELLED`` cancels the order
-    (``CANCELLED_BY_CONSUMER``, ``fail_reason`` CANCELLED) and answers ``cancel_on_service: true``, unless
-    ``GATEWAY_V1_CANCEL_ON_SERVICE`` is False: then the order stays ``PENDING_ORDER`` (an event records the
+    (``CANCELLED_BY_CONSUMER``, ``fail_reason`` CANCELLED) and answers ``cancel_on_payjustnow: true``, unless
+    ``GATEWAY_V1_CANCEL_ON_FAIL`` is False: then the order stays ``PENDING_ORDER`` (an event records the
     cancellation) and the answer is ``false``, so the consumer may try again. ``reason=ABANDONED`` (the
     order expired) expires it (``EXPIRED``, ``fail_reason`` ABANDONED). A replay answers the same, changing
     nothing. Refusals raise ``V1OutcomeRejected`` (400 bad parameters, 403 forged/edited/other-endpoint
@@ -411,24 +420,24 @@ def process_v1_outcome(kind: Literal["v1-success", "v1-fail"], args: Mapping[str
     fail_reason: str | None
     if reason == V1FailReason.ABANDONED.value:
         observation = Observation(status=S.EXPIRED, source="v1", detail="v1 fail URL: ABANDONED (expired)")
-        fail_reason, cancel_on_service = V1FailReason.ABANDONED.value, True
-    elif state.config.v1_cancel_on_service:
+        fail_reason, cancel_on_gateway = V1FailReason.ABANDONED.value, True
+    elif state.config.v1_cancel_on_fail:
         observation = Observation(
             status=S.CANCELLED_BY_CONSUMER, source="v1", detail="v1 fail URL: CANCELLED by the consumer"
         )
-        fail_reason, cancel_on_service = V1FailReason.CANCELLED.value, True
+        fail_reason, cancel_on_gateway = V1FailReason.CANCELLED.value, True
     else:
         observation = Observation(
             status=S.PENDING_ORDER,
             source="v1",
             detail="v1 fail URL: CANCELLED by the consumer; kept open for another try "
-            "(GATEWAY_V1_CANCEL_ON_SERVICE is False)",
+            "(GATEWAY_V1_CANCEL_ON_FAIL is False)",
         )
-        fail_reason, cancel_on_service = None, False
+        fail_reason, cancel_on_gateway = None, False
     reply = V1Reply(
         token=order_token,
         return_url=shop_return_url(checkout, "cancel"),
-        cancel_on_service=cancel_on_service,
+        cancel_on_gateway=cancel_on_gateway,
     )
     transition = apply(session, checkout_id, observation, commit=False)
     if fail_reason and transition.after == observation.status and transition.checkout.fail_reason is None:

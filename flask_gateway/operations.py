@@ -51,6 +51,8 @@ from flask_gateway.core.http import describe_validation_error
 from flask_gateway.core.money import format_money
 from flask_gateway.core.timestamps import utcnow
 from flask_gateway.core.wire import (
+    CHANGEABLE_STATUSES,
+    PAID_STATUSES,
     CheckoutStatus,
     CreateCheckoutRequest,
     RefundRequest,
@@ -62,7 +64,7 @@ from flask_gateway.core.wire import (
 from flask_gateway.extension import get_state
 from flask_gateway.models import REFERENCE_LENGTH, GatewayCheckout, LocalStatus, RefundRecord, RefundState
 from flask_gateway.orders import Address, OrderDraft
-from flask_gateway.transitions import PAID_STATUSES, Observation, apply, lock, send_pending
+from flask_gateway.transitions import Observation, apply, lock, send_pending
 from flask_gateway.urls import return_url, v1_outcome_url
 
 __all__ = [
@@ -104,7 +106,6 @@ PLAN_CACHE_SECONDS: Final = 300.0
 _PLAN_ERROR_CACHE_SECONDS: Final = 30.0
 _PLAN_CACHE_MAX: Final = 1024
 _INSTALMENTS: Final = 3
-_OPEN: Final = frozenset({S.PENDING_ORDER.value, S.CANCELLED_BY_CONSUMER.value})
 #: ``refundDescription`` (v2) and the v1 refund ``reason``.
 _REFUND_REASON_MAX: Final = 1000
 _REFUNDABLE: Final = frozenset({S.PAID.value, S.PAID_PENDING_CALLBACK.value, S.PARTIALLY_REFUNDED.value})
@@ -181,14 +182,14 @@ def _address(address: Address | None) -> dict[str, Any] | None:
     }
 
 
-def _v2_service(order: OrderDraft, checkout_id: int) -> dict[str, Any]:
-    """The ``service`` fields create and update share, as plain data: the request model validates them
-    (so an error names the full path, e.g. ``service.customer.email``)."""
+def _v2_order_details(order: OrderDraft, checkout_id: int) -> dict[str, Any]:
+    """The order details create and update share, as plain data: the request model validates them (so an
+    error names the full path as the wire spells it, e.g. ``payjustnow.customer.email``)."""
     fallback = ""
     if any(not line.image_url or not line.page_url for line in order.lines):
         fallback = _public_base()
     customer = order.customer
-    service: dict[str, Any] = {
+    details: dict[str, Any] = {
         "merchantOrderReference": order.reference,
         "orderAmountCents": order.lines_total_cents,
         "orderItems": [
@@ -210,22 +211,23 @@ def _v2_service(order: OrderDraft, checkout_id: int) -> dict[str, Any]:
         "shippingAddress": _address(order.shipping_address),
     }
     if customer is not None:
-        service["customer"] = {
+        details["customer"] = {
             "firstName": customer.first_name,
             "lastName": customer.last_name,
             "email": customer.email,
             "phoneNumber": customer.phone or None,
         }
-    return service
+    return details
 
 
 def _v2_create_request(order: OrderDraft, checkout_id: int, request_id: str) -> CreateCheckoutRequest:
-    service = _v2_service(order, checkout_id)
-    service["orderExpiryMinutes"] = get_state().config.order_expiry_minutes
-    return CreateCheckoutRequest.model_validate(
+    config = get_state().config
+    details = _v2_order_details(order, checkout_id)
+    details["orderExpiryMinutes"] = config.order_expiry_minutes
+    return CreateCheckoutRequest.from_wire(
         {
             "requestId": request_id,
-            "service": service,
+            config.wire_names.order_details: details,
             "checkoutTotalCents": order.amount_cents,
             "clickTraceId": order.click_trace_id,
         }
@@ -236,18 +238,12 @@ def _v1_checkout_request(order: OrderDraft, checkout_id: int) -> V1CheckoutReque
     customer = order.customer
     if customer is None or not customer.phone:
         raise ValueError(
-            f"order {order.reference!r}: the v1 API needs the customer with a mobile number in E.164 "
-            "format (e.g. +27821234567); set OrderDraft.customer.phone."
+            f"order {order.reference!r}: the v1 API needs the customer with a mobile number (E.164, e.g. "
+            "+27821234567, as the gateway's documentation shows it); set OrderDraft.customer.phone."
         )
     address = order.billing_address or order.shipping_address
     if address is None:
         raise ValueError(f"order {order.reference!r}: the v1 API needs the customer's address.")
-    try:
-        postal_code = int(address.postal_code.strip())
-    except ValueError:
-        raise ValueError(
-            f"order {order.reference!r}: the v1 API takes a numeric postal code, not {address.postal_code!r}."
-        ) from None
     minutes = get_state().config.order_expiry_minutes
     items = [
         {
@@ -258,7 +254,7 @@ def _v1_checkout_request(order: OrderDraft, checkout_id: int) -> V1CheckoutReque
         }
         for line in order.lines
     ]
-    return V1CheckoutRequest.model_validate(
+    return V1CheckoutRequest.from_wire(
         {
             "customer": {
                 "first_name": customer.first_name,
@@ -270,7 +266,8 @@ def _v1_checkout_request(order: OrderDraft, checkout_id: int) -> V1CheckoutReque
                     "address_line_2": address.line2 or None,
                     "city": address.city,
                     "province": address.province,
-                    "postal_code": postal_code,
+                    # As text: "0181" keeps its leading zero (the gateway reads text or a number).
+                    "postal_code": address.postal_code.strip(),
                 },
             },
             "order": {
@@ -306,7 +303,8 @@ def _definite_refusal(error: GatewayError, *, conflict_refuses: bool = False) ->
 def _check_reference(order: OrderDraft, version: str) -> None:
     """Refuse a reference the gateway would refuse, before the row is written: PostgreSQL refuses one over
     the column's length, or with U+0000, outright (SQLite would store it and the request fail later)."""
-    field = "service.merchantOrderReference" if version == "v2" else "order.merchant_reference"
+    names = get_state().config.wire_names
+    field = f"{names.order_details}.merchantOrderReference" if version == "v2" else "order.merchant_reference"
     problem = None
     if len(order.reference) > REFERENCE_LENGTH:
         problem = f"String should have at most {REFERENCE_LENGTH} characters"
@@ -643,14 +641,14 @@ def payment_plan(total_cents: int) -> PaymentPlan | None:
     except GatewayError as error:
         log.warning("payment plan for %s cents unavailable: %s", total_cents, error)
     else:
-        if answer is None:
-            log.warning("the v1 configuration answered no payment_plan for %s cents", total_cents)
+        if answer is None or answer.amount is None or answer.due_at is None:
+            log.warning("the v1 configuration answered no usable payment_plan for %s cents", total_cents)
         else:
             plan = PaymentPlan(
                 total_cents=total_cents,
                 instalments=_INSTALMENTS,
                 instalment_cents=answer.amount,
-                excess_cents=answer.excess,
+                excess_cents=answer.excess or 0,
                 first_due_at=answer.due_at,
             )
             lifetime = PLAN_CACHE_SECONDS
@@ -719,7 +717,7 @@ def update_checkout(
             f"checkout #{checkout.id} is for order {checkout.order_reference!r}, not {order.reference!r}: "
             "create a new checkout for another order."
         )
-    if checkout.status not in _OPEN:
+    if checkout.status not in CHANGEABLE_STATUSES:
         raise CheckoutStateError(
             f"checkout #{checkout.id} is {checkout.status}: only an open checkout (PENDING_ORDER or "
             "CANCELLED_BY_CONSUMER) can be updated. Create a new checkout instead."
@@ -728,12 +726,12 @@ def update_checkout(
     session = state.session
     checkout_id = checkout.id
     try:
-        service = _v2_service(order, checkout_id)
-        service["expiresAt"] = expires_at
-        body = UpdateCheckoutRequest.model_validate(
+        details = _v2_order_details(order, checkout_id)
+        details["expiresAt"] = expires_at
+        body = UpdateCheckoutRequest.from_wire(
             {
                 "checkoutToken": token,
-                "service": service,
+                state.config.wire_names.order_details: details,
                 "checkoutTotalCents": order.amount_cents,
                 "clickTraceId": order.click_trace_id,
             }
@@ -803,8 +801,13 @@ def cancel_checkout(checkout: GatewayCheckout, source: Literal["admin", "code"] 
     token = _require_v2_token(checkout, "cancel")
     if checkout.status == S.CANCELLED_BY_MERCHANT:
         return checkout
-    if checkout.status not in _OPEN:
-        advice = "refund it instead" if checkout.status in PAID_STATUSES else "nothing to cancel"
+    if checkout.status not in CHANGEABLE_STATUSES:
+        if checkout.status in PAID_STATUSES:
+            advice = "refund it instead"
+        elif checkout.status == S.PENDING_PAYMENT:
+            advice = "the shopper is paying on the gateway; wait for the outcome (refund it if it is paid)"
+        else:
+            advice = "nothing to cancel"
         raise CheckoutStateError(f"checkout #{checkout.id} is {checkout.status}: {advice}.")
     state = get_state()
     session = state.session

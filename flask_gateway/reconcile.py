@@ -40,11 +40,11 @@ from typing import Final
 from sqlalchemy import ColumnElement, and_, func, or_, select, update
 
 from flask_gateway.core.timestamps import utcnow
-from flask_gateway.core.wire import CheckoutStatus
+from flask_gateway.core.wire import OPEN_STATUSES, PAID_STATUSES, CheckoutStatus
 from flask_gateway.extension import get_state
 from flask_gateway.models import GatewayCheckout, LocalStatus
 from flask_gateway.polling import refresh
-from flask_gateway.transitions import PAID_STATUSES, Observation, apply
+from flask_gateway.transitions import Observation, apply
 
 __all__ = [
     "CLAIM_LEASE_SECONDS",
@@ -59,7 +59,7 @@ log = logging.getLogger("flask_gateway.reconcile")
 S = CheckoutStatus
 
 #: The statuses a reconciliation asks the gateway about.
-POLLED_STATUSES: Final = (S.PENDING_ORDER.value, S.CANCELLED_BY_CONSUMER.value, S.PAID_PENDING_CALLBACK.value)
+POLLED_STATUSES: Final = (*sorted(OPEN_STATUSES), S.PAID_PENDING_CALLBACK.value)
 #: A claimed (or polled) checkout is not due again for at least this long.
 CLAIM_LEASE_SECONDS: Final = 60
 #: A ``CREATING`` checkout older than this has lost its create answer: reported.

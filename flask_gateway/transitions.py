@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session, object_session
 from flask_gateway import signals
 from flask_gateway.core.sql import storable_text
 from flask_gateway.core.timestamps import utcnow
-from flask_gateway.core.wire import CheckoutStatus
+from flask_gateway.core.wire import OPEN_STATUSES, PAID_STATUSES, CheckoutStatus
 from flask_gateway.models import STATUS_LENGTH, CheckoutEvent, GatewayCheckout, LocalStatus
 
 __all__ = ["RANK", "Observation", "Transition", "apply", "lock", "lock_by_token", "rank"]
@@ -31,6 +31,7 @@ S = CheckoutStatus
 RANK: Final[dict[str, int]] = {
     LocalStatus.CREATING: 0,
     S.PENDING_ORDER: 1,
+    S.PENDING_PAYMENT: 1,
     S.CANCELLED_BY_CONSUMER: 1,
     S.CANCELLED_BY_MERCHANT: 2,
     S.EXPIRED: 2,
@@ -41,12 +42,11 @@ RANK: Final[dict[str, int]] = {
     S.FULLY_REFUNDED: 5,
 }
 _SAME_RANK_MOVES: Final = {
-    (S.PENDING_ORDER.value, S.CANCELLED_BY_CONSUMER.value),
-    # An update reopens a consumer-cancelled checkout.
-    (S.CANCELLED_BY_CONSUMER.value, S.PENDING_ORDER.value),
+    # Among the open statuses every move is allowed: the consumer starts paying (PENDING_PAYMENT),
+    # cancels, and an update reopens a consumer-cancelled checkout; polls may see any of them in any order.
+    *((before.value, after.value) for before in OPEN_STATUSES for after in OPEN_STATUSES if before != after),
     (S.PAID_PENDING_CALLBACK.value, S.PAID.value),
 }
-PAID_STATUSES: Final = frozenset(s.value for s in S if s.is_paid)
 
 
 def rank(status: str) -> int | None:

@@ -20,7 +20,7 @@ from example_shop.extensions import db
 from example_shop.forms import ActionForm, LoginForm, RefundForm
 from example_shop.links import order_url
 from example_shop.models import Order, OrderStatus, is_reference, latest_checkout, sync_with_gateway
-from flask_gateway import CheckoutStatus, GatewayCheckout, NotInstalledError
+from flask_gateway import CHANGEABLE_STATUSES, GatewayCheckout, NotInstalledError
 from flask_gateway.checks import setup_warnings
 from flask_gateway.core.errors import GatewayError
 from flask_gateway.core.money import format_money, format_plain
@@ -142,16 +142,6 @@ def _order_or_404(reference: str) -> Order:
     return sync_with_gateway(order)
 
 
-def _cancellable(checkout: GatewayCheckout | None) -> bool:
-    """An open v2 checkout (the shopper may still pay it): the shop may cancel it."""
-    if checkout is None or checkout.api_version != "v2":
-        return False
-    try:
-        return CheckoutStatus(checkout.status).is_open
-    except ValueError:  # a local status (CREATING, FAILED) or one this version does not know
-        return False
-
-
 @dataclass(frozen=True)
 class RefundToConfirm:
     """A refund the owner asked for, shown for confirmation before anything is sent."""
@@ -181,7 +171,9 @@ def _render_order(
             action_form=ActionForm(),
             remaining=remaining,
             can_refund=checkout is not None and remaining > 0,
-            can_cancel=_cancellable(checkout),
+            can_cancel=checkout is not None
+            and checkout.api_version == "v2"
+            and checkout.status in CHANGEABLE_STATUSES,
             private_link=order_url(order.reference, external=True),
             plain_amount=format_plain,
         ),

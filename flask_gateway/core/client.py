@@ -36,7 +36,9 @@ from flask_gateway.core.wire import (
     V1RefundRequest,
     V1RefundResult,
     WireModel,
+    WireNames,
 )
+from flask_gateway.core.wire.names import OPERATOR
 
 __all__ = ["GatewayClient", "V1Client", "new_request_id"]
 
@@ -80,6 +82,7 @@ class GatewayClient(_BaseClient):
     ``{install_url}`` (installation at ``/v2``). Every checkout operation is signed with ``signing_key``,
     which :meth:`install` returns. Create and refund send a ``requestId`` (yours, or one generated once
     before the first attempt) and retry safely; see :class:`~flask_gateway.core.http.RetryMode`.
+    Requests spell the operator-named fields as ``wire_names`` says (the real gateway's, by default).
     """
 
     def __init__(
@@ -94,10 +97,13 @@ class GatewayClient(_BaseClient):
         session: requests.Session | None = None,
         sleep: Callable[[float], None] = time.sleep,
         transport: Transport | None = None,
+        wire_names: WireNames = OPERATOR,
     ) -> None:
         super().__init__(
             timeout=timeout, max_retries=max_retries, session=session, sleep=sleep, transport=transport
         )
+        #: How requests spell the operator-named fields; answers are read in either set.
+        self.wire_names = wire_names
         self.base_url = base_url.rstrip("/")
         self.install_url = (install_url or f"{self.base_url}/install").rstrip("/")
         self.merchant_account_id = merchant_account_id
@@ -126,7 +132,7 @@ class GatewayClient(_BaseClient):
             f"{self.install_url}/v2",
             InstallResponse,
             operation="install",
-            body=request.to_json(),
+            body=request.to_json(self.wire_names),
             mode=RetryMode.UNSAFE,
         )
 
@@ -137,7 +143,7 @@ class GatewayClient(_BaseClient):
             f"{self.install_url}/v2",
             SettingsResponse,
             operation="update_settings",
-            body=request.to_json(),
+            body=request.to_json(self.wire_names),
             auth=self.auth,
         )
 
@@ -149,7 +155,7 @@ class GatewayClient(_BaseClient):
             f"{self.base_url}/v2/create",
             CheckoutResponse,
             operation="create",
-            body=request.to_json(),
+            body=request.to_json(self.wire_names),
             auth=self.auth,
             request_id=request_id,
         )
@@ -161,7 +167,7 @@ class GatewayClient(_BaseClient):
             f"{self.base_url}/v2/update",
             CheckoutResponse,
             operation="update",
-            body=request.to_json(),
+            body=request.to_json(self.wire_names),
             auth=self.auth,
         )
 
@@ -172,7 +178,7 @@ class GatewayClient(_BaseClient):
             f"{self.base_url}/v2/cancel",
             CheckoutResponse,
             operation="cancel",
-            body=CancelCheckoutRequest(checkoutToken=checkout_token).to_json(),
+            body=CancelCheckoutRequest(checkoutToken=checkout_token).to_json(self.wire_names),
             auth=self.auth,
             mode=RetryMode.UNSAFE,
         )
@@ -184,7 +190,7 @@ class GatewayClient(_BaseClient):
             f"{self.base_url}/v2/getstatus",
             CheckoutStatusPayload,
             operation="getstatus",
-            body=GetStatusRequest(checkoutToken=checkout_token).to_json(),
+            body=GetStatusRequest(checkoutToken=checkout_token).to_json(self.wire_names),
             auth=self.auth,
         )
 
@@ -196,7 +202,7 @@ class GatewayClient(_BaseClient):
             f"{self.base_url}/v2/refund",
             RefundResponse,
             operation="refund",
-            body=request.to_json(),
+            body=request.to_json(self.wire_names),
             auth=self.auth,
             request_id=request_id,
         )

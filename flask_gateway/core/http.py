@@ -20,7 +20,6 @@ from typing import Any, Final, Generic, TypeVar
 from urllib.parse import urlsplit
 
 import requests
-from pydantic import BaseModel
 from pydantic import ValidationError as PydanticValidationError
 from requests.auth import AuthBase
 
@@ -33,6 +32,7 @@ from flask_gateway.core.errors import (
     error_for_status,
 )
 from flask_gateway.core.timestamps import utcnow
+from flask_gateway.core.wire.common import WireModel
 
 __all__ = [
     "USER_AGENT",
@@ -56,7 +56,7 @@ _SETTINGS_CACHE: weakref.WeakKeyDictionary[requests.Session, dict[tuple[object, 
     weakref.WeakKeyDictionary()
 )
 
-ModelT = TypeVar("ModelT", bound=BaseModel)
+ModelT = TypeVar("ModelT", bound=WireModel)
 T_co = TypeVar("T_co", covariant=True)
 
 

@@ -10,12 +10,12 @@ from collections.abc import Iterable, Mapping
 from typing import Any, TypeVar
 
 from flask import Flask, Response, current_app, request
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from flask_gateway.core.auth import ACCOUNT_HEADER, SIGNATURE_HEADER
 from flask_gateway.core.signing import sign, verify
-from flask_gateway.core.wire import dumps
+from flask_gateway.core.wire import WireModel, dumps
 from flask_gateway.emulator.models import Account, db
 from flask_gateway.emulator.problems import ApiProblem, ResponseDropped, field_path, validation_problem
 from flask_gateway.emulator.settings import EmulatorSettings
@@ -34,7 +34,7 @@ __all__ = [
     "settings",
 ]
 
-ModelT = TypeVar("ModelT", bound=BaseModel)
+WireModelT = TypeVar("WireModelT", bound=WireModel)
 
 #: Bodies over this size answer 413 (DESIGN: 64 KiB).
 MAX_BODY_BYTES = 64 * 1024
@@ -120,18 +120,19 @@ def _nul_at(value: object, location: tuple[int | str, ...] = ()) -> tuple[int | 
     return None
 
 
-def parse(model: type[ModelT], data: Mapping[str, Any]) -> ModelT:
-    """Validate ``data`` against ``model``; 400 naming each invalid field."""
+def parse(model: type[WireModelT], data: Mapping[str, Any]) -> WireModelT:
+    """Validate ``data`` against ``model`` (its JSON names, in either wire-name set); 400 naming each
+    invalid field, a missing one as this emulator's wire names spell it."""
     try:
-        return model.model_validate(data)
+        return model.from_wire(data)
     except ValidationError as exc:
-        raise validation_problem(exc) from None
+        raise validation_problem(exc, settings().wire_names) from None
 
 
 def json_response(
-    body: BaseModel | Mapping[str, Any], status: int = 200, headers: Mapping[str, str] | None = None
+    body: WireModel | Mapping[str, Any], status: int = 200, headers: Mapping[str, str] | None = None
 ) -> Response:
-    payload = body.to_json() if hasattr(body, "to_json") else dumps(body)
+    payload = body.to_json(settings().wire_names) if isinstance(body, WireModel) else dumps(body)
     return Response(payload, status=status, headers=dict(headers or {}), mimetype="application/json")
 
 

@@ -19,19 +19,23 @@ from sqlalchemy import or_, select
 
 from flask_gateway.core.sql import begin_writing
 from flask_gateway.core.wire import (
+    CHANGEABLE_STATUSES,
+    OPEN_STATUSES,
+    PAID_STATUSES,
     CheckoutResponse,
     CheckoutStatus,
     CheckoutStatusPayload,
     CreateCheckoutRequest,
+    OrderDetailsEcho,
     RefundRequest,
     RefundResponse,
-    ServiceEcho,
     UpdateCheckoutRequest,
     V1CheckoutRequest,
     V1RefundRequest,
     V1RefundType,
 )
 from flask_gateway.emulator import clock
+from flask_gateway.emulator.api import settings
 from flask_gateway.emulator.models import (
     Account,
     ApiVersion,
@@ -48,6 +52,7 @@ __all__ = [
     "DEFAULT_EXPIRY",
     "TOKEN_MAX_LENGTH",
     "UPDATE_WINDOW",
+    "begin_payment",
     "cancel",
     "check_firewall",
     "checkout_response",
@@ -69,15 +74,20 @@ __all__ = [
     "update",
 ]
 
+#: The message of the gateway's documented v1 refusal of a refund above what remains refundable.
+V1_AMOUNT_EXCEEDED: Final = "Amount is greater than available amount refundable."
 #: The longest checkout token (``Checkout.token``; the wire's ``checkoutToken`` allows no more either).
 TOKEN_MAX_LENGTH: Final = 255
 #: Expiry when a create gives no ``orderExpiryMinutes``, and the v1 default.
 DEFAULT_EXPIRY: Final = timedelta(minutes=60)
-#: The consumer's payment window after an update (when ``service.expiresAt`` is not given).
+#: The consumer's payment window after an update (when the order details give no ``expiresAt``).
 UPDATE_WINDOW: Final = timedelta(minutes=60)
 
 S = CheckoutStatus
-OPEN: Final = (S.PENDING_ORDER.value, S.CANCELLED_BY_CONSUMER.value)
+#: Statuses that expire when ``expiresAt`` passes: the consumer could still pay.
+OPEN: Final = tuple(sorted(OPEN_STATUSES))
+#: Where the consumer can pay or cancel on the payment page.
+_PAYABLE: Final = (S.PENDING_ORDER.value, S.PENDING_PAYMENT.value)
 REFUNDABLE: Final = (S.PAID.value, S.PAID_PENDING_CALLBACK.value, S.PARTIALLY_REFUNDED.value)
 
 
@@ -233,7 +243,7 @@ def create(account: Account, request: CreateCheckoutRequest) -> Checkout:
     """PENDING_ORDER with a new token; expiry from ``orderExpiryMinutes`` (default 60)."""
     _check_limits(account, request.checkoutTotalCents, "checkoutTotalCents")
     now = clock.now()
-    minutes = request.service.orderExpiryMinutes
+    minutes = request.order_details.orderExpiryMinutes
     expiry = timedelta(minutes=minutes) if minutes is not None else DEFAULT_EXPIRY
     checkout = Checkout(
         token=_v2_token(account),
@@ -242,9 +252,9 @@ def create(account: Account, request: CreateCheckoutRequest) -> Checkout:
         status=S.PENDING_ORDER.value,
         request_id=request.requestId,
         total_cents=request.checkoutTotalCents,
-        merchant_order_reference=request.service.merchantOrderReference,
+        merchant_order_reference=request.order_details.merchantOrderReference,
         click_trace_id=request.clickTraceId,
-        details=request.service.to_wire(),
+        details=request.order_details.to_wire(),
         created_at=now,
         updated_at=now,
         expires_at=now + expiry,
@@ -260,25 +270,26 @@ def update(account: Account, request: UpdateCheckoutRequest) -> Checkout:
     checkout = lock(account.merchant_account_id, request.checkoutToken)
     if checkout.status == S.EXPIRED:
         raise ApiProblem(403, "The checkout has expired and can no longer be updated: create a new checkout.")
-    if checkout.status not in OPEN:
+    if checkout.status not in CHANGEABLE_STATUSES:
         raise _refuse(checkout, "update")
     _check_limits(account, request.checkoutTotalCents, "checkoutTotalCents")
     now = clock.now()
-    service = request.service
-    if service.expiresAt is not None and service.expiresAt <= now:
+    order = request.order_details
+    if order.expiresAt is not None and order.expiresAt <= now:
+        field = f"{settings().wire_names.order_details}.expiresAt"
         raise ApiProblem(
             400,
             "The new expiry time is in the past.",
-            errors=[{"field": "service.expiresAt", "message": "must be in the future"}],
+            errors=[{"field": field, "message": "must be in the future"}],
         )
-    details = service.to_wire()
+    details = order.to_wire()
     details.pop("expiresAt", None)
     checkout.details = details
     checkout.total_cents = request.checkoutTotalCents
-    checkout.merchant_order_reference = service.merchantOrderReference
+    checkout.merchant_order_reference = order.merchantOrderReference
     if request.clickTraceId is not None:
         checkout.click_trace_id = request.clickTraceId
-    checkout.expires_at = service.expiresAt or now + UPDATE_WINDOW
+    checkout.expires_at = order.expiresAt or now + UPDATE_WINDOW
     if checkout.status == S.CANCELLED_BY_CONSUMER:
         _transition(checkout, S.PENDING_ORDER, now, "updated", "reopened by an update")
     else:
@@ -290,7 +301,7 @@ def update(account: Account, request: UpdateCheckoutRequest) -> Checkout:
 def cancel(account: Account, token: str) -> Checkout:
     """The merchant cancels: PENDING_ORDER or CANCELLED_BY_CONSUMER -> CANCELLED_BY_MERCHANT."""
     checkout = lock(account.merchant_account_id, token)
-    if checkout.status not in OPEN:
+    if checkout.status not in CHANGEABLE_STATUSES:
         raise _refuse(checkout, "cancel")
     now = clock.now()
     checkout.cancelled_at = now
@@ -300,7 +311,7 @@ def cancel(account: Account, token: str) -> Checkout:
 
 def pay(checkout: Checkout, account: Account) -> None:
     """The consumer pays (row already locked). v2: PAID_PENDING_CALLBACK and a callback; v1: PAID."""
-    if checkout.status != S.PENDING_ORDER:
+    if checkout.status not in _PAYABLE:
         raise _refuse(checkout, "pay")
     now = clock.now()
     checkout.paid_at = now
@@ -312,9 +323,20 @@ def pay(checkout: Checkout, account: Account) -> None:
     _enqueue(checkout, DeliveryKind.CALLBACK, account.callback_url, now)
 
 
+def begin_payment(checkout: Checkout) -> None:
+    """The consumer starts paying on the gateway (row already locked): v2 PENDING_ORDER -> PENDING_PAYMENT.
+
+    The real gateway reports ``PENDING_PAYMENT`` while a consumer's application is under way; the merchant
+    may then neither update nor cancel, and the consumer may still pay or cancel.
+    """
+    if checkout.api_version != ApiVersion.V2 or checkout.status != S.PENDING_ORDER:
+        raise _refuse(checkout, "begin paying")
+    _transition(checkout, S.PENDING_PAYMENT, clock.now(), "payment-started", "by the consumer")
+
+
 def consumer_cancel(checkout: Checkout, account: Account) -> None:
     """The consumer cancels on the payment page (row already locked)."""
-    if checkout.status != S.PENDING_ORDER:
+    if checkout.status not in _PAYABLE:
         raise _refuse(checkout, "cancel")
     now = clock.now()
     _transition(checkout, S.CANCELLED_BY_CONSUMER, now, "consumer-cancelled", "on the payment page")
@@ -335,9 +357,9 @@ def mark_callback_delivered(checkout: Checkout) -> bool:
 
 
 def reopen_v1(checkout: Checkout) -> None:
-    """The merchant's fail URL answered ``cancel_on_service: false``: the consumer may try again."""
+    """The merchant's fail URL answered that the gateway must not cancel: the consumer may try again."""
     if checkout.status == S.CANCELLED_BY_CONSUMER:
-        _transition(checkout, S.PENDING_ORDER, clock.now(), "reopened", "cancel_on_service: false")
+        _transition(checkout, S.PENDING_ORDER, clock.now(), "reopened", "the merchant keeps the order open")
 
 
 def _apply_refund(
@@ -371,12 +393,12 @@ def refund(account: Account, request: RefundRequest) -> RefundResponse:
         request.refundDescription,
         request.requestId,
     )
+    # As the gateway's latest example answers: no requestId echo, the description "OK".
     return RefundResponse(
-        requestId=request.requestId,
         refundedAmountCents=request.refundAmountCents,
         refundStatus="SUCCESS",
         refundStatusAt=checkout.updated_at,
-        refundStatusDescription=request.refundDescription or "Refund processed",
+        refundStatusDescription="OK",
     )
 
 
@@ -399,7 +421,7 @@ def create_v1(account: Account, request: V1CheckoutRequest) -> Checkout:
         api_version=ApiVersion.V1,
         status=S.PENDING_ORDER.value,
         total_cents=order.amount,
-        merchant_order_reference=order.merchant_reference,
+        merchant_order_reference=str(order.merchant_reference),
         details=request.to_wire(),
         created_at=now,
         updated_at=now,
@@ -417,16 +439,18 @@ def refund_v1(account: Account, request: V1RefundRequest) -> Checkout:
         checkout = lock(account.merchant_account_id, request.token)
     except ApiProblem:
         raise ApiProblem(400, "No order with this token for this merchant account.") from None
-    if (
-        checkout.api_version != ApiVersion.V1
-        or checkout.merchant_order_reference != request.merchant_reference
+    if checkout.api_version != ApiVersion.V1 or checkout.merchant_order_reference != str(
+        request.merchant_reference
     ):
         raise ApiProblem(400, "The token and merchant_reference do not name the same order.")
     remaining = checkout.total_cents - checkout.refunded_cents
+    if checkout.status in PAID_STATUSES and request.amount > remaining:
+        # The gateway's documented refusal (also for a second refund of a refunded order).
+        raise ApiProblem(400, f"{V1_AMOUNT_EXCEEDED} ({remaining} cents remain.)")
     if request.type == V1RefundType.FULL and request.amount != remaining:
         raise ApiProblem(400, f"A full refund must be for the remaining {remaining} cents.")
     try:
-        _apply_refund(checkout, request.amount, request.merchant_reference, request.reason, None)
+        _apply_refund(checkout, request.amount, str(request.merchant_reference), request.reason, None)
     except ApiProblem as problem:
         raise ApiProblem(400, problem.message) from None
     return checkout
@@ -450,12 +474,13 @@ _REDUCED_ECHO: Final = (
 
 
 def checkout_response(checkout: Checkout, base_url: str, *, reduced: bool = False) -> CheckoutResponse:
-    """The create/update answer (full ``service`` echo) or the cancel answer (reduced echo)."""
+    """The create/update answer (full echo of the order details) or the cancel answer: a reduced echo and
+    no ``expiresAt``, as the gateway's cancel example shows it."""
     details: dict[str, Any] = dict(checkout.details)
     if reduced:
-        echo = ServiceEcho.model_validate({k: details[k] for k in _REDUCED_ECHO if k in details})
+        echo = OrderDetailsEcho.model_validate({k: details[k] for k in _REDUCED_ECHO if k in details})
     else:
-        echo = ServiceEcho.model_validate(
+        echo = OrderDetailsEcho.model_validate(
             {**details, "expiresAt": checkout.expires_at, "checkoutPaymentStatus": checkout.status}
         )
     return CheckoutResponse(
@@ -468,9 +493,9 @@ def checkout_response(checkout: Checkout, base_url: str, *, reduced: bool = Fals
         clickTraceId=checkout.click_trace_id,
         createdAt=checkout.created_at,
         updatedAt=checkout.updated_at,
-        expiresAt=checkout.expires_at,
+        expiresAt=None if reduced else checkout.expires_at,
         cancelledAt=checkout.cancelled_at,
-        service=echo,
+        order_details=echo,
         merchantAccountId=checkout.account_id,
     )
 
@@ -486,7 +511,7 @@ def status_payload(checkout: Checkout, base_url: str) -> CheckoutStatusPayload:
         paidAt=checkout.paid_at,
         paymentReference=checkout.payment_reference,
         merchantOrderReference=checkout.merchant_order_reference,
-        serviceOrderReference=checkout.id,
+        gatewayOrderReference=checkout.id,
         clickTraceId=checkout.click_trace_id,
         createdAt=checkout.created_at,
         updatedAt=checkout.updated_at,

@@ -8,7 +8,7 @@ from flask_gateway.core.wire import V1FailReason, V1OutcomeStatus
 from flask_gateway.emulator import checkouts, merchant
 from flask_gateway.emulator.models import Account, ApiVersion, Checkout, db
 
-__all__ = ["Outcome", "cancel", "pay"]
+__all__ = ["Outcome", "begin_payment", "cancel", "pay"]
 
 
 @dataclass(frozen=True)
@@ -45,8 +45,16 @@ def pay(token: str) -> Outcome:
     return Outcome(checkout.status, reply.answer.return_url if reply.answer else None, reply.message)
 
 
+def begin_payment(token: str) -> Outcome:
+    """The consumer starts paying (v2): the checkout is ``PENDING_PAYMENT`` until they pay or cancel."""
+    checkout, _ = _locked(token)
+    checkouts.begin_payment(checkout)
+    db.session.commit()
+    return Outcome(checkout.status, None)
+
+
 def cancel(token: str) -> Outcome:
-    """Cancel on the payment page; v1 asks the fail URL, whose ``cancel_on_service: false`` reopens it."""
+    """Cancel on the payment page; v1 asks the fail URL, whose answer may keep the order open."""
     checkout, account = _locked(token)
     checkouts.consumer_cancel(checkout, account)
     db.session.commit()
@@ -58,7 +66,7 @@ def cancel(token: str) -> Outcome:
     )
     checkout, _ = _locked(token)
     checkouts.record_event(checkout, "merchant-notified", f"fail URL (CANCELLED): {reply.message}")
-    if reply.answer is not None and reply.answer.cancel_on_service is False:
+    if reply.answer is not None and reply.answer.cancel_on_gateway is False:
         checkouts.reopen_v1(checkout)
     db.session.commit()
     return Outcome(checkout.status, reply.answer.return_url if reply.answer else None, reply.message)

@@ -258,7 +258,7 @@ def _prepare(delivery_id: int) -> _Job | None:
             )
             delivery.url = account.callback_url
         checkout.last_callback_attempted_at = at
-        body = checkouts.status_payload(checkout, base_url()).to_json()
+        body = checkouts.status_payload(checkout, base_url()).to_json(settings().wire_names)
         url = delivery.url
     else:
         body = b""
@@ -387,7 +387,7 @@ def _record(job: _Job, reply: MerchantReply, injected: bool) -> int | None:
                 url=job.url,
                 error=attempt.message,
                 next_attempt_at=next_at,
-                checkout_detail=checkouts.status_payload(checkout, base_url()).to_wire(),
+                checkout_detail=checkouts.status_payload(checkout, base_url()).to_wire(config.wire_names),
             )
             email = mail.compose_failure_email(notice, now)
             db.session.add(email)

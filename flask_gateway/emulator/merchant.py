@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from typing import Final
@@ -92,7 +91,7 @@ def call_v1_outcome(
     if response.status_code != 200:
         return MerchantReply(False, response.status_code, f"HTTP {response.status_code}", _ms(started))
     try:
-        answer = V1MerchantAnswer.model_validate(json.loads(response.content))
+        answer = V1MerchantAnswer.from_json(response.content)
     except (ValueError, ValidationError):
         return MerchantReply(
             False, 200, "The answer is not JSON with token and an absolute return_url", _ms(started)

@@ -65,7 +65,7 @@ class Account(EmulatorBase):
 
 
 class Checkout(EmulatorBase):
-    """A v2 or v1 checkout. ``id`` doubles as the gateway's ``serviceOrderReference``."""
+    """A v2 or v1 checkout. ``id`` doubles as the gateway's own order number (status payload)."""
 
     __tablename__ = "emulator_checkouts"
     __table_args__ = (Index("ix_emulator_checkouts_due", "status", "expires_at"),)
@@ -79,7 +79,7 @@ class Checkout(EmulatorBase):
     total_cents: Mapped[int] = mapped_column(BigInteger)
     merchant_order_reference: Mapped[str] = mapped_column(String(255))
     click_trace_id: Mapped[str | None] = mapped_column(String(255))
-    #: The stored order details: the v2 ``service`` object, or the v1 ``{customer, order}`` body.
+    #: The stored order details: the v2 order details object, or the v1 ``{customer, order}`` body.
     details: Mapped[dict[str, Any]]
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]

@@ -16,15 +16,15 @@ import re
 import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Final, Literal
+from typing import Any, Final, Literal
 
-from pydantic import BaseModel, Field, Strict
+from pydantic import BaseModel
 from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
 from flask_gateway._version import __version__
 from flask_gateway.core.auth import ACCOUNT_HEADER, SIGNATURE_HEADER
 from flask_gateway.core.wire import (
-    STATUS_PAYLOAD_KEYS,
+    OPERATOR,
     CancelCheckoutRequest,
     CheckoutResponse,
     CheckoutStatusPayload,
@@ -42,10 +42,14 @@ from flask_gateway.core.wire import (
     V1CheckoutResponse,
     V1ConfigurationRequest,
     V1ConfigurationResponse,
+    V1RefundRefused,
     V1RefundRequest,
-    V1Timestamp,
-    WireModel,
+    V1RefundSucceeded,
+    WireNamedModel,
+    WireNames,
+    status_payload_keys,
 )
+from flask_gateway.core.wire.names import accepted
 from flask_gateway.emulator.api import MAX_BODY_BYTES
 from flask_gateway.emulator.idempotency import REPLAY_HEADER
 
@@ -53,44 +57,6 @@ __all__ = ["OPERATIONS", "Operation", "build_document", "main", "render"]
 
 OPENAPI_VERSION: Final = "3.1.0"
 SCHEMA_REF: Final = "#/components/schemas/{model}"
-#: What ``flask_gateway.core.wire.v1`` checks a v1 mobile number against (E.164).
-E164_PATTERN: Final = r"^\+[1-9][0-9]{6,14}$"
-
-
-# --- v1 refund answers (the v1 route writes them as dicts; these models describe them) ---------------
-
-
-class V1RefundSucceeded(WireModel):
-    """A v1 refund that went through."""
-
-    status: Literal["REFUNDED"]
-    reason: str
-    refunded_at: V1Timestamp
-    amount_refunded: Annotated[int, Strict(), Field(ge=0)]
-
-
-class V1RefundResponse(WireModel):
-    data: V1RefundSucceeded
-
-
-class V1RefundErrorDetail(WireModel):
-    code: Literal[400]
-    message: str
-
-
-class V1RefundErrors(WireModel):
-    errors: V1RefundErrorDetail
-
-
-class V1RefundRefused(WireModel):
-    """A v1 refund the gateway refused (unknown order, wrong state, amount above what remains)."""
-
-    status: Literal["FAILED"]
-    reason: V1RefundErrors
-
-
-class V1RefundFailure(WireModel):
-    data: V1RefundRefused
 
 
 # --- operations ------------------------------------------------------------------------------------
@@ -124,7 +90,7 @@ class Operation:
 
 _BAD_REQUEST: Final = (
     "Malformed JSON, not a JSON object, or missing or invalid fields: `errors` names each field "
-    "(`service.orderItems[0].priceCents`)."
+    "with its path, such as `orderItems[0].priceCents` inside the order details."
 )
 _V2_UNAUTHORIZED: Final = (
     f"Missing or invalid `{ACCOUNT_HEADER}` / `{SIGNATURE_HEADER}` combination, or the account is not "
@@ -184,13 +150,14 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
         summary="Update an open checkout",
         description=(
             "Replaces the order of a `PENDING_ORDER` or `CANCELLED_BY_CONSUMER` checkout (the latter "
-            "reopens) and gives a new payment window: `service.expiresAt` when given, else one hour."
+            "reopens) and gives a new payment window: the order details' `expiresAt` when given, else one "
+            "hour."
         ),
         request=UpdateCheckoutRequest,
         response=CheckoutResponse,
         security="v2",
         errors={
-            400: f"{_BAD_REQUEST} Also when {_LIMITS}, or `service.expiresAt` is in the past.",
+            400: f"{_BAD_REQUEST} Also when {_LIMITS}, or the order details' `expiresAt` is in the past.",
             401: _V2_UNAUTHORIZED,
             403: f"The checkout has expired: create a new one. Or: {_FIREWALL}",
             404: _NOT_FOUND,
@@ -207,7 +174,7 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
         summary="Cancel a checkout",
         description=(
             "`PENDING_ORDER` or `CANCELLED_BY_CONSUMER` becomes `CANCELLED_BY_MERCHANT`. The answer carries "
-            "a reduced `service` echo and `cancelledAt`."
+            "a reduced echo of the order details and `cancelledAt`."
         ),
         request=CancelCheckoutRequest,
         response=CheckoutResponse,
@@ -358,18 +325,18 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
         summary="v1 refund",
         description="A full or partial refund of a paid v1 order.",
         request=V1RefundRequest,
-        response=V1RefundResponse,
+        response=V1RefundSucceeded,
         security="v1",
         errors={
             400: (
                 "A refund the gateway refused (unknown order, wrong state, amount above what remains): "
-                '`{"data": {"status": "FAILED", "reason": {"errors": {"code": 400, "message": ...}}}}`. '
+                '`{"status": "FAILED", "reason": {"errors": {"code": 400, "message": ...}}}`. '
                 f"Or: {_BAD_REQUEST}"
             ),
             401: _V1_UNAUTHORIZED,
             413: _TOO_LARGE,
         },
-        error_bodies={400: (V1RefundFailure, ErrorBody)},
+        error_bodies={400: (V1RefundRefused, ErrorBody)},
     ),
 )
 
@@ -435,20 +402,40 @@ def _reachable(roots: Iterable[str], schemas: Mapping[str, Any]) -> set[str]:
 _REF: Final = re.compile(r'"\$ref": "([^"]+)"')
 
 
-def _tighten(schemas: dict[str, Any], refs: Mapping[type[BaseModel], str]) -> None:
+def _respell(schema: dict[str, Any], model: type[WireNamedModel], names: WireNames) -> None:
+    """Name the model's operator-named fields as ``names`` spells them (pydantic writes the attribute in
+    an answer's schema and the first accepted spelling in a request's)."""
+    for attribute, role in model.renamed.items():
+        spelled = names.name(role)
+        written = {attribute, *(str(choice) for choice in accepted(role).choices)}
+        properties = schema.get("properties", {})
+        schema["properties"] = {
+            (spelled if key in written else key): value for key, value in properties.items()
+        }
+        if "required" in schema:
+            schema["required"] = [spelled if key in written else key for key in schema["required"]]
+
+
+def _tighten(schemas: dict[str, Any], refs: Mapping[type[BaseModel], str], names: WireNames) -> None:
     """Say what the models' validators check but their generated schemas cannot show by themselves.
 
     - The status payload always carries its 16 keys (``null`` when unset): all required.
     - A settings update names at least one of the four settings.
-    - A v1 mobile number is E.164; v1 items are keyed ``"1"``, ``"2"``, ...
+    - v1 items: the documented object keyed "1", "2", ... or an array (real clients send both).
     - A secret in an answer is not ``writeOnly`` (that marks the API key of a request): the key comes back.
     """
     status = schemas[_component(refs[CheckoutStatusPayload])]
-    status["required"] = list(STATUS_PAYLOAD_KEYS)
+    status["required"] = list(status_payload_keys(names))
     settings = schemas[_component(refs[SettingsUpdateRequest])]
     settings["anyOf"] = [{"required": [name]} for name in settings["properties"]]
-    schemas["V1Customer"]["properties"]["mobile_number"]["pattern"] = E164_PATTERN
-    schemas["V1Order"]["properties"]["items"]["propertyNames"] = {"pattern": "^[1-9][0-9]*$"}
+    order = schemas["V1Order"]["properties"]
+    item = order["items"]["additionalProperties"]
+    order["items"] = {
+        "oneOf": [
+            {"type": "object", "additionalProperties": item, "maxProperties": 500},
+            {"type": "array", "items": item, "maxItems": 500},
+        ]
+    }
     requests = _reachable((refs[op.request] for op in OPERATIONS), schemas)
     for name in _reachable(refs.values(), schemas) - requests:
         for prop in schemas[name].get("properties", {}).values():
@@ -544,15 +531,17 @@ Statuses 429 and 5XX are only produced by fault injection (`POST /_emulator/faul
 """
 
 
-def build_document() -> dict[str, Any]:
-    """The OpenAPI 3.1 document (a fresh dict each call)."""
+def build_document(names: WireNames = OPERATOR) -> dict[str, Any]:
+    """The OpenAPI 3.1 document (a fresh dict each call), the operator-named fields spelled by ``names``."""
     key_map, definitions = models_json_schema(_models(), ref_template=SCHEMA_REF, by_alias=True)
+    schemas = {name: _strip_titles(schema) for name, schema in sorted(definitions.get("$defs", {}).items())}
     refs: dict[type[BaseModel], str] = {}
     for (model, _mode), schema in key_map.items():
         if isinstance(model, type) and issubclass(model, BaseModel):
             refs[model] = str(schema["$ref"])
-    schemas = {name: _strip_titles(schema) for name, schema in sorted(definitions.get("$defs", {}).items())}
-    _tighten(schemas, refs)
+            if issubclass(model, WireNamedModel):
+                _respell(schemas[_component(refs[model])], model, names)  # this mode's component
+    _tighten(schemas, refs, names)
     return {
         "openapi": OPENAPI_VERSION,
         "jsonSchemaDialect": "https://spec.openapis.org/oas/3.1/dialect/base",

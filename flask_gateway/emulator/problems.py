@@ -7,6 +7,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from flask_gateway.core.wire.names import OPERATOR, ROLES, WireNames
+
 __all__ = ["ApiProblem", "ResponseDropped", "field_path", "validation_problem"]
 
 
@@ -46,7 +48,7 @@ class ApiProblem(Exception):
 
 
 def field_path(location: Iterable[int | str], prefix: str = "") -> str:
-    """``("service", "orderItems", 0, "priceCents")`` -> ``service.orderItems[0].priceCents``."""
+    """``("payjustnow", "orderItems", 0, "priceCents")`` -> ``payjustnow.orderItems[0].priceCents``."""
     path = prefix
     for part in location:
         if isinstance(part, int):
@@ -56,10 +58,21 @@ def field_path(location: Iterable[int | str], prefix: str = "") -> str:
     return path or "body"
 
 
-def validation_problem(error: ValidationError, prefix: str = "") -> ApiProblem:
-    """400 naming every invalid field (never echoing the values: they may be secrets)."""
+def validation_problem(error: ValidationError, names: WireNames = OPERATOR) -> ApiProblem:
+    """400 naming every invalid field (never echoing the values: they may be secrets).
+
+    A field that was sent is named as it was sent; a missing operator-named field as ``names`` spells it
+    (pydantic names a missing field by its first accepted spelling, the operator's).
+    """
     errors = [
-        {"field": field_path(detail["loc"], prefix), "message": detail["msg"]}
+        {"field": field_path(_spelled(detail["loc"], detail["type"], names)), "message": detail["msg"]}
         for detail in error.errors(include_input=False, include_url=False)
     ]
     return ApiProblem(400, "The request has missing or invalid fields.", errors=errors)
+
+
+def _spelled(location: tuple[int | str, ...], kind: str, names: WireNames) -> tuple[int | str, ...]:
+    if kind != "missing" or names is OPERATOR:
+        return location
+    respelled = {OPERATOR.name(role): names.name(role) for role in ROLES}
+    return tuple(respelled.get(part, part) if isinstance(part, str) else part for part in location)

@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
+from flask_gateway.core.wire.names import OPERATOR, WireNames, wire_names
+
 __all__ = ["DEFAULT_ACCOUNTS", "EmulatorSettings", "SettingsError"]
 
 DEFAULT_ACCOUNTS: Final = "demo-merchant:demo-api-key"
@@ -32,6 +34,8 @@ class EmulatorSettings:
     worker: bool = True
     #: Base URL for ``paymentUrl``/``redirect_to``; defaults to the URL the request came in on.
     public_url: str | None = None
+    #: How answers and callbacks spell the operator-named fields (requests are read in either set).
+    wire_names: WireNames = OPERATOR
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> EmulatorSettings:
@@ -45,6 +49,7 @@ class EmulatorSettings:
             smtp_url=env.get("EMULATOR_SMTP_URL") or None,
             worker=_choice(env, "EMULATOR_WORKER", {"1": True, "0": False}, "1"),
             public_url=(env.get("EMULATOR_PUBLIC_URL") or "").rstrip("/") or None,
+            wire_names=_wire_names(env.get("EMULATOR_WIRE_NAMES", OPERATOR.key)),
         )
 
     @property
@@ -77,6 +82,13 @@ def _parse_delays(value: str) -> tuple[float, ...]:
     if any(d < 0 for d in delays):
         raise SettingsError("EMULATOR_CALLBACK_RETRY_DELAYS must not be negative")
     return delays
+
+
+def _wire_names(value: str) -> WireNames:
+    try:
+        return wire_names(value or OPERATOR.key)
+    except ValueError as exc:
+        raise SettingsError(f"EMULATOR_WIRE_NAMES: {exc}") from None
 
 
 def _choice(env: Mapping[str, str], name: str, choices: Mapping[str, bool], default: str) -> bool:

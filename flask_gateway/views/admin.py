@@ -30,7 +30,7 @@ from flask_gateway.core.errors import (
     GatewayError,
     GatewayServerError,
 )
-from flask_gateway.core.wire import CheckoutStatus
+from flask_gateway.core.wire import CHANGEABLE_STATUSES, CheckoutStatus
 from flask_gateway.extension import GatewayState, NotInstalledError, get_state
 from flask_gateway.forms import (
     ActionForm,
@@ -77,7 +77,6 @@ CALLBACK_OUTCOMES: Final = tuple(o.value for o in CallbackOutcome)
 _REFUNDABLE: Final = frozenset(
     {CheckoutStatus.PAID, CheckoutStatus.PAID_PENDING_CALLBACK, CheckoutStatus.PARTIALLY_REFUNDED}
 )
-_CANCELLABLE: Final = frozenset({CheckoutStatus.PENDING_ORDER, CheckoutStatus.CANCELLED_BY_CONSUMER})
 #: What an action can raise that the owner should read (anything else is a bug: a 500 and a log line).
 _EXPECTED: Final = (GatewayError, ValueError, NotInstalledError, SecretUnreadable)
 
@@ -471,7 +470,7 @@ def _render_detail(
         confirm=confirm,
         remaining=remaining,
         can_refund=checkout.status in _REFUNDABLE and remaining > 0,
-        can_cancel=checkout.status in _CANCELLABLE,
+        can_cancel=checkout.status in CHANGEABLE_STATUSES,
         can_refresh=checkout.api_version == "v2" and bool(checkout.token),
         order=_order_summary(checkout.order),
         order_view=_order_view(checkout.order),

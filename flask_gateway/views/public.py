@@ -7,7 +7,7 @@ The logic lives in :mod:`flask_gateway.inbound`; these views only read the reque
 ===========================  ===========================================================================
 ``POST /callback``           200 ``{"status": "ok", "outcome": ...}``; 400/401/404/413 ``{"message": ...}``
 ``GET /v1/success``          200 ``{"token", "return_url"}``; 400/403/404 ``{"message": ...}``
-``GET /v1/fail``             200 ``{"token", "return_url", "cancel_on_service"}``; 400/403/404 JSON
+``GET /v1/fail``             200 ``{"token", "return_url", "cancel_on_payjustnow"}``; 400/403/404 JSON
 ``GET /return/<kind>``       303 to ``GATEWAY_ORDER_ENDPOINT`` (or 200, the built-in ``gateway/return.html``);
                              400 page for a forged link; 404 for another ``kind``
 ===========================  ===========================================================================
@@ -82,13 +82,13 @@ def callback() -> Response:
 @bp.get("/v1/success")
 def v1_success() -> Response:
     """The v1 ``success_callback_url``: the gateway reports a payment."""
-    return _json(process_v1_outcome("v1-success", request.args).to_json())
+    return _json(process_v1_outcome("v1-success", request.args).to_json(get_state().config.wire_names))
 
 
 @bp.get("/v1/fail")
 def v1_fail() -> Response:
     """The v1 ``fail_callback_url``: the consumer cancelled (CANCELLED) or the order expired (ABANDONED)."""
-    return _json(process_v1_outcome("v1-fail", request.args).to_json())
+    return _json(process_v1_outcome("v1-fail", request.args).to_json(get_state().config.wire_names))
 
 
 @bp.get("/return/<kind>")

@@ -16,16 +16,17 @@ from responses import matchers
 from flask_gateway.core.client import GatewayClient
 from flask_gateway.core.signing import sign
 from flask_gateway.core.wire import (
+    SPEC,
     CheckoutStatus,
     CreateCheckoutRequest,
-    CreateService,
+    CreateOrderDetails,
     Customer,
     InstallRequest,
     OrderItem,
     RefundRequest,
     SettingsUpdateRequest,
     UpdateCheckoutRequest,
-    UpdateService,
+    UpdateOrderDetails,
 )
 
 BASE = "https://gateway.test"
@@ -67,7 +68,7 @@ def service_fields() -> dict[str, Any]:
 def create_request(request_id: str | None = None, **service_extra: Any) -> CreateCheckoutRequest:
     return CreateCheckoutRequest(
         requestId=request_id,
-        service=CreateService(**service_fields(), **service_extra),
+        order_details=CreateOrderDetails(**service_fields(), **service_extra),
         checkoutTotalCents=3000,
     )
 
@@ -242,14 +243,14 @@ def test_repr_hides_signing_key(client):
 
 def test_create_checkout_sends_exact_compact_ascii_body(rsps, client):
     body = (
-        '{"requestId":"req-1","service":' + SERVICE_JSON + ","
+        '{"requestId":"req-1","payjustnow":' + SERVICE_JSON + ","
         '"customer":{"firstName":"Zo\\u00eb","lastName":"\\u00c5ngstr\\u00f6m \\u6771\\u4eac"},'
         '"orderExpiryMinutes":30},"checkoutTotalCents":3000,"clickTraceId":"click-9"}'
     ).encode("ascii")
     expect(rsps, "POST", f"{BASE}/v2/create", body, checkout_answer())
     request = CreateCheckoutRequest(
         requestId="req-1",
-        service=CreateService(
+        order_details=CreateOrderDetails(
             **service_fields(),
             customer=Customer(firstName="Zoë", lastName="Ångström 東京"),
             orderExpiryMinutes=30,
@@ -323,16 +324,42 @@ def test_idempotent_replay_header(rsps, client):
     assert client.create_checkout(create_request("req-1")).idempotent_replay is False
 
 
+def test_a_client_on_the_specs_wire_names_sends_them_and_reads_either(rsps):
+    spec_client = GatewayClient(
+        base_url=BASE, merchant_account_id=ACCOUNT, signing_key=KEY, sleep=lambda _: None, wire_names=SPEC
+    )
+    body = (
+        '{"requestId":"req-1","service":'
+        + SERVICE_JSON
+        + ',"orderExpiryMinutes":30},"checkoutTotalCents":3000}'
+    ).encode()
+    echo = {"merchantOrderReference": "order-7", "orderAmountCents": 3000}
+    expect(rsps, "POST", f"{BASE}/v2/create", body, checkout_answer(payjustnow=echo))
+    expect(rsps, "POST", f"{BASE}/v2/create", body, checkout_answer(service=echo))
+    request = CreateCheckoutRequest(
+        requestId="req-1",
+        order_details=CreateOrderDetails(**service_fields(), orderExpiryMinutes=30),
+        checkoutTotalCents=3000,
+    )
+    for _ in range(2):
+        answer = spec_client.create_checkout(request).data
+        assert answer.order_details is not None and answer.order_details.orderAmountCents == 3000
+
+
 def test_update_checkout_sends_signed_body(rsps, client):
     body = (
-        '{"checkoutToken":"' + TOKEN + '","service":' + SERVICE_JSON + ","
+        '{"checkoutToken":"' + TOKEN + '","payjustnow":' + SERVICE_JSON + ","
         '"expiresAt":"2024-05-01T12:30:00.000Z"},"checkoutTotalCents":3000}'
     ).encode("ascii")
-    service = checkout_answer(service={"checkoutPaymentStatus": "PENDING_ORDER", "orderAmountCents": 3000})
-    expect(rsps, "POST", f"{BASE}/v2/update", body, service)
+    answer_body = checkout_answer(
+        payjustnow={"checkoutPaymentStatus": "PENDING_ORDER", "orderAmountCents": 3000}
+    )
+    expect(rsps, "POST", f"{BASE}/v2/update", body, answer_body)
     request = UpdateCheckoutRequest(
         checkoutToken=TOKEN,
-        service=UpdateService(**service_fields(), expiresAt=datetime(2024, 5, 1, 12, 30, tzinfo=UTC)),
+        order_details=UpdateOrderDetails(
+            **service_fields(), expiresAt=datetime(2024, 5, 1, 12, 30, tzinfo=UTC)
+        ),
         checkoutTotalCents=3000,
     )
 
@@ -340,8 +367,8 @@ def test_update_checkout_sends_signed_body(rsps, client):
 
     assert sent_body(rsps) == body
     assert answer.request_id is None
-    assert answer.data.service is not None
-    assert answer.data.service.checkoutPaymentStatus is CheckoutStatus.PENDING_ORDER
+    assert answer.data.order_details is not None
+    assert answer.data.order_details.checkoutPaymentStatus is CheckoutStatus.PENDING_ORDER
 
 
 def test_cancel_checkout_sends_token(rsps, client):
@@ -350,7 +377,7 @@ def test_cancel_checkout_sends_token(rsps, client):
         checkoutPaymentStatus="CANCELLED_BY_MERCHANT",
         cancelledAt="2024-05-01T10:05:00.5Z",
         merchantAccountId=ACCOUNT,
-        service={"merchantOrderReference": "order-7", "orderAmountCents": 3000},
+        payjustnow={"merchantOrderReference": "order-7", "orderAmountCents": 3000},
     )
     expect(rsps, "POST", f"{BASE}/v2/cancel", body, answer)
 
@@ -373,11 +400,11 @@ def test_get_status_parses_the_16_key_payload(rsps, client):
         "paidAt": "2024-05-01T10:10:00.654321Z",
         "paymentReference": 123456,
         "merchantOrderReference": "order-7",
-        "serviceOrderReference": 987,
+        "payjustnowOrderReference": 987,
         "clickTraceId": None,
         "createdAt": "2024-05-01T10:00:00.123Z",
         "updatedAt": "2024-05-01T10:10:00.654Z",
-        "expiresAt": "2024-05-01T11:00:00.000Z",
+        "expiresAt": "2024-05-01T11:00:00.000000Z",
         "cancelledAt": None,
         "lastCallbackAttemptedAt": "2024-05-01T10:10:01.001Z",
         "lastCallbackAttemptStatusMessage": "OK",
@@ -391,7 +418,7 @@ def test_get_status_parses_the_16_key_payload(rsps, client):
     assert data.paidAt == datetime(2024, 5, 1, 10, 10, 0, 654321, tzinfo=UTC)
     assert data.createdAt == datetime(2024, 5, 1, 10, 0, 0, 123000, tzinfo=UTC)
     assert data.paymentReference == 123456
-    assert data.serviceOrderReference == 987
+    assert data.gatewayOrderReference == 987
     assert data.lastCallbackAttemptStatusMessage == "OK"
     assert data.cancelledAt is None
 

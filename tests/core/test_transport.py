@@ -27,7 +27,7 @@ from flask_gateway.core.errors import (
     RateLimitError,
 )
 from flask_gateway.core.http import RetryPolicy, Transport
-from flask_gateway.core.wire import CreateCheckoutRequest, CreateService, OrderItem, RefundRequest
+from flask_gateway.core.wire import CreateCheckoutRequest, CreateOrderDetails, OrderItem, RefundRequest
 
 BASE = "https://gateway.test"
 ACCOUNT = "merchant-1"
@@ -72,14 +72,14 @@ def create_request(request_id: str | None = None) -> CreateCheckoutRequest:
         pageUrl="https://shop.example/mug",
         searchTerms=[],
     )
-    service = CreateService(
+    service = CreateOrderDetails(
         merchantOrderReference="order-7",
         orderAmountCents=3000,
         orderItems=[item],
         confirmRedirectUrl="https://shop.example/ok",
         cancelRedirectUrl="https://shop.example/cancel",
     )
-    return CreateCheckoutRequest(requestId=request_id, service=service, checkoutTotalCents=3000)
+    return CreateCheckoutRequest(requestId=request_id, order_details=service, checkoutTotalCents=3000)
 
 
 def bodies(rsps: responses.RequestsMock) -> list[bytes]:

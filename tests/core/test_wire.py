@@ -12,7 +12,9 @@ import pytest
 from pydantic import ValidationError
 
 from flask_gateway.core.wire import (
-    STATUS_PAYLOAD_KEYS,
+    OPERATOR,
+    SPEC,
+    WIRE_NAME_SETS,
     CheckoutResponse,
     CheckoutStatus,
     CheckoutStatusPayload,
@@ -26,6 +28,8 @@ from flask_gateway.core.wire import (
     V1Configuration,
     V1MerchantAnswer,
     V1RefundResult,
+    WireNames,
+    status_payload_keys,
 )
 
 ITEM = {
@@ -46,27 +50,55 @@ SERVICE = {
 }
 
 
-def create_body(**overrides):
-    body = {"requestId": "r-1", "service": copy.deepcopy(SERVICE), "checkoutTotalCents": 79800}
+def create_body(names: WireNames = OPERATOR, **overrides):
+    body = {"requestId": "r-1", names.order_details: copy.deepcopy(SERVICE), "checkoutTotalCents": 79800}
     body.update(overrides)
     return body
 
 
-def test_smallest_create_request_round_trips_with_exact_names():
+@pytest.mark.parametrize("names", WIRE_NAME_SETS.values(), ids=WIRE_NAME_SETS)
+def test_smallest_create_request_round_trips_with_exact_names(names):
+    body = create_body(names)
+    model = CreateCheckoutRequest.from_wire(body)
+    assert json.loads(model.to_json(names)) == body
+    assert (
+        model.order_details.orderItems is not None and model.order_details.orderItems[0].priceCents == 39900
+    )
+
+
+def test_either_spelling_is_read_and_the_operators_is_written_by_default():
+    for names in (OPERATOR, SPEC):
+        wire = CreateCheckoutRequest.from_wire(create_body(names)).to_wire()
+        assert "payjustnow" in wire and "service" not in wire
+    assert "service" in CreateCheckoutRequest.from_wire(create_body()).to_wire(SPEC)
+
+
+def test_the_python_attribute_name_is_not_a_wire_name():
+    body = {"requestId": "r-1", "order_details": copy.deepcopy(SERVICE), "checkoutTotalCents": 79800}
+    with pytest.raises(ValidationError) as info:
+        CreateCheckoutRequest.from_wire(body)
+    assert {e["loc"] for e in info.value.errors()} == {("payjustnow",)}
+
+
+def test_what_real_clients_send_is_read():
+    """Items with only name, sku (empty), quantity and priceCents; no orderItems at all."""
+    bare_item = {"name": "Gift card", "sku": "", "quantity": 1, "priceCents": 5000}
     body = create_body()
-    model = CreateCheckoutRequest.model_validate(body)
-    assert json.loads(model.to_json()) == body
-    assert model.service.orderItems[0].priceCents == 39900
+    body["payjustnow"]["orderItems"] = [bare_item]
+    item = CreateCheckoutRequest.from_wire(body).order_details.orderItems[0]  # type: ignore[index]
+    assert (item.sku, item.imageUrl, item.searchTerms) == ("", None, None)
+    del body["payjustnow"]["orderItems"]
+    assert CreateCheckoutRequest.from_wire(body).order_details.orderItems is None
 
 
 def test_serialisation_is_compact_ascii():
     body = create_body()
-    body["service"]["customer"] = {"firstName": "Zoë", "lastName": "Nkosi\u00a0Dlamini"}
-    raw = CreateCheckoutRequest.model_validate(body).to_json()
+    body["payjustnow"]["customer"] = {"firstName": "Zoë", "lastName": "Nkosi\u00a0Dlamini"}
+    raw = CreateCheckoutRequest.from_wire(body).to_json()
     assert raw.isascii()
     assert b" " not in raw
     assert b"Zo\\u00eb" in raw
-    assert json.loads(raw)["service"]["customer"]["lastName"] == "Nkosi\u00a0Dlamini"
+    assert json.loads(raw)["payjustnow"]["customer"]["lastName"] == "Nkosi\u00a0Dlamini"
 
 
 @pytest.mark.parametrize(
@@ -76,12 +108,13 @@ def test_serialisation_is_compact_ascii():
         (("checkoutTotalCents",), "79800", "checkoutTotalCents"),
         (("checkoutTotalCents",), True, "checkoutTotalCents"),
         (("checkoutTotalCents",), -1, "checkoutTotalCents"),
-        (("service", "orderItems", 0, "priceCents"), 399.5, "service.orderItems.0.priceCents"),
-        (("service", "orderItems", 0, "quantity"), 0, "service.orderItems.0.quantity"),
-        (("service", "orderExpiryMinutes"), 9, "service.orderExpiryMinutes"),
-        (("service", "orderExpiryMinutes"), 7201, "service.orderExpiryMinutes"),
-        (("service", "confirmRedirectUrl"), "/relative", "service.confirmRedirectUrl"),
-        (("service", "orderItems"), [], "service.orderItems"),
+        (("payjustnow", "orderItems", 0, "priceCents"), 399.5, "payjustnow.orderItems.0.priceCents"),
+        (("payjustnow", "orderItems", 0, "quantity"), 0, "payjustnow.orderItems.0.quantity"),
+        (("payjustnow", "orderExpiryMinutes"), 9, "payjustnow.orderExpiryMinutes"),
+        (("payjustnow", "orderExpiryMinutes"), 7201, "payjustnow.orderExpiryMinutes"),
+        (("payjustnow", "confirmRedirectUrl"), "/relative", "payjustnow.confirmRedirectUrl"),
+        (("payjustnow", "orderItems"), [ITEM] * 501, "payjustnow.orderItems"),
+        (("payjustnow", "orderItems", 0, "name"), "", "payjustnow.orderItems.0.name"),
     ],
 )
 def test_invalid_fields_are_refused_with_their_location(path, value, location):
@@ -91,7 +124,7 @@ def test_invalid_fields_are_refused_with_their_location(path, value, location):
         target = target[part]
     target[path[-1]] = value
     with pytest.raises(ValidationError) as info:
-        CreateCheckoutRequest.model_validate(body)
+        CreateCheckoutRequest.from_wire(body)
     locations = {".".join(map(str, e["loc"])) for e in info.value.errors()}
     assert location in locations
 
@@ -99,18 +132,18 @@ def test_invalid_fields_are_refused_with_their_location(path, value, location):
 def test_expiry_minutes_bounds_are_inclusive():
     for minutes in (10, 7200):
         body = create_body()
-        body["service"]["orderExpiryMinutes"] = minutes
-        assert CreateCheckoutRequest.model_validate(body).service.orderExpiryMinutes == minutes
+        body["payjustnow"]["orderExpiryMinutes"] = minutes
+        assert CreateCheckoutRequest.from_wire(body).order_details.orderExpiryMinutes == minutes
 
 
 def test_missing_required_fields_are_named():
     body = create_body()
-    del body["service"]["orderItems"][0]["sku"]
+    del body["payjustnow"]["orderItems"][0]["sku"]
     del body["checkoutTotalCents"]
     with pytest.raises(ValidationError) as info:
-        CreateCheckoutRequest.model_validate(body)
+        CreateCheckoutRequest.from_wire(body)
     locations = {".".join(map(str, e["loc"])) for e in info.value.errors()}
-    assert locations == {"checkoutTotalCents", "service.orderItems.0.sku"}
+    assert locations == {"checkoutTotalCents", "payjustnow.orderItems.0.sku"}
 
 
 def status_payload(**overrides):
@@ -123,7 +156,7 @@ def status_payload(**overrides):
         "paidAt": "2024-05-01T10:00:00.123456Z",
         "paymentReference": 123,
         "merchantOrderReference": "order-1",
-        "serviceOrderReference": 456,
+        "payjustnowOrderReference": 456,
         "clickTraceId": None,
         "createdAt": "2024-05-01T09:00:00.123Z",
         "updatedAt": "2024-05-01T09:00:00Z",
@@ -137,15 +170,28 @@ def status_payload(**overrides):
 
 
 def test_status_payload_has_exactly_16_keys_with_nulls():
-    payload = CheckoutStatusPayload.model_validate(status_payload())
+    payload = CheckoutStatusPayload.from_wire(status_payload())
     wire = json.loads(payload.to_json())
-    assert tuple(wire) == STATUS_PAYLOAD_KEYS
+    assert tuple(wire) == status_payload_keys() == status_payload_keys(OPERATOR)
     assert len(wire) == 16
+    assert wire["payjustnowOrderReference"] == 456 and payload.gatewayOrderReference == 456
     assert wire["clickTraceId"] is None
-    assert wire["paidAt"] == "2024-05-01T10:00:00.123456Z"  # microseconds, as the gateway writes it
+    # Microseconds where the gateway writes six digits (its getstatus example), milliseconds elsewhere.
+    assert wire["paidAt"] == "2024-05-01T10:00:00.123456Z"
+    assert wire["expiresAt"] == "2024-05-01T10:30:00.000000Z"
     assert wire["createdAt"] == "2024-05-01T09:00:00.123Z"
     assert payload.paidAt == datetime(2024, 5, 1, 10, 0, 0, 123456, tzinfo=UTC)
     assert payload.checkoutPaymentStatus is CheckoutStatus.PAID
+
+
+def test_status_payload_in_the_specs_names():
+    spec_body = status_payload()
+    spec_body["serviceOrderReference"] = spec_body.pop("payjustnowOrderReference")
+    payload = CheckoutStatusPayload.from_wire(spec_body)
+    assert payload.gatewayOrderReference == 456
+    wire = payload.to_wire(SPEC)
+    assert tuple(wire) == status_payload_keys(SPEC)
+    assert "serviceOrderReference" in wire and "payjustnowOrderReference" not in wire
 
 
 def test_unknown_status_and_extra_fields_are_kept():
@@ -171,12 +217,12 @@ def test_checkout_response_with_reduced_cancel_echo():
             "updatedAt": "2024-05-01T09:00:00.123Z",
             "expiresAt": "2024-05-01T10:00:00.123Z",
             "cancelledAt": "2024-05-01T09:30:00.123456Z",
-            "service": {"merchantOrderReference": "o", "orderAmountCents": 100},
+            "payjustnow": {"merchantOrderReference": "o", "orderAmountCents": 100},
             "merchantAccountId": "demo-merchant",
         }
     )
     assert response.checkoutPaymentStatus is CheckoutStatus.CANCELLED_BY_MERCHANT
-    assert response.service is not None and response.service.orderItems is None
+    assert response.order_details is not None and response.order_details.orderItems is None
     assert response.cancelledAt == datetime(2024, 5, 1, 9, 30, 0, 123456, tzinfo=UTC)
 
 
@@ -186,6 +232,14 @@ def test_status_helpers():
     assert not CheckoutStatus.PENDING_ORDER.is_paid
     assert CheckoutStatus.CANCELLED_BY_CONSUMER.is_open
     assert not CheckoutStatus.EXPIRED.is_open
+    # The real gateway's PENDING_PAYMENT: the consumer is paying; open, not paid, not for the merchant
+    # to change (update and cancel only from PENDING_ORDER or CANCELLED_BY_CONSUMER).
+    pending = CheckoutStatusPayload.from_wire(status_payload(checkoutPaymentStatus="PENDING_PAYMENT"))
+    assert pending.checkoutPaymentStatus is CheckoutStatus.PENDING_PAYMENT
+    assert CheckoutStatus.PENDING_PAYMENT.is_open
+    assert not CheckoutStatus.PENDING_PAYMENT.is_paid
+    assert not CheckoutStatus.PENDING_PAYMENT.is_changeable
+    assert CheckoutStatus.CANCELLED_BY_CONSUMER.is_changeable
 
 
 def test_install_accepts_both_spellings_sends_the_first_and_masks_the_key():
@@ -238,9 +292,9 @@ def test_refund_amount_must_be_positive_integer():
 
 def test_error_body():
     body = ErrorBody.model_validate(
-        {"message": "invalid", "errors": [{"field": "service.orderItems[0].priceCents", "message": "bad"}]}
+        {"message": "invalid", "errors": [{"field": "payjustnow.orderItems[0].priceCents", "message": "bad"}]}
     )
-    assert body.errors is not None and body.errors[0].field == "service.orderItems[0].priceCents"
+    assert body.errors is not None and body.errors[0].field == "payjustnow.orderItems[0].priceCents"
 
 
 V1_CHECKOUT = {
@@ -279,10 +333,12 @@ def test_v1_checkout_round_trips():
 @pytest.mark.parametrize(
     ("mutate", "location"),
     [
-        (lambda b: b["customer"].update(mobile_number="0821234567"), "customer.mobile_number"),
-        (lambda b: b["customer"]["address"].update(postal_code="8001"), "customer.address.postal_code"),
+        (lambda b: b["customer"].update(mobile_number=""), "customer.mobile_number"),
+        (lambda b: b["customer"]["address"].update(postal_code=""), "customer.address.postal_code"),
+        (lambda b: b["customer"]["address"].update(postal_code=-1), "customer.address.postal_code"),
         (lambda b: b["order"].update(expires_at="2024-05-01T11:00:00Z"), "order.expires_at"),
-        (lambda b: b["order"]["items"].update({"4": b["order"]["items"]["1"]}), "order"),
+        (lambda b: b["order"].update(merchant_reference=""), "order.merchant_reference"),
+        (lambda b: b["order"]["items"]["1"].update(unit_price=1.5), "order.items"),
         (lambda b: b["order"].update(amount=0), "order.amount"),
     ],
 )
@@ -290,8 +346,29 @@ def test_v1_checkout_validation(mutate, location):
     body = json.loads(json.dumps(V1_CHECKOUT))
     mutate(body)
     with pytest.raises(ValidationError) as info:
-        V1CheckoutRequest.model_validate(body)
-    assert location in {".".join(map(str, e["loc"])) for e in info.value.errors()}
+        V1CheckoutRequest.from_wire(body)
+    assert any(".".join(map(str, e["loc"])).startswith(location) for e in info.value.errors())
+
+
+def test_v1_checkout_reads_what_real_clients_send():
+    """Items as an array, a postal code and a mobile number as text, numeric references, extra keys."""
+    body = json.loads(json.dumps(V1_CHECKOUT))
+    body["customer"]["mobile_number"] = "082 123 4567"
+    body["customer"]["company"] = "Stoep (Pty) Ltd"
+    body["customer"]["address"].update(postal_code="0181", country="ZA")
+    items = list(body["order"]["items"].values())
+    items[0]["merchant_reference"] = 501
+    body["order"].update(items=items, merchant_reference=1234, basket_count=2, shipping_cost=0)
+    order = V1CheckoutRequest.from_wire(body)
+    assert order.customer.address.postal_code == "0181"
+    assert order.order.merchant_reference == 1234
+    assert [item.merchant_reference for item in order.order.item_list] == [501, "K-2"]
+    assert order.model_extra == {} and order.order.model_extra == {"basket_count": 2, "shipping_cost": 0}
+    written = json.loads(
+        order.to_json()
+    )  # the extra keys are written back; the items as the documented object
+    assert written["order"]["items"] == {"1": items[0], "2": items[1]}
+    assert written["order"]["basket_count"] == 2 and written["customer"]["company"] == "Stoep (Pty) Ltd"
 
 
 def test_v1_amounts_as_numbers_or_numeric_text():
@@ -309,8 +386,19 @@ def test_v1_amounts_as_numbers_or_numeric_text():
             V1Configuration.model_validate({"minimum_amount": bad})
 
 
-def test_v1_refund_result_wrapped_or_bare():
-    ok = V1RefundResult.model_validate(
+def test_v1_refund_result_bare_as_documented_or_wrapped():
+    bare = V1RefundResult.from_wire(
+        {
+            "status": "REFUNDED",
+            "reason": "Order successfully refunded",
+            "refunded_at": "2022-02-08T09:03:56.292949Z",
+            "amount_refunded": 50000,
+        }
+    )
+    assert bare.refunded_at == datetime(2022, 2, 8, 9, 3, 56, 292949, tzinfo=UTC)
+    assert bare.to_wire()["refunded_at"] == "2022-02-08T09:03:56.292949Z"
+    assert bare.amount_refunded == 50000 and bare.failure_message is None
+    ok = V1RefundResult.from_wire(
         {
             "data": {
                 "status": "REFUNDED",
@@ -321,6 +409,7 @@ def test_v1_refund_result_wrapped_or_bare():
         }
     )
     assert ok.status == "REFUNDED" and ok.amount_refunded == 100 and ok.failure_message is None
+    assert ok.refunded_at == datetime(2024, 5, 1, 10, tzinfo=UTC)
     failed = V1RefundResult.model_validate(
         {"status": "FAILED", "reason": {"errors": {"code": 400, "message": "Amount exceeds paid total"}}}
     )
@@ -328,14 +417,39 @@ def test_v1_refund_result_wrapped_or_bare():
 
 
 def test_v1_merchant_answer():
-    answer = V1MerchantAnswer.model_validate({"token": "a" * 32, "return_url": "https://shop.example/o/1"})
-    assert answer.cancel_on_service is None
+    answer = V1MerchantAnswer.from_wire({"token": "a" * 32, "return_url": "https://shop.example/o/1"})
+    assert answer.cancel_on_gateway is None
     with pytest.raises(ValidationError):
-        V1MerchantAnswer.model_validate({"token": "a" * 32, "return_url": "/relative"})
-    with pytest.raises(ValidationError):
-        V1MerchantAnswer.model_validate(
-            {"token": "t", "return_url": "https://x.example", "cancel_on_service": "no"}
+        V1MerchantAnswer.from_wire({"token": "a" * 32, "return_url": "/relative"})
+    for names in (OPERATOR, SPEC):
+        with pytest.raises(ValidationError):
+            V1MerchantAnswer.from_wire(
+                {"token": "t", "return_url": "https://x.example", names.cancel_on_gateway: "no"}
+            )
+        kept = V1MerchantAnswer.from_wire(
+            {"token": "t", "return_url": "https://x.example", names.cancel_on_gateway: False}
         )
+        assert kept.cancel_on_gateway is False
+        assert kept.to_wire(names) == {
+            "token": "t",
+            "return_url": "https://x.example",
+            names.cancel_on_gateway: False,
+        }
+    assert "cancel_on_payjustnow" in kept.to_wire()
+
+
+def test_v1_configuration_with_the_documented_placeholders():
+    """The documentation prints the payment plan's members as empty strings: parsed as not given."""
+    config = V1Configuration.from_wire(
+        {
+            "minimum_amount": "10000",
+            "maximum_amount": "100000",
+            "payment_plan": {"due_at": "", "amount": "", "excess": ""},
+        }
+    )
+    assert (config.minimum_amount, config.maximum_amount) == (10000, 100000)
+    assert config.payment_plan is not None
+    assert (config.payment_plan.due_at, config.payment_plan.amount, config.payment_plan.excess) == (None,) * 3
 
 
 def test_core_never_imports_flask():

@@ -41,7 +41,7 @@ def service(**overrides: Any) -> dict[str, Any]:
 def create_body(
     request_id: str | None = "req-1", total: int = 79800, **service_overrides: Any
 ) -> dict[str, Any]:
-    body: dict[str, Any] = {"service": service(**service_overrides), "checkoutTotalCents": total}
+    body: dict[str, Any] = {"payjustnow": service(**service_overrides), "checkoutTotalCents": total}
     if request_id is not None:
         body["requestId"] = request_id
     return body

@@ -114,7 +114,7 @@ def test_checkout_page_shows_timeline_refunds_and_callback_attempts(paid):
     assert page.count("HTTP 500") >= 3  # the three attempts
     assert "dead" in page
     assert "https://shop.example/return/ok" in page  # the stored service object
-    assert "serviceOrderReference" in page  # the status payload
+    assert "payjustnowOrderReference" in page  # the status payload
 
 
 def test_checkout_page_of_a_v1_order(gateway):

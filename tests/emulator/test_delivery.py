@@ -35,7 +35,7 @@ STATUS_KEYS = {
     "paidAt",
     "paymentReference",
     "merchantOrderReference",
-    "serviceOrderReference",
+    "payjustnowOrderReference",
     "clickTraceId",
     "createdAt",
     "updatedAt",

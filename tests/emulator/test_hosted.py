@@ -212,7 +212,7 @@ def test_cancelled_checkout_is_reopened_by_an_update(installed):
 
     update = {
         "checkoutToken": token,
-        "service": service(merchantOrderReference="order-1b"),
+        "payjustnow": service(merchantOrderReference="order-1b"),
         "checkoutTotalCents": 80000,
     }
     updated = installed.signed("/v2/update", update)
@@ -404,7 +404,7 @@ def test_v1_cancel_asks_the_fail_url_and_cancels_for_good(installed, merchant):
     assert v1_status(installed, token) == "CANCELLED_BY_CONSUMER"
 
 
-def test_v1_cancel_on_service_true_cancels(installed, merchant):
+def test_v1_cancel_on_gateway_true_cancels(installed, merchant):
     page, csrf = open_page(installed, v1_checkout(installed))
     token = token_of(page)
     answer = {"token": token, "return_url": RETURN_URL, "cancel_on_service": True}
@@ -413,7 +413,7 @@ def test_v1_cancel_on_service_true_cancels(installed, merchant):
     assert v1_status(installed, token) == "CANCELLED_BY_CONSUMER"
 
 
-def test_v1_cancel_on_service_false_lets_the_consumer_retry(installed, merchant):
+def test_v1_cancel_on_gateway_false_lets_the_consumer_retry(installed, merchant):
     page, csrf = open_page(installed, v1_checkout(installed))
     token = token_of(page)
     answer = {"token": token, "return_url": RETURN_URL, "cancel_on_service": False}

@@ -35,6 +35,7 @@ from schemathesis.checks import (
 from schemathesis.core.parameters import ParameterLocation
 
 from flask_gateway.core.signing import sign
+from flask_gateway.core.wire import OPERATOR, SPEC, WireNames
 from flask_gateway.emulator import checkouts
 from flask_gateway.emulator.models import Account, db
 from flask_gateway.emulator.openapi import OPERATIONS, build_document, render
@@ -104,11 +105,11 @@ def test_document_covers_every_operation_and_its_answers():
 
 
 def test_status_payload_documents_exactly_its_16_keys():
-    from flask_gateway.core.wire import STATUS_PAYLOAD_KEYS
+    from flask_gateway.core.wire import status_payload_keys
 
     payload = build_document()["components"]["schemas"]["CheckoutStatusPayload"]
-    assert payload["required"] == list(STATUS_PAYLOAD_KEYS)
-    assert set(payload["properties"]) == set(STATUS_PAYLOAD_KEYS)
+    assert payload["required"] == list(status_payload_keys())
+    assert set(payload["properties"]) == set(status_payload_keys())
 
 
 # --- malformed and oversize bodies, on every JSON endpoint -----------------------------------------
@@ -161,10 +162,10 @@ def test_body_of_exactly_64_kib_is_not_413(installed):
 def test_timestamp_out_of_range_in_utc_is_400_not_500(installed, expires_at):
     """Found while checking the document: such a value overflowed in the conversion to UTC (a 500)."""
     token = installed.create(create_body())["checkoutToken"]
-    body = {"checkoutToken": token, "service": service(expiresAt=expires_at), "checkoutTotalCents": 79800}
+    body = {"checkoutToken": token, "payjustnow": service(expiresAt=expires_at), "checkoutTotalCents": 79800}
     response = installed.signed("/v2/update", body)
     assert response.status_code == 400, response.get_data(as_text=True)
-    assert response.json["errors"][0]["field"] == "service.expiresAt"
+    assert response.json["errors"][0]["field"] == "payjustnow.expiresAt"
 
 
 @pytest.mark.parametrize(("method", "path"), JSON_ENDPOINTS)
@@ -173,8 +174,8 @@ def test_nul_character_in_text_is_400(installed, method, path):
     response = _send(installed, method, path, b'{"merchantAccountId": "a\\u0000b", "ok": ["x", "y\\u0000"]}')
     assert response.status_code == 400, response.get_data(as_text=True)
     assert response.json["errors"] == [{"field": "merchantAccountId", "message": "must not contain \\u0000"}]
-    nested = _send(installed, method, path, b'{"service": {"orderItems": [{"sku": "\\u0000"}]}}')
-    assert nested.json["errors"][0]["field"] == "service.orderItems[0].sku"
+    nested = _send(installed, method, path, b'{"payjustnow": {"orderItems": [{"sku": "\\u0000"}]}}')
+    assert nested.json["errors"][0]["field"] == "payjustnow.orderItems[0].sku"
 
 
 def test_nul_character_in_credentials_or_tokens_is_refused_not_500(installed):
@@ -233,9 +234,9 @@ class SigningWrapper:
 class Seeded:
     """An installed emulator with checkouts in every state, whose tokens the cases may borrow."""
 
-    def __init__(self, database_url: str) -> None:
+    def __init__(self, database_url: str, names: WireNames = OPERATOR) -> None:
         accounts = {ACCOUNT: API_KEY, FRESH_ACCOUNT: FRESH_KEY}
-        self.app = make_emulator(database_url, accounts=accounts)
+        self.app = make_emulator(database_url, accounts=accounts, wire_names=names)
         gateway = Gateway(self.app.test_client())
         self.key = gateway.install(minimum=0, maximum=10**12)  # limits apart: more cases reach the rules
         self.v2_tokens: list[str] = []
@@ -306,12 +307,16 @@ def _borrow(case: Any, data: st.DataObject, seeded: Seeded) -> None:
 
 #: A negative case is rejected with one of these (413: the generated body outgrew 64 KiB).
 REJECTIONS = ["400", "401", "403", "404", "409", "413", "422"]
-SCHEMA = schemathesis.openapi.from_dict(
-    build_document(),
-    config=schemathesis.Config.from_dict(
-        {"checks": {"negative_data_rejection": {"expected-statuses": REJECTIONS}}}
-    ),
-)
+SCHEMAS = {
+    names.key: schemathesis.openapi.from_dict(
+        build_document(names),
+        config=schemathesis.Config.from_dict(
+            {"checks": {"negative_data_rejection": {"expected-statuses": REJECTIONS}}}
+        ),
+    )
+    for names in (OPERATOR, SPEC)
+}
+SCHEMA = SCHEMAS[OPERATOR.key]
 AUTH_MODES = ["valid", "valid", "valid", "wrong", "missing"]
 
 
@@ -333,9 +338,10 @@ def _fuzz(
     *,
     credentials: Sequence[str] = AUTH_MODES,
     max_examples: int | None = None,
+    names: WireNames = OPERATOR,
 ) -> dict[int, int]:
     """Run generated cases against the emulator; answers how often each status came back."""
-    operation = SCHEMA[path][method]
+    operation = SCHEMAS[names.key][path][method]
     secured = bool(operation.definition.raw.get("security"))
     seen: dict[int, int] = {}
 
@@ -372,6 +378,25 @@ def test_emulator_conforms_to_its_document(database_url, method, path, mode):
     _fuzz(seeded, method, path, mode)
     with seeded.app.app_context():
         db.engine.dispose()
+
+
+@pytest.mark.parametrize(("method", "path"), [(op.method.upper(), op.path) for op in OPERATIONS])
+def test_emulator_on_the_specs_wire_names_conforms_to_the_spec_named_document(database_url, method, path):
+    """``EMULATOR_WIRE_NAMES=spec``: the document says ``service``, ``serviceOrderReference``; the emulator
+    answers so (the response checks) and still takes every request the document describes."""
+    seeded = Seeded(database_url, SPEC)
+    _fuzz(seeded, method, path, GenerationMode.POSITIVE, names=SPEC)
+    with seeded.app.app_context():
+        db.engine.dispose()
+
+
+def test_the_spec_named_document_spells_the_specs_words():
+    text = json.dumps(build_document(SPEC))
+    assert '"service"' in text and '"serviceOrderReference"' in text
+    assert "payjustnow" not in text
+    operator_text = json.dumps(build_document())
+    assert '"payjustnow"' in operator_text and '"payjustnowOrderReference"' in operator_text
+    assert '"service"' not in operator_text and "serviceOrderReference" not in operator_text
 
 
 SECURED = [(op.method.upper(), op.path) for op in OPERATIONS if op.security != "none"]

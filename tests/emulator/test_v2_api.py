@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from sqlalchemy import text
 
 from flask_gateway.core.signing import sign
 from flask_gateway.core.timestamps import format_timestamp, parse_timestamp
-from flask_gateway.core.wire import STATUS_PAYLOAD_KEYS
+from flask_gateway.core.wire import status_payload_keys
 from tests.conftest import new_connection
 from tests.emulator.conftest import make_emulator
 from tests.emulator.support import ACCOUNT, API_KEY, CALLBACK_URL, Gateway, create_body, service
@@ -164,7 +165,7 @@ def test_create_response_shape(installed):
     assert created["checkoutPaymentStatus"] == "PENDING_ORDER"
     assert created["merchantOrderReference"] == "order-1"
     assert created["merchantAccountId"] == ACCOUNT
-    assert created["service"]["orderItems"][0]["priceCents"] == 39900
+    assert created["payjustnow"]["orderItems"][0]["priceCents"] == 39900
     created_at = parse_timestamp(created["createdAt"])
     assert (parse_timestamp(created["expiresAt"]) - created_at).total_seconds() == 3600  # default 60 minutes
     assert created["createdAt"].endswith("Z")
@@ -183,13 +184,16 @@ def test_create_uses_order_expiry_minutes_and_echoes_click_trace(installed):
 @pytest.mark.parametrize(
     ("mutate", "field"),
     [
-        (lambda b: b["service"].update(orderExpiryMinutes=9), "service.orderExpiryMinutes"),
-        (lambda b: b["service"].update(orderExpiryMinutes=7201), "service.orderExpiryMinutes"),
-        (lambda b: b["service"]["orderItems"][0].update(priceCents=12.5), "service.orderItems[0].priceCents"),
-        (lambda b: b["service"]["orderItems"][0].pop("sku"), "service.orderItems[0].sku"),
-        (lambda b: b["service"].pop("confirmRedirectUrl"), "service.confirmRedirectUrl"),
+        (lambda b: b["payjustnow"].update(orderExpiryMinutes=9), "payjustnow.orderExpiryMinutes"),
+        (lambda b: b["payjustnow"].update(orderExpiryMinutes=7201), "payjustnow.orderExpiryMinutes"),
+        (
+            lambda b: b["payjustnow"]["orderItems"][0].update(priceCents=12.5),
+            "payjustnow.orderItems[0].priceCents",
+        ),
+        (lambda b: b["payjustnow"]["orderItems"][0].pop("sku"), "payjustnow.orderItems[0].sku"),
+        (lambda b: b["payjustnow"].pop("confirmRedirectUrl"), "payjustnow.confirmRedirectUrl"),
         (lambda b: b.update(checkoutTotalCents="79800"), "checkoutTotalCents"),
-        (lambda b: b["service"].update(customer={"email": "not-an-email"}), "service.customer.email"),
+        (lambda b: b["payjustnow"].update(customer={"email": "not-an-email"}), "payjustnow.customer.email"),
     ],
 )
 def test_create_validation_names_the_field(installed, mutate, field):
@@ -229,7 +233,7 @@ def test_firewall_can_allow_local_urls(database_url):
     gateway = Gateway(make_emulator(database_url, waf_strict=False).test_client())
     gateway.install()
     created = gateway.create(create_body(confirmRedirectUrl="http://127.0.0.1:5000/ok"))
-    assert created["service"]["confirmRedirectUrl"] == "http://127.0.0.1:5000/ok"
+    assert created["payjustnow"]["confirmRedirectUrl"] == "http://127.0.0.1:5000/ok"
 
 
 # --- idempotency ------------------------------------------------------------------------------------
@@ -312,7 +316,7 @@ def test_create_without_request_id_is_not_idempotent(installed):
 def update_body(token, total=50_000, **service_overrides):
     return {
         "checkoutToken": token,
-        "service": service(orderAmountCents=total, **service_overrides),
+        "payjustnow": service(orderAmountCents=total, **service_overrides),
         "checkoutTotalCents": total,
     }
 
@@ -324,7 +328,7 @@ def test_update_replaces_the_order_and_opens_a_new_window(installed):
     assert response.status_code == 200
     body = response.json
     assert body["checkoutTotalCents"] == 50_000
-    assert body["service"]["checkoutPaymentStatus"] == "PENDING_ORDER"
+    assert body["payjustnow"]["checkoutPaymentStatus"] == "PENDING_ORDER"
     assert body["updatedAt"] != created["updatedAt"]
     assert (parse_timestamp(body["expiresAt"]) - parse_timestamp(body["updatedAt"])).total_seconds() == 3600
     assert installed.status(created["checkoutToken"])["checkoutTotalCents"] == 50_000
@@ -339,7 +343,7 @@ def test_update_with_explicit_expiry(installed):
     past = format_timestamp(target.replace(year=target.year - 1))
     refused = installed.signed("/v2/update", update_body(created["checkoutToken"], expiresAt=past))
     assert refused.status_code == 400
-    assert refused.json["errors"][0]["field"] == "service.expiresAt"
+    assert refused.json["errors"][0]["field"] == "payjustnow.expiresAt"
 
 
 def test_update_after_expiry_is_403(installed):
@@ -379,7 +383,7 @@ def test_cancel_answers_the_reduced_echo(installed):
     body = response.json
     assert body["checkoutPaymentStatus"] == "CANCELLED_BY_MERCHANT"
     assert body["cancelledAt"].endswith("Z")
-    assert set(body["service"]) == {
+    assert set(body["payjustnow"]) == {
         "merchantOrderReference",
         "confirmRedirectUrl",
         "cancelRedirectUrl",
@@ -402,14 +406,14 @@ def test_cancel_after_consumer_cancel_is_allowed(installed):
 def test_getstatus_has_exactly_the_16_keys(installed):
     token = installed.create()["checkoutToken"]
     status = installed.status(token)
-    assert tuple(status) == STATUS_PAYLOAD_KEYS
+    assert tuple(status) == status_payload_keys()
     assert status["paidAt"] is None
     installed.pay(token)
     paid = installed.status(token)
     assert paid["paidAt"].endswith("Z")
     assert len(paid["paidAt"].split(".")[1]) == 7  # microseconds and Z
     assert isinstance(paid["paymentReference"], int)
-    assert isinstance(paid["serviceOrderReference"], int)
+    assert isinstance(paid["payjustnowOrderReference"], int)
 
 
 def test_another_merchants_or_unknown_token_is_404(installed):
@@ -451,7 +455,15 @@ def test_partial_then_full_refund(installed):
     assert first.status_code == 200
     assert first.json["refundedAmountCents"] == 30_000
     assert first.json["refundStatus"] == "SUCCESS"
-    assert first.json["requestId"] == "refund-1"
+    # As the gateway's examples answer: no requestId echo, "OK", microseconds.
+    assert set(first.json) == {
+        "refundedAmountCents",
+        "refundStatus",
+        "refundStatusAt",
+        "refundStatusDescription",
+    }
+    assert first.json["refundStatusDescription"] == "OK"
+    assert re.fullmatch(r"\S+T\S+\.\d{6}Z", first.json["refundStatusAt"])
     assert installed.status(token)["checkoutPaymentStatus"] == "PARTIALLY_REFUNDED"
     too_much = installed.signed("/v2/refund", refund_body(token, 49_801, "refund-2"))
     assert too_much.status_code == 409

@@ -4,6 +4,7 @@ import pytest
 from cryptography.fernet import Fernet
 
 from flask_gateway.config import DEFAULTS, ConfigurationError, GatewayConfig
+from flask_gateway.core.wire import OPERATOR, SPEC
 from flask_gateway.secrets import SecretBox, SecretUnreadable, mask
 
 
@@ -24,10 +25,33 @@ def test_explicit_urls_override_the_environment():
     assert parsed.timeout == (7.0, 7.0)
 
 
-def test_sandbox_without_urls_names_the_missing_key():
+def test_sandbox_uses_the_documented_addresses_without_typing_them():
+    config = GatewayConfig.from_mapping({"GATEWAY_ENVIRONMENT": "sandbox"})
+    assert config.base_url == "https://sandbox-checkout.payjustnow.io"
+    assert config.install_url == "https://install.sandbox-checkout.payjustnow.io"
+    assert config.v1_base_url == "https://sandbox.payjustnow.com"
+    # Each can still be overridden.
+    other = GatewayConfig.from_mapping(
+        {"GATEWAY_ENVIRONMENT": "sandbox", "GATEWAY_BASE_URL": "https://gw.test"}
+    )
+    assert (other.base_url, other.install_url) == (
+        "https://gw.test",
+        "https://install.sandbox-checkout.payjustnow.io",
+    )
+
+
+def test_production_without_urls_names_the_missing_key_and_says_why():
     with pytest.raises(ConfigurationError, match="GATEWAY_BASE_URL is not set") as info:
-        GatewayConfig.from_mapping({"GATEWAY_ENVIRONMENT": "sandbox"})
+        GatewayConfig.from_mapping({"GATEWAY_ENVIRONMENT": "production"})
+    assert "documentation gives no production address" in str(info.value)
     assert "docs/configuration.md" in str(info.value)
+
+
+def test_wire_names_default_to_the_operators_and_are_checked():
+    assert GatewayConfig.from_mapping({}).wire_names is OPERATOR
+    assert GatewayConfig.from_mapping({"GATEWAY_WIRE_NAMES": "spec"}).wire_names is SPEC
+    with pytest.raises(ConfigurationError, match=r"GATEWAY_WIRE_NAMES='neutral'.*'operator'.*'spec'"):
+        GatewayConfig.from_mapping({"GATEWAY_WIRE_NAMES": "neutral"})
 
 
 @pytest.mark.parametrize(

@@ -120,7 +120,7 @@ def test_create_checkout_saves_then_creates_and_signals_once(installed):
     (sent,) = [s for s in transport.sent if s.path == "/v2/create"]
     assert sent.body["requestId"] == request_id
     assert sent.body["checkoutTotalCents"] == 79800
-    service = sent.body["service"]
+    service = sent.body["payjustnow"]
     assert service["merchantOrderReference"] == "ORD-1"
     assert service["orderAmountCents"] == 79800
     assert service["orderExpiryMinutes"] == 60
@@ -169,12 +169,12 @@ def test_shop_totals_and_fallback_urls(installed):
     body = transport.sent[-1].body
     assert body["checkoutTotalCents"] == 18500
     assert body["clickTraceId"] == "click-7"
-    assert body["service"]["orderAmountCents"] == 17500
-    first, second = body["service"]["orderItems"]
+    assert body["payjustnow"]["orderAmountCents"] == 17500
+    first, second = body["payjustnow"]["orderItems"]
     assert first["imageUrl"] == first["pageUrl"] == f"{SHOP_URL}/"
     assert first["searchTerms"] == ["mug"]
     assert second["category"] == "food"
-    assert "customer" not in body["service"]
+    assert "customer" not in body["payjustnow"]
 
 
 def test_request_id_is_committed_before_the_request_and_reused_after_a_5xx(installed, database_url):
@@ -264,7 +264,7 @@ def test_invalid_orders_are_refused_before_anything_is_saved(installed):
         sample_order(), customer=Customer(first_name="A", last_name="B", email="not-an-email")
     )
     with installed.shop.app_context():
-        with pytest.raises(ValueError, match=r"service\.customer\.email"):
+        with pytest.raises(ValueError, match=r"payjustnow\.customer\.email"):
             create_checkout(bad_email)
         assert get_state().session.query(GatewayCheckout).count() == 0
 
@@ -279,7 +279,7 @@ def test_a_reference_the_gateway_cannot_take_is_refused_before_anything_is_saved
     """PostgreSQL would refuse to store it (over the column's length, or U+0000): a ValueError instead."""
     transport = spy(installed)
     with installed.shop.app_context():
-        with pytest.raises(ValueError, match=rf"service\.merchantOrderReference: .*{problem}"):
+        with pytest.raises(ValueError, match=rf"payjustnow\.merchantOrderReference: .*{problem}"):
             create_checkout(replace(sample_order(), reference=reference))
         assert get_state().session.query(GatewayCheckout).count() == 0
     assert transport.paths() == []
@@ -494,7 +494,8 @@ def test_v1_checkout_end_to_end(harness_v1):
     assert order["success_callback_url"].startswith(f"{SHOP_URL}/gateway/v1/success?ref=")
     assert order["fail_callback_url"].startswith(f"{SHOP_URL}/gateway/v1/fail?ref=")
     assert sent.body["customer"]["mobile_number"] == "+27821234567"
-    assert sent.body["customer"]["address"]["postal_code"] == 8001
+    # As text, as the shop stored it (a number would lose the leading zero of "0181").
+    assert sent.body["customer"]["address"]["postal_code"] == "8001"
     with harness_v1.shop.test_request_context():
         assert (
             load_signed_reference(_query(order["success_callback_url"], "ref"), "v1-success") == checkout_id
@@ -623,6 +624,28 @@ def test_cancel_of_a_checkout_paid_meanwhile_raises_and_records_the_payment(inst
         assert len(confirmed) == 1
         with pytest.raises(CheckoutStateError, match="refund it instead"):
             cancel_checkout(load(installed, checkout_id))
+
+
+def test_a_payment_under_way_is_open_not_paid_and_not_for_the_shop_to_change(installed):
+    """The real gateway's PENDING_PAYMENT: learned by a poll, never confirmed, neither cancelled nor
+    updated by the shop; the payment that follows is confirmed once."""
+    checkout_id, token = new_checkout(installed)
+    assert installed.emulator.control(f"checkouts/{token}/begin-payment").json["checkoutPaymentStatus"] == (
+        "PENDING_PAYMENT"
+    )
+    with installed.shop.app_context(), recording(signals.payment_confirmed) as confirmed:
+        transition = refresh(load(installed, checkout_id), source="poll")
+        assert (transition.before, transition.after) == ("PENDING_ORDER", "PENDING_PAYMENT")
+        assert load(installed, checkout_id).payment_confirmed_at is None
+        with pytest.raises(CheckoutStateError, match="the shopper is paying on the gateway"):
+            cancel_checkout(load(installed, checkout_id))
+        with pytest.raises(CheckoutStateError, match="only an open checkout"):
+            update_checkout(load(installed, checkout_id), sample_order())
+        assert len(confirmed) == 0
+        installed.emulator.pay(token)
+        assert refresh(load(installed, checkout_id), source="poll").after == "PAID_PENDING_CALLBACK"
+        assert len(confirmed) == 1
+    assert emulator_checkout(installed, token)["checkoutPaymentStatus"] == "PAID_PENDING_CALLBACK"
 
 
 def test_cancel_of_a_checkout_never_created(installed):
@@ -803,7 +826,7 @@ def test_v1_refund_refused(harness_v1):
     assert harness_v1.emulator.v1("refund", outside).status_code == 200
     with harness_v1.shop.app_context():
         with pytest.raises(
-            RefundDeclinedError, match="full refund must be for the remaining 78800"
+            RefundDeclinedError, match="Amount is greater than available amount refundable"
         ) as caught:
             refund(load(harness_v1, checkout_id), 79_800)
         assert caught.value.refund.state == RefundState.FAILED

@@ -30,7 +30,7 @@ def _installed(databases: Databases, monkeypatch: pytest.MonkeyPatch, **config: 
 
 @pytest.fixture
 def v1(databases: Databases, monkeypatch: pytest.MonkeyPatch) -> Harness:
-    """A v1 shop (GATEWAY_V1_CANCEL_ON_SERVICE left at its default, True)."""
+    """A v1 shop (GATEWAY_V1_CANCEL_ON_FAIL left at its default, True)."""
     return _installed(databases, monkeypatch)
 
 
@@ -80,15 +80,15 @@ def test_cancelled_is_recorded_and_cancels_on_the_gateway(v1: Harness, received)
     assert answer.json == {
         "token": token,
         "return_url": f"{SHOP_URL}/orders/ORD-V1",
-        "cancel_on_service": True,
+        "cancel_on_payjustnow": True,
     }
     assert len(received["checkout_cancelled"]) == 1
 
 
-def test_cancel_on_service_false_keeps_the_order_open_for_a_retry(
+def test_cancel_on_gateway_false_keeps_the_order_open_for_a_retry(
     databases: Databases, monkeypatch: pytest.MonkeyPatch, received
 ) -> None:
-    h = _installed(databases, monkeypatch, GATEWAY_V1_CANCEL_ON_SERVICE=False)
+    h = _installed(databases, monkeypatch, GATEWAY_V1_CANCEL_ON_FAIL=False)
     checkout_id, token = create_v1_checkout(h)
 
     outcome = h.emulator.consumer_cancel(token).json
@@ -133,7 +133,7 @@ def test_abandoned_answer(v1: Harness, received) -> None:
     assert answer.json == {
         "token": token,
         "return_url": f"{SHOP_URL}/orders/ORD-V1",
-        "cancel_on_service": True,
+        "cancel_on_payjustnow": True,
     }
     assert snapshot(v1, checkout_id)["status"] == "EXPIRED"
     assert len(received["checkout_expired"]) == 1

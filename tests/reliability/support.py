@@ -271,7 +271,7 @@ class DirectAccount:
         return {
             "requestId": request_id,
             "checkoutTotalCents": total_cents,
-            "service": {
+            "payjustnow": {
                 "merchantOrderReference": f"direct-{request_id}",
                 "orderAmountCents": total_cents,
                 "orderItems": [

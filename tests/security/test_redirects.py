@@ -280,4 +280,4 @@ def test_the_gateway_refuses_redirect_urls_a_browser_reads_differently(emulator:
     body = create_body(request_id="r-x", confirmRedirectUrl=url)
     response = emulator.signed("/v2/create", body)
     assert response.status_code == 400, response.get_data(as_text=True)
-    assert response.json["errors"][0]["field"] == "service.confirmRedirectUrl"
+    assert response.json["errors"][0]["field"] == "payjustnow.confirmRedirectUrl"

@@ -38,6 +38,7 @@ from hypothesis.stateful import (
 from flask_gateway import signals
 from flask_gateway.core.errors import GatewayError
 from flask_gateway.core.signing import sign
+from flask_gateway.core.wire import PAID_STATUSES
 from flask_gateway.extension import get_state
 from flask_gateway.models import CallbackLog, GatewayCheckout, RefundState
 from flask_gateway.operations import (
@@ -48,7 +49,7 @@ from flask_gateway.operations import (
     refund,
 )
 from flask_gateway.polling import refresh
-from flask_gateway.transitions import _SAME_RANK_MOVES, PAID_STATUSES, RANK
+from flask_gateway.transitions import _SAME_RANK_MOVES, RANK
 from tests.conftest import Databases, dispose_engines
 from tests.extension.conftest import ACCOUNT, Harness, build_harness
 from tests.extension.inbound_support import create_v2_checkout, return_path

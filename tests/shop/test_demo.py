@@ -12,9 +12,11 @@ import time
 from pathlib import Path
 
 from example_shop import demo
-from tests.processes import free_port
+from tests.processes import free_port, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
+#: The banner's last words: the demo prints it once both of its processes answer.
+BANNER_END = "Press Ctrl-C to stop both."
 
 
 def test_each_port_pair_has_its_own_data_folder() -> None:
@@ -68,6 +70,13 @@ def test_two_demos_on_other_ports_each_install_their_own_shop(tmp_path: Path) ->
         for _process, shop_port, emulator_port, _log in runs:
             folder = tmp_path / demo.data_folder(shop_port, emulator_port).name  # DEMO_DATA_DIR
             assert _installed_callback_url(folder) == f"http://127.0.0.1:{shop_port}/gateway/callback"
+        for api_version in ("v2", "v1"):  # both running: their banners are printed
+            log_path = tmp_path / f"demo-{api_version}.log"
+            wait_for(
+                lambda path=log_path: BANNER_END in path.read_text(errors="replace"),
+                timeout=60,
+                what=BANNER_END,
+            )
     finally:
         for process, *_rest, log in runs:
             process.send_signal(signal.SIGTERM)

@@ -22,7 +22,7 @@ def test_gateway_variables_are_copied_and_parsed() -> None:
             "GATEWAY_PUBLIC_URL": "https://shop.example",
             "GATEWAY_MAX_RETRIES": "3",
             "GATEWAY_ORDER_EXPIRY_MINUTES": "90",
-            "GATEWAY_V1_CANCEL_ON_SERVICE": "false",
+            "GATEWAY_V1_CANCEL_ON_FAIL": "false",
             "GATEWAY_TIMEOUT": "5,30",
             "GATEWAY_RECONCILE_AFTER_SECONDS": "600",
             "HOME": "/root",
@@ -33,19 +33,19 @@ def test_gateway_variables_are_copied_and_parsed() -> None:
         "GATEWAY_PUBLIC_URL": "https://shop.example",
         "GATEWAY_MAX_RETRIES": 3,
         "GATEWAY_ORDER_EXPIRY_MINUTES": 90,
-        "GATEWAY_V1_CANCEL_ON_SERVICE": False,
+        "GATEWAY_V1_CANCEL_ON_FAIL": False,
         "GATEWAY_TIMEOUT": (5.0, 30.0),
         "GATEWAY_RECONCILE_AFTER_SECONDS": 600,
     }
     assert gateway_from_env({"GATEWAY_TIMEOUT": "10"})["GATEWAY_TIMEOUT"] == 10.0
-    assert gateway_from_env({"GATEWAY_V1_CANCEL_ON_SERVICE": "1"})["GATEWAY_V1_CANCEL_ON_SERVICE"] is True
+    assert gateway_from_env({"GATEWAY_V1_CANCEL_ON_FAIL": "1"})["GATEWAY_V1_CANCEL_ON_FAIL"] is True
 
 
 @pytest.mark.parametrize(
     ("name", "value", "message"),
     [
         ("GATEWAY_MAX_RETRIES", "two", "not a whole number"),
-        ("GATEWAY_V1_CANCEL_ON_SERVICE", "maybe", "not a yes/no value"),
+        ("GATEWAY_V1_CANCEL_ON_FAIL", "maybe", "not a yes/no value"),
         ("GATEWAY_TIMEOUT", "5,30,60", "one number"),
     ],
 )

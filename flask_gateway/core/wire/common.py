@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import unicodedata
+from collections.abc import Mapping
 from datetime import datetime
 from decimal import Decimal, InvalidOperation
 from enum import StrEnum
@@ -29,8 +30,13 @@ from flask_gateway.core.timestamps import (
     parse_timestamp,
     parse_v1_timestamp,
 )
+from flask_gateway.core.wire.names import OPERATOR, Role, WireNames
 
 __all__ = [
+    "CHANGEABLE_STATUSES",
+    "OPEN_STATUSES",
+    "PAID_STATUSES",
+    "TEXT_MAX_LENGTH",
     "AbsoluteUrl",
     "Cents",
     "CheckoutStatus",
@@ -44,6 +50,7 @@ __all__ = [
     "V1Amount",
     "V1Timestamp",
     "WireModel",
+    "WireNamedModel",
     "dumps",
 ]
 
@@ -54,9 +61,13 @@ def dumps(data: Any) -> bytes:
 
 
 class CheckoutStatus(StrEnum):
-    """Values of ``checkoutPaymentStatus``; the last two are our decisions on gaps (docs/decisions.md)."""
+    """Values of ``checkoutPaymentStatus``: the spec's six, and three the real gateway uses that the spec
+    does not list (``PENDING_PAYMENT``, ``FULLY_REFUNDED``, ``EXPIRED``; docs/decisions.md). A value not
+    listed here is kept as text (``StatusValue``) and never counts as paid."""
 
     PENDING_ORDER = "PENDING_ORDER"
+    #: The consumer is paying on the gateway (the application is under way): open, not paid.
+    PENDING_PAYMENT = "PENDING_PAYMENT"
     CANCELLED_BY_CONSUMER = "CANCELLED_BY_CONSUMER"
     CANCELLED_BY_MERCHANT = "CANCELLED_BY_MERCHANT"
     PAID = "PAID"
@@ -68,15 +79,29 @@ class CheckoutStatus(StrEnum):
     @property
     def is_paid(self) -> bool:
         """Money was taken (refunds included): the only statuses that prove a payment."""
-        return self in _PAID_STATUSES
+        return self in PAID_STATUSES
 
     @property
     def is_open(self) -> bool:
         """The consumer may still pay (after an update, for a consumer cancellation)."""
-        return self in (CheckoutStatus.PENDING_ORDER, CheckoutStatus.CANCELLED_BY_CONSUMER)
+        return self in OPEN_STATUSES
+
+    @property
+    def is_changeable(self) -> bool:
+        """The merchant may update or cancel it (the gateway's documentation: PENDING_ORDER or
+        CANCELLED_BY_CONSUMER only; a payment under way is not changed under the consumer)."""
+        return self in CHANGEABLE_STATUSES
 
 
-_PAID_STATUSES: Final = frozenset(
+# Sets of statuses; a plain status string is found in them too (a StrEnum member equals its value).
+#: The consumer may still pay.
+OPEN_STATUSES: Final = frozenset(
+    {CheckoutStatus.PENDING_ORDER, CheckoutStatus.PENDING_PAYMENT, CheckoutStatus.CANCELLED_BY_CONSUMER}
+)
+#: The merchant may update or cancel (the documented rule).
+CHANGEABLE_STATUSES: Final = frozenset({CheckoutStatus.PENDING_ORDER, CheckoutStatus.CANCELLED_BY_CONSUMER})
+#: Money was taken (refunds included).
+PAID_STATUSES: Final = frozenset(
     {
         CheckoutStatus.PAID,
         CheckoutStatus.PAID_PENDING_CALLBACK,
@@ -94,7 +119,8 @@ Cents = Annotated[int, Strict(), Field(ge=0, le=10**12)]
 PositiveCents = Annotated[int, Strict(), Field(gt=0, le=10**12)]
 
 #: Free text of bounded length (the spec shows no limits; docs/decisions.md gives ours).
-Text = Annotated[str, Strict(), Field(max_length=255)]
+TEXT_MAX_LENGTH: Final = 255
+Text = Annotated[str, Strict(), Field(max_length=TEXT_MAX_LENGTH)]
 
 
 #: ``\s`` of a str pattern is exactly ``str.isspace`` (every code point checked), without a Python call per
@@ -225,6 +251,9 @@ class WireModel(BaseModel):
     Field names are the exact JSON names. Unknown fields are kept (``model_extra``) and written back,
     so a newer gateway never breaks parsing. ``None`` fields are left out when writing, except in
     models that set ``keep_nulls`` (the status payload always carries its 16 keys).
+
+    Bodies that arrive over the wire are read with :meth:`from_wire` / :meth:`from_json`, which accept
+    the JSON names only (never a Python attribute name that differs from them).
     """
 
     model_config = ConfigDict(extra="allow", populate_by_name=True, validate_assignment=False)
@@ -232,15 +261,35 @@ class WireModel(BaseModel):
     #: Write ``null`` for ``None`` fields instead of leaving them out.
     keep_nulls: ClassVar[bool] = False
 
-    def to_wire(self) -> dict[str, Any]:
-        """The JSON-ready dict, with exact field names."""
+    def to_wire(self, names: WireNames = OPERATOR) -> dict[str, Any]:
+        """The JSON-ready dict, with exact field names; ``names`` spells the operator-named fields."""
         return self.model_dump(mode="json", by_alias=True, exclude_none=not self.keep_nulls)
 
-    def to_json(self) -> bytes:
+    def to_json(self, names: WireNames = OPERATOR) -> bytes:
         """Compact ASCII JSON bytes, ready to sign and send."""
-        return dumps(self.to_wire())
+        return dumps(self.to_wire(names))
+
+    @classmethod
+    def from_wire(cls, data: Any) -> Self:
+        """Validate parsed JSON; raises ``pydantic.ValidationError`` with field locations on bad input."""
+        return cls.model_validate(data, by_alias=True, by_name=False)
 
     @classmethod
     def from_json(cls, data: bytes | str) -> Self:
         """Parse JSON text; raises ``pydantic.ValidationError`` with field locations on bad input."""
-        return cls.model_validate_json(data)
+        return cls.model_validate_json(data, by_alias=True, by_name=False)
+
+
+class WireNamedModel(WireModel):
+    """A body with fields named after the operator (``core/wire/names.py``), all at its top level.
+
+    ``renamed`` maps each such attribute to its role. The fields read every spelling (their
+    ``validation_alias`` is ``names.accepted(role)``) and are written in the set ``to_wire`` is given.
+    """
+
+    renamed: ClassVar[Mapping[str, Role]] = {}
+
+    def to_wire(self, names: WireNames = OPERATOR) -> dict[str, Any]:
+        data = super().to_wire(names)
+        renamed = self.renamed
+        return {(names.name(renamed[key]) if key in renamed else key): value for key, value in data.items()}

@@ -1,7 +1,13 @@
-"""v2 request and response bodies, with the exact JSON field names of the spec."""
+"""v2 request and response bodies, with the exact JSON field names of the gateway.
+
+The order-details object and the gateway's order number are named after the operator: see
+``core/wire/names.py`` for the two spellings; the attributes here are ``order_details`` and
+``gatewayOrderReference``.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Annotated, ClassVar, Final
 
 from pydantic import AliasChoices, Field, Strict, model_validator
@@ -17,7 +23,9 @@ from flask_gateway.core.wire.common import (
     Text,
     Timestamp,
     WireModel,
+    WireNamedModel,
 )
+from flask_gateway.core.wire.names import OPERATOR, Role, WireNames, accepted
 
 __all__ = [
     "MAX_EXPIRY_MINUTES",
@@ -28,21 +36,22 @@ __all__ = [
     "CheckoutResponse",
     "CheckoutStatusPayload",
     "CreateCheckoutRequest",
-    "CreateService",
+    "CreateOrderDetails",
     "Customer",
     "ErrorBody",
     "FieldError",
     "GetStatusRequest",
     "InstallRequest",
     "InstallResponse",
+    "OrderDetailsEcho",
     "OrderItem",
     "RefundRequest",
     "RefundResponse",
-    "ServiceEcho",
     "SettingsResponse",
     "SettingsUpdateRequest",
     "UpdateCheckoutRequest",
-    "UpdateService",
+    "UpdateOrderDetails",
+    "status_payload_keys",
 ]
 
 MIN_EXPIRY_MINUTES: Final = 10
@@ -69,22 +78,26 @@ class Customer(WireModel):
 
 
 class OrderItem(WireModel):
+    """One order line. Real clients send only ``name``, ``sku`` (empty when a product has none),
+    ``quantity`` and ``priceCents``, and the gateway takes them (docs/decisions.md); we send all."""
+
     name: Annotated[Text, Field(min_length=1)]
-    sku: Annotated[Text, Field(min_length=1)]
+    sku: Text
     quantity: Quantity
     priceCents: Cents
-    imageUrl: AbsoluteUrl
-    pageUrl: AbsoluteUrl
-    searchTerms: Annotated[list[Text], Field(max_length=50)]
+    imageUrl: AbsoluteUrl | None = None
+    pageUrl: AbsoluteUrl | None = None
+    searchTerms: Annotated[list[Text], Field(max_length=50)] | None = None
     category: Text | None = None
 
 
-class _ServiceBase(WireModel):
-    """The order details every create and update carries (the spec's smallest request)."""
+class _OrderDetails(WireModel):
+    """The order details every create and update carries. ``orderItems`` may be left out (real clients
+    do for an order without lines); an order has at most 500 lines."""
 
     merchantOrderReference: Annotated[Text, Field(min_length=1)]
     orderAmountCents: Cents
-    orderItems: Annotated[list[OrderItem], Field(min_length=1, max_length=500)]
+    orderItems: Annotated[list[OrderItem], Field(max_length=500)] | None = None
     confirmRedirectUrl: AbsoluteUrl
     cancelRedirectUrl: AbsoluteUrl
     customer: Customer | None = None
@@ -92,22 +105,22 @@ class _ServiceBase(WireModel):
     shippingAddress: Address | None = None
 
 
-class CreateService(_ServiceBase):
-    """``service`` of a create request."""
+class CreateOrderDetails(_OrderDetails):
+    """The order details of a create request."""
 
     orderExpiryMinutes: (
         Annotated[int, Strict(), Field(ge=MIN_EXPIRY_MINUTES, le=MAX_EXPIRY_MINUTES)] | None
     ) = None
 
 
-class UpdateService(_ServiceBase):
-    """``service`` of an update request: the whole order again, optionally with a new ``expiresAt``."""
+class UpdateOrderDetails(_OrderDetails):
+    """The order details of an update request: the whole order again, optionally with a new ``expiresAt``."""
 
     expiresAt: Timestamp | None = None
 
 
-class ServiceEcho(WireModel):
-    """``service`` as the gateway echoes it in responses. Everything optional: the cancel echo is reduced."""
+class OrderDetailsEcho(WireModel):
+    """The order details as the gateway echoes them in answers; all optional (the cancel echo is reduced)."""
 
     merchantOrderReference: str | None = None
     orderAmountCents: int | None = None
@@ -122,16 +135,23 @@ class ServiceEcho(WireModel):
     checkoutPaymentStatus: StatusValue | None = None
 
 
-class CreateCheckoutRequest(WireModel):
+_ORDER_DETAILS: Final[Mapping[str, Role]] = {"order_details": "order_details"}
+
+
+class CreateCheckoutRequest(WireNamedModel):
+    renamed: ClassVar[Mapping[str, Role]] = _ORDER_DETAILS
+
     requestId: RequestId | None = None
-    service: CreateService
+    order_details: CreateOrderDetails = Field(validation_alias=accepted("order_details"))
     checkoutTotalCents: Cents
     clickTraceId: Text | None = None
 
 
-class UpdateCheckoutRequest(WireModel):
+class UpdateCheckoutRequest(WireNamedModel):
+    renamed: ClassVar[Mapping[str, Role]] = _ORDER_DETAILS
+
     checkoutToken: Token
-    service: UpdateService
+    order_details: UpdateOrderDetails = Field(validation_alias=accepted("order_details"))
     checkoutTotalCents: Cents
     clickTraceId: Text | None = None
     requestId: RequestId | None = None
@@ -145,8 +165,10 @@ class GetStatusRequest(WireModel):
     checkoutToken: Token
 
 
-class CheckoutResponse(WireModel):
+class CheckoutResponse(WireNamedModel):
     """Answer to create, update and cancel."""
+
+    renamed: ClassVar[Mapping[str, Role]] = _ORDER_DETAILS
 
     requestId: str | None = None
     checkoutToken: str
@@ -159,10 +181,18 @@ class CheckoutResponse(WireModel):
     updatedAt: Timestamp | None = None
     expiresAt: Timestamp | None = None
     cancelledAt: Timestamp | None = None
-    service: ServiceEcho | None = None
+    order_details: OrderDetailsEcho | None = Field(default=None, validation_alias=accepted("order_details"))
     merchantAccountId: str | None = None
 
 
+def status_payload_keys(names: WireNames = OPERATOR) -> tuple[str, ...]:
+    """The 16 keys of the status payload, in the gateway's order, as ``names`` spells them."""
+    return tuple(names.order_reference if key == _ORDER_REFERENCE else key for key in STATUS_PAYLOAD_KEYS)
+
+
+_ORDER_REFERENCE: Final = "gatewayOrderReference"
+
+#: The status payload's keys by attribute (``gatewayOrderReference`` is spelled by the wire-name set).
 STATUS_PAYLOAD_KEYS: Final = (
     "requestId",
     "checkoutToken",
@@ -172,7 +202,7 @@ STATUS_PAYLOAD_KEYS: Final = (
     "paidAt",
     "paymentReference",
     "merchantOrderReference",
-    "serviceOrderReference",
+    _ORDER_REFERENCE,
     "clickTraceId",
     "createdAt",
     "updatedAt",
@@ -183,10 +213,11 @@ STATUS_PAYLOAD_KEYS: Final = (
 )
 
 
-class CheckoutStatusPayload(WireModel):
+class CheckoutStatusPayload(WireNamedModel):
     """The getstatus answer and the callback body: always exactly these 16 keys, ``null`` when unset."""
 
     keep_nulls: ClassVar[bool] = True
+    renamed: ClassVar[Mapping[str, Role]] = {_ORDER_REFERENCE: "order_reference"}
 
     requestId: str | None = None
     checkoutToken: str
@@ -196,12 +227,13 @@ class CheckoutStatusPayload(WireModel):
     paidAt: PreciseTimestamp | None = None
     paymentReference: int | None = None
     merchantOrderReference: str | None = None
-    serviceOrderReference: int | None = None
+    gatewayOrderReference: int | None = Field(default=None, validation_alias=accepted("order_reference"))
     clickTraceId: str | None = None
     createdAt: Timestamp | None = None
     updatedAt: Timestamp | None = None
-    expiresAt: Timestamp | None = None
-    cancelledAt: Timestamp | None = None
+    # Six digits, as the gateway writes them here (".000000Z"); milliseconds elsewhere.
+    expiresAt: PreciseTimestamp | None = None
+    cancelledAt: PreciseTimestamp | None = None
     lastCallbackAttemptedAt: Timestamp | None = None
     lastCallbackAttemptStatusMessage: str | None = None
 
@@ -216,10 +248,13 @@ class RefundRequest(WireModel):
 
 
 class RefundResponse(WireModel):
+    """The refund answer. The gateway's examples carry no ``requestId`` (also when one was sent) and
+    write ``refundStatusAt`` with microseconds."""
+
     requestId: str | None = None
     refundedAmountCents: Cents
     refundStatus: str
-    refundStatusAt: Timestamp | None = None
+    refundStatusAt: PreciseTimestamp | None = None
     refundStatusDescription: str | None = None
 
 

@@ -155,6 +155,12 @@ def pay(token: str) -> Response:
     return _outcome(consumer.pay(token))
 
 
+@bp.post("/checkouts/<token>/begin-payment")
+def begin_payment(token: str) -> Response:
+    """The consumer starts paying (v2 tokens): ``PENDING_PAYMENT``, as the real gateway reports it."""
+    return _outcome(consumer.begin_payment(token))
+
+
 @bp.post("/checkouts/<token>/cancel")
 def consumer_cancel(token: str) -> Response:
     """The consumer cancels on the payment page (v2 and v1 tokens)."""
@@ -172,7 +178,7 @@ def checkout_detail(token: str) -> Response:
     checkout = checkouts.find(None, token)
     body = {
         **_summary(checkout),
-        "status": checkouts.status_payload(checkout, base_url()).to_wire(),
+        "status": checkouts.status_payload(checkout, base_url()).to_wire(settings().wire_names),
         "refunds": [
             {"amountCents": r.amount_cents, "reference": r.reference, "at": format_timestamp(r.at)}
             for r in checkout.refunds

@@ -17,8 +17,9 @@ from werkzeug.wrappers import Response as WerkzeugResponse
 
 from flask_gateway.core.money import format_money
 from flask_gateway.core.timestamps import format_timestamp
+from flask_gateway.core.wire import WireNames
 from flask_gateway.emulator import checkouts, clock, faults
-from flask_gateway.emulator.api import base_url
+from flask_gateway.emulator.api import base_url, settings
 from flask_gateway.emulator.models import (
     Account,
     Checkout,
@@ -29,7 +30,7 @@ from flask_gateway.emulator.models import (
     FaultRule,
     db,
 )
-from flask_gateway.emulator.openapi import render
+from flask_gateway.emulator.openapi import build_document, render
 from flask_gateway.emulator.problems import ApiProblem
 from flask_gateway.emulator.views.control import describe_account
 
@@ -98,7 +99,9 @@ def checkout(token: str) -> str:
         checkout=found,
         overdue=checkouts.needs_expiry(found),
         # Pretty JSON in the wire's own key order (the ``tojson`` filter would sort the keys).
-        status=json.dumps(checkouts.status_payload(found, base_url()).to_wire(), indent=2),
+        status=json.dumps(
+            checkouts.status_payload(found, base_url()).to_wire(settings().wire_names), indent=2
+        ),
         details=json.dumps(found.details, indent=2, ensure_ascii=False),
         deliveries=deliveries,
     )
@@ -157,11 +160,12 @@ def emails() -> str:
 
 
 @cache
-def _openapi_json() -> bytes:
-    return render().encode("ascii")
+def _openapi_json(names: WireNames) -> bytes:
+    return render(build_document(names)).encode("ascii")
 
 
 @bp.get("/_emulator/openapi.json")
 def openapi() -> Response:
-    """The OpenAPI 3.1 document of the v2 and v1 APIs (the same text as docs/openapi.json)."""
-    return Response(_openapi_json(), mimetype="application/json")
+    """The OpenAPI 3.1 document of the v2 and v1 APIs, in this emulator's wire names (with the default
+    ``operator`` names, the same text as docs/openapi.json)."""
+    return Response(_openapi_json(settings().wire_names), mimetype="application/json")

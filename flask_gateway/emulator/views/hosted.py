@@ -117,8 +117,11 @@ def _version(checkout: Checkout) -> str:
 
 
 def _v1_lines(details: dict[str, Any]) -> list[Line]:
-    items: dict[str, dict[str, Any]] = details["order"].get("items") or {}
-    ordered = sorted(items.items(), key=lambda kv: (len(kv[0]), kv[0]))  # "1", "2", ..., "10"
+    items: dict[str, dict[str, Any]] | list[dict[str, Any]] = details["order"].get("items") or {}
+    if isinstance(items, dict):  # keyed "1", "2", ..., "10" (or as the client chose): in key order
+        ordered = [item for _, item in sorted(items.items(), key=lambda kv: (len(kv[0]), kv[0]))]
+    else:
+        ordered = items
     return [
         Line(
             name=str(item["description"]),
@@ -126,7 +129,7 @@ def _v1_lines(details: dict[str, Any]) -> list[Line]:
             quantity=int(item["quantity"]),
             unit_cents=int(item["unit_price"]),
         )
-        for _, item in ordered
+        for item in ordered
     ]
 
 
@@ -174,8 +177,9 @@ def _order(checkout: Checkout) -> Order:
 def _plan(total_cents: int) -> tuple[str, list[Instalment]]:
     """The v1 configuration's plan for this total: the first instalment also pays the remainder."""
     plan = payment_plan(total_cents)
-    amounts = [plan["amount"] + plan["excess"]] + [plan["amount"]] * (INSTALMENTS - 1)
-    return str(plan["due_at"]), [Instalment(n, a) for n, a in enumerate(amounts, start=1)]
+    amount, excess = plan.amount or 0, plan.excess or 0
+    amounts = [amount + excess] + [amount] * (INSTALMENTS - 1)
+    return plan.to_wire()["due_at"], [Instalment(n, a) for n, a in enumerate(amounts, start=1)]
 
 
 def _minutes_left(expires_at: datetime) -> int:

@@ -1,13 +1,25 @@
-"""The v1 API: configuration, checkout and refund; HTTP Basic authentication; answers wrapped in ``data``."""
+"""The v1 API: configuration, checkout and refund; HTTP Basic authentication.
+
+Configuration and checkout answers are wrapped in ``data``; the refund answer is a bare object, as the
+gateway's documentation prints it.
+"""
 
 from __future__ import annotations
 
-from typing import Any
-
 from flask import Blueprint, Response
 
-from flask_gateway.core.timestamps import format_v1_timestamp
-from flask_gateway.core.wire import V1CheckoutRequest, V1ConfigurationRequest, V1RefundRequest
+from flask_gateway.core.wire import (
+    V1CheckoutData,
+    V1CheckoutRequest,
+    V1CheckoutResponse,
+    V1Configuration,
+    V1ConfigurationRequest,
+    V1ConfigurationResponse,
+    V1PaymentPlan,
+    V1RefundRefused,
+    V1RefundRequest,
+    V1RefundSucceeded,
+)
 from flask_gateway.emulator import checkouts, clock
 from flask_gateway.emulator.api import (
     authenticate_v1,
@@ -18,7 +30,7 @@ from flask_gateway.emulator.api import (
     read_json,
     settings,
 )
-from flask_gateway.emulator.models import Account, db
+from flask_gateway.emulator.models import db
 from flask_gateway.emulator.problems import ApiProblem
 from flask_gateway.emulator.views.v2 import operation
 
@@ -27,19 +39,15 @@ __all__ = ["bp", "payment_plan"]
 bp = Blueprint("emulator_v1", __name__, url_prefix="/api/v1/merchant")
 
 INSTALMENTS = 3
+#: The ``reason`` of a v1 refund that went through, as the gateway's documentation prints it.
+REFUNDED_REASON = "Order successfully refunded"
 
 
-def payment_plan(amount_cents: int) -> dict[str, Any]:
+def payment_plan(amount_cents: int) -> V1PaymentPlan:
     """Three instalments: ``amount`` each, the remainder (``excess``) paid with the first, due now."""
-    return {
-        "due_at": format_v1_timestamp(clock.now()),
-        "amount": amount_cents // INSTALMENTS,
-        "excess": amount_cents % INSTALMENTS,
-    }
-
-
-def _limits(account: Account) -> dict[str, Any]:
-    return {"minimum_amount": account.minimum_cents, "maximum_amount": account.maximum_cents}
+    return V1PaymentPlan(
+        due_at=clock.now(), amount=amount_cents // INSTALMENTS, excess=amount_cents % INSTALMENTS
+    )
 
 
 @bp.post("/configuration")
@@ -48,12 +56,12 @@ def configuration() -> Response:
     """Empty body or ``customer``: the limits; ``amount``: the payment plan; both: all three."""
     account = authenticate_v1()
     request = parse(V1ConfigurationRequest, read_json() if raw_body().strip() else {})
-    data: dict[str, Any] = {}
+    data = V1Configuration()
     if request.amount is None or request.customer is not None:
-        data.update(_limits(account))
+        data.minimum_amount, data.maximum_amount = account.minimum_cents, account.maximum_cents
     if request.amount is not None:
-        data["payment_plan"] = payment_plan(request.amount)
-    return json_response({"data": data})
+        data.payment_plan = payment_plan(request.amount)
+    return json_response(V1ConfigurationResponse(data=data))
 
 
 @bp.post("/checkout")
@@ -67,13 +75,13 @@ def checkout() -> Response:
     account = authenticate_v1()
     request = parse(V1CheckoutRequest, data)
     created = checkouts.create_v1(account, request)
-    answer = {
-        "data": {
-            "token": created.token,
-            "expires_at": format_v1_timestamp(created.expires_at),
-            "redirect_to": checkouts.payment_url(created, base_url()),
-        }
-    }
+    answer = V1CheckoutResponse(
+        data=V1CheckoutData(
+            token=created.token,
+            expires_at=created.expires_at,
+            redirect_to=checkouts.payment_url(created, base_url()),
+        )
+    )
     db.session.commit()
     return json_response(answer)
 
@@ -87,17 +95,9 @@ def refund() -> Response:
         refunded = checkouts.refund_v1(account, request)
     except ApiProblem as problem:
         db.session.rollback()
-        return json_response(
-            {"data": {"status": "FAILED", "reason": {"errors": {"code": 400, "message": problem.message}}}},
-            400,
-        )
-    answer = {
-        "data": {
-            "status": "REFUNDED",
-            "reason": request.reason,
-            "refunded_at": format_v1_timestamp(refunded.updated_at),
-            "amount_refunded": request.amount,
-        }
-    }
+        return json_response(V1RefundRefused.because(problem.message), 400)
+    answer = V1RefundSucceeded(
+        reason=REFUNDED_REASON, refunded_at=refunded.updated_at, amount_refunded=request.amount
+    )
     db.session.commit()
     return json_response(answer)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import secrets
+import uuid
 from collections.abc import Callable
 from contextlib import nullcontext
 from functools import wraps
@@ -22,6 +23,7 @@ from flask_gateway.core.wire import (
     SettingsUpdateRequest,
     UpdateCheckoutRequest,
 )
+from flask_gateway.core.wire.names import spellings
 from flask_gateway.emulator import checkouts, clock, faults
 from flask_gateway.emulator.api import (
     authenticate_v2,
@@ -64,10 +66,11 @@ def operation(name: str, *, reads: bool = False) -> Callable[[F], F]:
 
 
 def _redirect_urls(data: dict[str, Any]) -> list[object]:
-    service = data.get("service")
-    if not isinstance(service, dict):
+    """The redirect URLs of a create or update body, before it is validated (the firewall runs first)."""
+    details = next((data[name] for name in spellings("order_details") if name in data), None)
+    if not isinstance(details, dict):
         return []
-    return [service.get("confirmRedirectUrl"), service.get("cancelRedirectUrl")]
+    return [details.get("confirmRedirectUrl"), details.get("cancelRedirectUrl")]
 
 
 def _after_commit(name: str, response: Response) -> Response:
@@ -93,7 +96,7 @@ def install() -> Response:
             "or rotate settings with PATCH /install/v2.",
         )
     account.installed_at = clock.now()
-    account.signing_key = secrets.token_urlsafe(32)
+    account.signing_key = str(uuid.uuid4())  # the gateway issues UUIDs (its installation example)
     account.callback_url = request.checkoutStatusCallbackUrl
     account.callback_failures_email = request.callbackFailuresEmail
     account.minimum_cents = request.minimumCheckoutAmountCents
