@@ -2,7 +2,8 @@
 
 - **Secrets.** Every secret the code handles is recorded as it appears: whatever goes into
   ``flask_gateway.secrets.SecretBox.encrypt`` (the API keys and signing keys the extension stores), every
-  signing key the emulator issues (``secrets.token_urlsafe`` in ``flask_gateway.emulator.views.v2``), and
+  signing key the emulator issues (``uuid.uuid4`` in ``flask_gateway.emulator.views.v2``: the gateway's keys
+  are UUIDs; ``secrets.token_urlsafe`` there is watched too), and
   the known test credentials (``KNOWN_SECRETS``). Each is looked for as it is, in base64 and urlsafe
   base64 (with and without padding), and, for the known accounts, as an HTTP Basic credential.
 - **Log lines.** A handler on the root logger at DEBUG keeps every record of every test (message and
@@ -22,6 +23,7 @@ from __future__ import annotations
 import base64
 import logging
 import secrets as stdlib_secrets
+import uuid as stdlib_uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -163,6 +165,19 @@ class _RecordingSecrets:
         return token
 
 
+class _RecordingUuid:
+    """Stands in for the stdlib ``uuid`` module where the emulator issues signing keys (UUIDs)."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(stdlib_uuid, name)
+
+    @staticmethod
+    def uuid4() -> stdlib_uuid.UUID:
+        key = stdlib_uuid.uuid4()
+        _record(str(key))
+        return key
+
+
 class SecretWatchPlugin:
     def __init__(self, watch: SecretWatch) -> None:
         self.watch = watch
@@ -183,6 +198,8 @@ class SecretWatchPlugin:
 
         self._patch(SecretBox, "encrypt", _wrap_encrypt(SecretBox.encrypt))
         self._patch(v2, "secrets", _RecordingSecrets())
+        if hasattr(v2, "uuid"):  # the signing keys are UUIDs (the gateway's installation example)
+            self._patch(v2, "uuid", _RecordingUuid())
         logging.getLogger().addHandler(self.handler)
         for name in PROJECT_LOGGERS:
             logger = logging.getLogger(name)
