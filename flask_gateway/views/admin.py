@@ -152,11 +152,7 @@ def _helpers() -> dict[str, Any]:
     def money(cents: int | None) -> str:
         return format_money(cents, symbol)
 
-    return {
-        "money": money,
-        "when": _when,
-        "gateway_config": get_state().config,
-    }
+    return {"money": money, "when": _when, "gateway_config": get_state().config}
 
 
 def _when(value: datetime | None) -> str:
