@@ -15,7 +15,8 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
-## Start the demo: the emulator (5050) and the example shop (5000), SQLite in var/demo. Ctrl-C stops both.
+## Start the demo: the emulator (5050) and the example shop (5000), SQLite in var/demo/shop-5000-emulator-5050
+## (one folder per port pair: DEMO_SHOP_PORT, DEMO_EMULATOR_PORT). Ctrl-C stops both.
 demo: setup
 	$(BIN)/python -m example_shop.demo
 

@@ -1,7 +1,11 @@
 """``make demo``: the gateway emulator and the example shop as two processes on loopback ports.
 
-Data lives in ``var/demo/`` so a second run reuses it (the shop stays installed). Ctrl-C stops both.
 Ports: ``DEMO_EMULATOR_PORT`` (5050) and ``DEMO_SHOP_PORT`` (5000); ``DEMO_API_VERSION=v1`` runs the v1 flow.
+Ctrl-C stops both.
+
+Data lives in ``var/demo/shop-<shop port>-emulator-<emulator port>/``, one folder per port pair: a second
+run on the same ports reuses it (the shop stays installed, with its callback URL on that port), and two
+demos on other ports never share an installation.
 """
 
 from __future__ import annotations
@@ -16,8 +20,35 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-DATA = ROOT / "var" / "demo"
+#: Where the demos keep their data (``DEMO_DATA_DIR`` moves it, e.g. for a test).
+DEMO_DATA = Path(os.environ.get("DEMO_DATA_DIR") or ROOT / "var" / "demo")
 OWNER_PASSWORD = "demo-owner"  # noqa: S105 - the demo's documented owner password (development mode only)
+
+
+def data_folder(shop_port: int, emulator_port: int) -> Path:
+    """The demo's data for this port pair: the shop's installation names its callback URL on the shop's
+    port and the emulator's account is installed once, so each pair keeps its own databases."""
+    return DEMO_DATA / f"shop-{shop_port}-emulator-{emulator_port}"
+
+
+def banner(shop_url: str, emulator_url: str, api_version: str, data: Path, control_token: str) -> str:
+    other = (
+        "DEMO_API_VERSION=v1 make demo runs the v1 flow"
+        if api_version == "v2"
+        else "make demo without DEMO_API_VERSION runs the v2 flow"
+    )
+    return (
+        "\n"
+        "  Flask-Gateway demo\n"
+        f"  Shop:               {shop_url}/            <- start here and buy something\n"
+        f"  Shop admin:         {shop_url}/admin/      (password: {OWNER_PASSWORD})\n"
+        f"  Gateway emulator:   {emulator_url}/_emulator/   (dashboard: checkouts, callbacks, e-mails)\n"
+        f"                      sign in with the control token {control_token}\n"
+        f"  API version:        {api_version} ({other})\n"
+        "  NOTE: the emulator runs with EMULATOR_WAF=allow-local so that localhost redirect URLs work;\n"
+        "        the real gateway's firewall refuses redirect URLs on localhost or an IP address.\n"
+        f"  Data: {data} (kept between runs on these ports). Press Ctrl-C to stop both.\n"
+    )
 
 
 def _port_free(port: int) -> bool:
@@ -68,6 +99,9 @@ def main() -> int:
     emulator_port = int(os.environ.get("DEMO_EMULATOR_PORT", "5050"))
     shop_port = int(os.environ.get("DEMO_SHOP_PORT", "5000"))
     api_version = os.environ.get("DEMO_API_VERSION", "v2")
+    if api_version not in ("v2", "v1"):
+        print(f"DEMO_API_VERSION={api_version!r}: use v2 (the default) or v1.", file=sys.stderr)
+        return 1
     for name, port in (("DEMO_EMULATOR_PORT", emulator_port), ("DEMO_SHOP_PORT", shop_port)):
         if not _port_free(port):
             print(
@@ -76,7 +110,8 @@ def main() -> int:
                 file=sys.stderr,
             )
             return 1
-    DATA.mkdir(parents=True, exist_ok=True)
+    data = data_folder(shop_port, emulator_port)
+    data.mkdir(parents=True, exist_ok=True)
     emulator_url = f"http://127.0.0.1:{emulator_port}"
     shop_url = f"http://127.0.0.1:{shop_port}"
     # The emulator's dashboard and control API are closed with a token of this run (docs/emulator.md).
@@ -88,7 +123,7 @@ def main() -> int:
             emulator_port,
             {
                 "EMULATOR_WAF": "allow-local",
-                "EMULATOR_DATABASE_URL": f"sqlite:///{DATA / 'emulator.sqlite3'}",
+                "EMULATOR_DATABASE_URL": f"sqlite:///{data / 'emulator.sqlite3'}",
                 "EMULATOR_PUBLIC_URL": emulator_url,
                 "EMULATOR_CONTROL_TOKEN": control_token,
             },
@@ -101,7 +136,7 @@ def main() -> int:
             "example_shop",
             shop_port,
             {
-                "SHOP_DATABASE_URL": f"sqlite:///{DATA / 'shop.sqlite3'}",
+                "SHOP_DATABASE_URL": f"sqlite:///{data / 'shop.sqlite3'}",
                 "SHOP_ADMIN_PASSWORD": OWNER_PASSWORD,
                 "SHOP_AUTO_INSTALL": "1",
                 "GATEWAY_ENVIRONMENT": "emulator",
@@ -110,25 +145,15 @@ def main() -> int:
                 "GATEWAY_V1_BASE_URL": emulator_url,
                 "GATEWAY_PUBLIC_URL": shop_url,
                 "GATEWAY_API_VERSION": api_version,
+                # The emulator above accepts local return URLs: the admin screens need not warn.
+                "GATEWAY_WAF": "allow-local",
             },
         )
         processes.append(shop)
         if not _wait_until_listening(shop_port, shop):
             print("The example shop did not start; its output is above.", file=sys.stderr)
             return 1
-        print(
-            "\n"
-            "  Flask-Gateway demo\n"
-            f"  Shop:               {shop_url}/            <- start here and buy something\n"
-            f"  Shop admin:         {shop_url}/admin/      (password: {OWNER_PASSWORD})\n"
-            f"  Gateway emulator:   {emulator_url}/_emulator/   (dashboard: checkouts, callbacks, e-mails)\n"
-            f"                      sign in with the control token {control_token}\n"
-            f"  Flow:               {api_version} (DEMO_API_VERSION=v1 make demo for the v1 flow)\n"
-            "  NOTE: the emulator runs with EMULATOR_WAF=allow-local so that localhost redirect URLs work;\n"
-            "        the real gateway's firewall refuses redirect URLs on localhost or an IP address.\n"
-            f"  Data: {DATA} (kept between runs). Press Ctrl-C to stop both.\n",
-            flush=True,
-        )
+        print(banner(shop_url, emulator_url, api_version, data, control_token), flush=True)
         while all(process.poll() is None for process in processes):
             time.sleep(0.5)
         print("A demo process stopped; stopping the other one.", file=sys.stderr)

@@ -289,9 +289,17 @@ class LoginForm(FlaskForm):  # type: ignore[misc]
 
 
 class RefundForm(FlaskForm):  # type: ignore[misc]
-    amount = StringField(
-        "Amount to refund (R)", filters=[_strip], validators=[_required("the amount to refund")]
-    )
+    """A refund in two steps: the amount (typed, or "everything that is left"), then its confirmation.
+
+    Only a submit with ``confirmed`` refunds; ``refunded_before`` is the refunded total the owner saw when
+    confirming, so a refund made meanwhile (another tab, a double submit) is never repeated unseen.
+    """
+
+    amount = StringField("Amount to refund (R)", filters=[_strip])
+    #: The "Refund everything that is left" button, instead of a typed amount.
+    everything = BooleanField()
+    confirmed = BooleanField()
+    refunded_before = IntegerField(validators=[Optional(), NumberRange(min=0)])
     reason = StringField(
         "Reason (optional)",
         filters=[_strip],
@@ -303,8 +311,13 @@ class RefundForm(FlaskForm):  # type: ignore[misc]
     )
 
     def validate_amount(self, field: StringField) -> None:
+        self.cents = 0
+        if self.everything.data and not self.confirmed.data:
+            return
+        if not field.data:
+            raise ValidationError("Enter the amount to refund, or choose to refund everything that is left.")
         try:
-            cents = parse_rand(field.data or "")
+            cents = parse_rand(field.data)
         except ValueError as error:
             raise ValidationError(str(error)) from None
         if cents <= 0:

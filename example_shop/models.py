@@ -34,6 +34,7 @@ from flask_gateway import CheckoutStatus, GatewayCheckout
 from flask_gateway.core.money import format_money
 from flask_gateway.core.sql import UTCDateTime
 from flask_gateway.core.timestamps import utcnow
+from flask_gateway.labels import status_label
 from flask_gateway.signals import (
     checkout_cancelled,
     checkout_expired,
@@ -85,7 +86,7 @@ _LABELS: Final = {
     OrderStatus.PAID: "Paid",
     OrderStatus.CANCELLED: "Cancelled",
     OrderStatus.EXPIRED: "Expired",
-    OrderStatus.PARTIALLY_REFUNDED: "Partially refunded",
+    OrderStatus.PARTIALLY_REFUNDED: "Partly refunded",
     OrderStatus.REFUNDED: "Refunded",
 }
 
@@ -273,7 +274,10 @@ def sync_with_gateway(order: Order) -> Order:
         if checkout.status == CheckoutStatus.FULLY_REFUNDED and checkout.payment_confirmed_at is None:
             mark_closed(reference, OrderStatus.REFUNDED, _REFUNDED_UNPAID)
         elif checkout.status in _CANCELLED:
-            mark_closed(reference, OrderStatus.CANCELLED, f"checkout {checkout.status}")
+            said = status_label(checkout.status)
+            mark_closed(
+                reference, OrderStatus.CANCELLED, f"the gateway says {said.text.lower()} ({said.code})"
+            )
         elif checkout.status == CheckoutStatus.EXPIRED:
             mark_closed(reference, OrderStatus.EXPIRED, "checkout expired")
     current: Order = db.session.get_one(Order, order.id, populate_existing=True)

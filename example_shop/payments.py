@@ -1,7 +1,9 @@
 """What the shop hands the gateway, through the extension's public operations only.
 
-- :func:`instalment_hint`: ``"or 3 x R 133.00"`` (``operations.format_instalment_hint``), ``""`` when the
-  option is not offered for the amount or the gateway cannot say.
+- :func:`instalment_hint`: the gateway's own plan for an amount (``operations.payment_plan``), in words
+  (``"or 3 x R 133.00"``, ``"or R 325.68 now, then 2 x R 325.66"``: the first instalment carries the cents
+  that do not divide evenly, as the gateway charges it) and in cents; None when the option is not offered
+  for the amount or the gateway cannot say.
 - :func:`payment_available`: the payment option is shown only when this is True (``operations.is_available``:
   installed, and the total within the merchant's minimum and maximum).
 - :func:`order_draft`: the ``flask_gateway.orders.OrderDraft`` of a placed order, built only from what the
@@ -12,16 +14,17 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from flask import current_app, has_request_context, request, url_for
 
 from example_shop.models import Order
 from flask_gateway.core.errors import GatewayError
-from flask_gateway.operations import format_instalment_hint, is_available
+from flask_gateway.operations import is_available, payment_plan
 from flask_gateway.orders import Address, Customer, OrderDraft, OrderLine
 
-__all__ = ["absolute_url", "instalment_hint", "order_draft", "payment_available"]
+__all__ = ["InstalmentHint", "absolute_url", "instalment_hint", "order_draft", "payment_available"]
 
 log = logging.getLogger("example_shop.payments")
 
@@ -30,12 +33,25 @@ def payment_available(total_cents: int) -> bool:
     return is_available(total_cents)
 
 
-def instalment_hint(total_cents: int) -> str:
+@dataclass(frozen=True)
+class InstalmentHint:
+    """The gateway's plan for one amount, as the pages show it (``data-instalments`` holds the cents)."""
+
+    text: str
+    #: Every instalment in cents, first to last: what the gateway will charge.
+    amounts: tuple[int, ...]
+
+
+def instalment_hint(total_cents: int) -> InstalmentHint | None:
     try:
-        return format_instalment_hint(total_cents)
+        plan = payment_plan(total_cents)
     except (GatewayError, RuntimeError) as error:  # RuntimeError: e.g. stored secrets unreadable
         log.warning("no instalment hint for %s cents: %s", total_cents, error)
-        return ""
+        return None
+    if plan is None:
+        return None
+    symbol = str(current_app.config.get("GATEWAY_CURRENCY_SYMBOL", "R"))
+    return InstalmentHint(text=plan.describe(symbol), amounts=plan.amounts)
 
 
 def absolute_url(endpoint: str, **values: Any) -> str:

@@ -16,6 +16,7 @@ __all__ = ["DEFAULTS", "ENVIRONMENT_URLS", "ConfigurationError", "GatewayConfig"
 
 Environment = Literal["sandbox", "production", "emulator"]
 ApiVersion = Literal["v2", "v1"]
+Waf = Literal["strict", "allow-local"]
 
 
 class ConfigurationError(RuntimeError):
@@ -60,6 +61,7 @@ DEFAULTS: Final[Mapping[str, Any]] = {
     "GATEWAY_ENCRYPTION_KEY": None,
     "GATEWAY_RECONCILE_AFTER_SECONDS": 300,
     "GATEWAY_CURRENCY_SYMBOL": "R",
+    "GATEWAY_WAF": "strict",
     "GATEWAY_WIRE_NAMES": OPERATOR.key,
     "GATEWAY_CONFIRM_CALLBACKS": True,
     "GATEWAY_RATELIMIT_STORAGE_URI": None,
@@ -89,6 +91,10 @@ class GatewayConfig:
     ratelimit_storage_uri: str | None
     callback_rate_limit: str | None
     plan_rate_limit: str | None
+    #: What the gateway's firewall does with redirect URLs on localhost or an IP address: "strict" refuses
+    #: them (the real gateway always does); "allow-local" describes an emulator started with
+    #: EMULATOR_WAF=allow-local. Only the admin screens' warnings depend on it.
+    waf: Waf = "strict"
     #: How requests and the v1 replies spell the operator-named fields (answers are read in either set).
     wire_names: WireNames = OPERATOR
 
@@ -159,6 +165,15 @@ class GatewayConfig:
         prefix = str(config["GATEWAY_URL_PREFIX"]).rstrip("/")
         if not prefix.startswith("/"):
             raise ConfigurationError(f"GATEWAY_URL_PREFIX={prefix!r} must start with '/', e.g. '/gateway'.")
+        waf = config["GATEWAY_WAF"]
+        if waf not in ("strict", "allow-local"):
+            raise ConfigurationError(f"GATEWAY_WAF={waf!r}: use 'strict' (default) or 'allow-local'.")
+        if waf == "allow-local" and environment != "emulator":
+            raise ConfigurationError(
+                f"GATEWAY_WAF='allow-local' with GATEWAY_ENVIRONMENT={environment!r}: the real gateway's "
+                "firewall always refuses redirect URLs on localhost or an IP address. Remove GATEWAY_WAF "
+                "(only an emulator started with EMULATOR_WAF=allow-local accepts them)."
+            )
         return cls(
             environment=environment,
             base_url=urls["GATEWAY_BASE_URL"].rstrip("/"),
@@ -175,6 +190,7 @@ class GatewayConfig:
             encryption_key=config["GATEWAY_ENCRYPTION_KEY"],
             reconcile_after_seconds=int(config["GATEWAY_RECONCILE_AFTER_SECONDS"]),
             currency_symbol=str(config["GATEWAY_CURRENCY_SYMBOL"]),
+            waf=waf,
             wire_names=names,
             confirm_callbacks=_flag("GATEWAY_CONFIRM_CALLBACKS", config["GATEWAY_CONFIRM_CALLBACKS"]),
             ratelimit_storage_uri=config["GATEWAY_RATELIMIT_STORAGE_URI"] or None,

@@ -13,8 +13,8 @@ from typing import Any, Final
 from urllib.parse import urlsplit
 
 from flask_wtf import FlaskForm
-from wtforms import BooleanField, PasswordField, StringField
-from wtforms.validators import InputRequired, Length, Optional, ValidationError
+from wtforms import BooleanField, IntegerField, PasswordField, StringField
+from wtforms.validators import InputRequired, Length, NumberRange, Optional, ValidationError
 
 from flask_gateway.core.money import format_money, format_plain
 
@@ -143,10 +143,25 @@ class InstallForm(SettingsForm):
 
 
 class RefundForm(_Form):
-    amount = AmountField("Amount to refund", validators=[InputRequired()])
+    """A refund in two steps: the amount (typed, or "everything that is left"), then its confirmation.
+
+    The first submit only shows the amount for confirmation; the gateway is called only by a submit with
+    ``confirmed`` set, whose ``refunded_before`` (the refunded total when the owner confirmed) must still
+    be the checkout's, so a refund made meanwhile (another tab) is never repeated unseen.
+    """
+
+    amount = AmountField("Amount to refund")
     reason = StringField("Reason (optional)", filters=[_strip], validators=[Optional(), Length(max=1000)])
+    #: The "Refund everything that is left" button, instead of a typed amount.
+    everything = BooleanField()
+    confirmed = BooleanField()
+    refunded_before = IntegerField(validators=[Optional(), NumberRange(min=0)])
 
     def validate_amount(self, field: Any) -> None:
+        if self.everything.data and not self.confirmed.data:
+            return
+        if field.data is None:
+            raise ValidationError("Enter the amount to refund, or choose to refund everything that is left.")
         if isinstance(field.data, int) and field.data <= 0:
             raise ValidationError("The refund must be more than zero.")
 

@@ -28,7 +28,9 @@ never moves on a signature alone.
    the getstatus call. What is applied is the gateway's answer. A claim the answer contradicts applies
    nothing of its own: the answer is applied as a poll would (so a refund the gateway reports is
    recorded), the row says ``unconfirmed`` and ``callback_rejected`` fires.
-5. The status is applied under the row lock; the log row's outcome is written in the same transaction,
+5. The status is applied under the row lock (a confirmed ``PAID_PENDING_CALLBACK`` is recorded as
+   ``PAID``: the gateway says ``PAID`` once the shop answers 200, and this answer is that 200, see
+   :func:`_recorded_status` and docs/decisions.md); the log row's outcome is written in the same transaction,
    and the answer is sent only after that commit.
 
 Answers (``CallbackLog.outcome`` in brackets):
@@ -308,6 +310,17 @@ def _record_error(log_id: int, exc: BaseException) -> None:
 # --- the callback ------------------------------------------------------------------------------------
 
 
+def _recorded_status(status: str) -> str:
+    """What the shop records for a payment callback it is about to acknowledge with 200.
+
+    The gateway turns ``PAID_PENDING_CALLBACK`` into ``PAID`` when the merchant answers its callback with
+    200 (docs/decisions.md), and this answer is that 200: the shop records ``PAID`` at once, so the shop
+    and the gateway say the same. Should the answer be lost, the gateway sends the callback again, which
+    finds the payment already recorded.
+    """
+    return S.PAID.value if status == S.PAID_PENDING_CALLBACK else status
+
+
 def refuse_oversize(headers: Headers, content_length: int | None, client: str | None = None) -> NoReturn:
     """Log an excerpt-less row for a callback whose body is over ``MAX_CALLBACK_BYTES`` and raise 413."""
     size = f"{content_length} bytes" if content_length is not None else "a body"
@@ -493,7 +506,9 @@ def _process(
         )
     else:
         # Agreed (the same status, or both payment statuses): the claim's status; else the gateway's.
-        told = status if unconfirmed is None else _printable(str(truth.checkoutPaymentStatus))
+        told = (
+            _recorded_status(status) if unconfirmed is None else _printable(str(truth.checkoutPaymentStatus))
+        )
         if truth is payload:
             note = f"callback #{log.id}: {status}"
         elif unconfirmed is None:

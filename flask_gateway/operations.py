@@ -48,6 +48,7 @@ from flask_gateway.core.errors import (
     RateLimitError,
 )
 from flask_gateway.core.http import describe_validation_error
+from flask_gateway.core.money import format_money
 from flask_gateway.core.timestamps import utcnow
 from flask_gateway.core.wire import (
     CHANGEABLE_STATUSES,
@@ -587,6 +588,21 @@ class PaymentPlan:
     def first_instalment_cents(self) -> int:
         return self.instalment_cents + self.excess_cents
 
+    @property
+    def amounts(self) -> tuple[int, ...]:
+        """Every instalment in cents, first to last, as the gateway charges them: they add up to the total."""
+        return (self.first_instalment_cents, *(self.instalment_cents,) * (self.instalments - 1))
+
+    def describe(self, symbol: str = "R") -> str:
+        """The hint for product and cart pages, the amounts exactly as the gateway charges them:
+        ``"or 3 x R 133.00"``, or ``"or R 325.68 now, then 2 x R 325.66"`` when the first instalment carries
+        the cents that do not divide evenly."""
+        each = format_money(self.instalment_cents, symbol)
+        if self.excess_cents == 0:
+            return f"or {self.instalments} x {each}"
+        first = format_money(self.first_instalment_cents, symbol)
+        return f"or {first} now, then {self.instalments - 1} x {each}"
+
 
 _plan_cache: dict[tuple[str, str, int], tuple[float, PaymentPlan | None]] = {}
 _plan_lock = threading.Lock()
@@ -666,17 +682,17 @@ def _plan_lookup_allowed() -> bool:
 
 def _money(cents: int) -> str:
     """``R 1 234.00``, with ``GATEWAY_CURRENCY_SYMBOL``."""
-    from flask_gateway.forms import format_money
-
     return format_money(cents, get_state().config.currency_symbol)
 
 
 def format_instalment_hint(total_cents: int) -> str:
-    """``"or 3 x R 133.33"`` for the cart or product page; ``""`` when there is no plan to show."""
+    """The gateway's plan for the cart or product page (:meth:`PaymentPlan.describe`, with
+    ``GATEWAY_CURRENCY_SYMBOL``): ``"or 3 x R 133.00"``, ``"or R 325.68 now, then 2 x R 325.66"``; ``""``
+    when there is no plan to show."""
     plan = payment_plan(total_cents)
     if plan is None:
         return ""
-    return f"or {plan.instalments} x {_money(plan.instalment_cents)}"
+    return plan.describe(get_state().config.currency_symbol)
 
 
 # --- update and cancel --------------------------------------------------------------------------------

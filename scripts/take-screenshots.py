@@ -5,11 +5,15 @@
 
 Starts the gateway emulator and the example shop as real processes on free loopback ports (exactly as the
 e2e tests do, with ``tests.e2e.conftest.start_stack``, in a throwaway folder), drives Debian's chromium
-with Playwright through a purchase, and writes three PNGs (1200x900 viewport, not the full page):
+with Playwright through a purchase, and writes four PNGs (1200x900 viewport, not the full page, except
+the last):
 
 - ``product-page.png``: a product page with the gateway's instalment hint;
-- ``gateway-payment-page.png``: the gateway's hosted payment page (the emulator's), with two products;
-- ``order-paid.png``: the shop's order page once the payment is confirmed.
+- ``gateway-payment-page.png``: the gateway's hosted payment page (the emulator's), with two products
+  (R 688.00: the first instalment carries the odd cent);
+- ``order-paid.png``: the shop's order page once the payment is confirmed;
+- ``owner-checkout.png``: the owner's view of that payment, the extension's checkout screen in the
+  shop's admin, down to the callbacks received (status, refund form, timeline, callback log in words).
 """
 
 from __future__ import annotations
@@ -21,16 +25,21 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from playwright.sync_api import Page, expect, sync_playwright  # noqa: E402
+from playwright.sync_api import Locator, Page, expect, sync_playwright  # noqa: E402
 
 from tests.e2e.conftest import CHROMIUM, CHROMIUM_ARGS, start_stack  # noqa: E402
 from tests.e2e.journey import (  # noqa: E402
     SETTLE_MS,
     add_to_cart,
     check_out,
+    delivered_callbacks,
+    log_in_owner,
+    open_admin_order,
     open_product,
+    order_reference,
     pay_on_gateway,
 )
+from tests.processes import wait_for  # noqa: E402
 
 OUT = ROOT / "docs" / "screenshots"
 
@@ -53,19 +62,45 @@ def main() -> int:
 
                     add_to_cart(page, shop, "enamel-kettle")
                     add_to_cart(page, shop, "stoneware-mugs")
-                    check_out(page)
+                    token = check_out(page)
                     shoot(page, "gateway-payment-page.png")
 
                     pay_on_gateway(page)
                     status = page.locator("[data-payment-status]")
                     expect(status).to_have_attribute("data-payment-status", "paid", timeout=SETTLE_MS)
                     shoot(page, "order-paid.png")
+
+                    reference = order_reference(page)
+                    wait_for(lambda: delivered_callbacks(stack, token), timeout=15, what="the callback")
+                    owner = browser.new_page(viewport={"width": 1200, "height": 900})
+                    owner.set_default_timeout(15_000)
+                    log_in_owner(owner, shop)
+                    open_admin_order(owner, reference)
+                    owner.locator("a[data-gateway-checkout]").click()
+                    expect(owner.locator("[data-callback-outcome]")).to_have_count(1)
+                    expect(owner.locator("dl.facts").first).to_contain_text(token)
+                    shoot_down_to(owner, "owner-checkout.png", owner.locator("#gateway-callbacks"))
                 finally:
                     browser.close()
         finally:
             stack.shop.stop()
             stack.emulator.stop()
     return 0
+
+
+def shoot_down_to(page: Page, name: str, heading: Locator) -> None:
+    """The page from its top to the end of the section ``heading`` starts."""
+    section = heading.locator("xpath=ancestor::section[1]")
+    box = section.bounding_box()
+    if box is None:
+        raise RuntimeError(f"no section to shoot for {name}")
+    path = OUT / name
+    page.screenshot(
+        path=str(path),
+        full_page=True,
+        clip={"x": 0, "y": 0, "width": 1200, "height": box["y"] + box["height"] + 24},
+    )
+    print(f"wrote {path.relative_to(ROOT)} ({path.stat().st_size // 1024} KiB)")  # noqa: T201
 
 
 def shoot(page: Page, name: str) -> None:

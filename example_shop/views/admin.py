@@ -7,6 +7,7 @@ The gateway's own screens (install, settings, every checkout with its callbacks)
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Final
 
 from flask import Blueprint, abort, current_app, flash, redirect, render_template, request, url_for
@@ -20,8 +21,9 @@ from example_shop.forms import ActionForm, LoginForm, RefundForm
 from example_shop.links import order_url
 from example_shop.models import Order, OrderStatus, is_reference, latest_checkout, sync_with_gateway
 from flask_gateway import CHANGEABLE_STATUSES, GatewayCheckout, NotInstalledError
+from flask_gateway.checks import setup_warnings
 from flask_gateway.core.errors import GatewayError
-from flask_gateway.core.money import format_money
+from flask_gateway.core.money import format_money, format_plain
 from flask_gateway.operations import (
     CheckoutStateError,
     RefundNotAllowedError,
@@ -136,6 +138,7 @@ def orders() -> ResponseReturnValue:
         page=page,
         pages=max((total + PER_PAGE - 1) // PER_PAGE, 1),
         total=total,
+        setup_warnings=setup_warnings(),
     )
 
 
@@ -150,20 +153,32 @@ def _order_or_404(reference: str) -> Order:
     return sync_with_gateway(order)
 
 
+@dataclass(frozen=True)
+class RefundToConfirm:
+    """A refund the owner asked for, shown for confirmation before anything is sent."""
+
+    amount_cents: int
+    reason: str
+    refunded_before: int
+    #: Why it is shown again (the order was refunded meanwhile), else "".
+    problem: str = ""
+
+
 def _render_order(
-    order: Order, refund_form: RefundForm | None = None, status: int = 200
+    order: Order,
+    refund_form: RefundForm | None = None,
+    status: int = 200,
+    confirm: RefundToConfirm | None = None,
 ) -> ResponseReturnValue:
     checkout = latest_checkout(order.reference)
     remaining = order.refundable_cents
-    form = refund_form or RefundForm()
-    if refund_form is None and remaining > 0:
-        form.amount.data = f"{remaining // 100}.{remaining % 100:02d}"
     return (
         render_template(
             "shop/admin/order.html",
             order=order,
             checkout=checkout,
-            refund_form=form,
+            refund_form=refund_form or RefundForm(formdata=None),
+            confirm=confirm,
             action_form=ActionForm(),
             remaining=remaining,
             can_refund=checkout is not None and remaining > 0,
@@ -171,6 +186,7 @@ def _render_order(
             and checkout.api_version == "v2"
             and checkout.status in CHANGEABLE_STATUSES,
             private_link=order_url(order.reference, external=True),
+            plain_amount=format_plain,
         ),
         status,
     )
@@ -185,31 +201,44 @@ def order(reference: str) -> ResponseReturnValue:
 @bp.post("/orders/<reference>/refund")
 @auth.owner_required
 def refund_order(reference: str) -> ResponseReturnValue:
+    """Two steps: the amount is shown for confirmation; only the confirmed submit refunds."""
     found = _order_or_404(reference)
     form = RefundForm()
+    remaining = found.refundable_cents
     valid = form.validate_on_submit()
-    if valid and form.cents > found.refundable_cents:
-        form.amount.errors = [f"You can refund at most {format_money(found.refundable_cents)} of this order."]
+    amount = remaining if valid and form.everything.data and not form.confirmed.data else form.cents
+    if valid and not form.confirmed.data and amount > remaining:
+        form.amount.errors = [f"You can refund at most {format_money(remaining)} of this order."]
         valid = False
     if not valid:
         return _render_order(found, form, 400)
+    reason = form.reason.data or ""
+    if not form.confirmed.data:
+        return _render_order(found, confirm=RefundToConfirm(amount, reason, found.refunded_cents))
+    if form.refunded_before.data != found.refunded_cents:
+        problem = (
+            f"This order was refunded meanwhile (now {format_money(found.refunded_cents)} in all): check the "
+            "amount again before confirming."
+        )
+        confirm = RefundToConfirm(amount, reason, found.refunded_cents, problem)
+        return _render_order(found, status=409, confirm=confirm)
     checkout = latest_checkout(found.reference)
     if checkout is None:
         flash("This order has no payment to refund.", "error")
         return redirect(url_for(".order", reference=reference), 303)
-    amount = format_money(form.cents)
+    shown = format_money(amount)
     try:
-        result = refund(checkout, form.cents, reason=form.reason.data or "")
+        result = refund(checkout, amount, reason=reason)
     except (RefundNotAllowedError, CheckoutStateError, GatewayError, NotInstalledError) as error:
         db.session.rollback()
-        log.warning("refund of %s on order %s not made: %s", amount, reference, error)
-        flash(f"The refund of {amount} was not made: {error}", "error")
+        log.warning("refund of %s on order %s not made: %s", shown, reference, error)
+        flash(f"The refund of {shown} was not made: {error}", "error")
     else:
         if result.state == "SUCCEEDED":
-            flash(f"Refunded {amount}.", "success")
+            flash(f"Refunded {shown}.", "success")
         else:
             detail = result.error or "see the gateway record"
-            flash(f"The refund of {amount} is {result.state.lower()}: {detail}.", "error")
+            flash(f"The refund of {shown} is {result.state.lower()}: {detail}.", "error")
     return redirect(url_for(".order", reference=reference), 303)
 
 

@@ -24,7 +24,7 @@ def render_cart(status: int = 200, errors: dict[str, list[str]] | None = None) -
             "shop/cart.html",
             cart=cart,
             available=available,
-            hint=instalment_hint(total) if available else "",
+            hint=instalment_hint(total) if available else None,
             quantity_form=QuantityForm,
             remove_form=ActionForm(),
             line_errors=errors or {},

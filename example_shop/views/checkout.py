@@ -160,6 +160,37 @@ def _place_order(cart: Cart, form: CheckoutForm) -> Order:
     return order
 
 
+def _last_order() -> Order | None:
+    """The newest order this browser placed (the session remembers its references, not the details)."""
+    references = session_cart.owned_references()
+    if not references:
+        return None
+    found = db.session.scalars(select(Order).where(Order.reference.in_(references))).all()
+    by_reference = {order.reference: order for order in found}
+    return next((by_reference[ref] for ref in reversed(references) if ref in by_reference), None)
+
+
+def _fill_from_last_order(form: CheckoutForm) -> None:
+    """A second order: the details of this browser's last order, so the shopper need not type them again.
+
+    Read from the shop's database by the references the session keeps: no personal details are stored
+    in the session cookie.
+    """
+    last = _last_order()
+    if last is None:
+        return
+    for name in ("first_name", "last_name", "email", "phone"):
+        form[name].data = getattr(last, name)
+    billing, shipping = last.billing_address, last.shipping_address
+    for prefix, address in (("billing", billing), ("shipping", shipping)):
+        for key in ("line1", "line2", "city", "province", "postal_code"):
+            form[f"{prefix}_{key}"].data = address.get(key, "")
+    form.shipping_same.data = shipping == billing
+    if form.shipping_same.data:
+        for key in ("line1", "line2", "city", "province", "postal_code"):
+            form[f"shipping_{key}"].data = ""
+
+
 def _render(form: CheckoutForm, cart: Cart, available: bool, status: int = 200) -> ResponseReturnValue:
     if _attempt_reference(form.attempt.data) is None:
         form.attempt.data = _attempts().dumps(new_reference())
@@ -169,7 +200,7 @@ def _render(form: CheckoutForm, cart: Cart, available: bool, status: int = 200) 
             form=form,
             cart=cart,
             available=available,
-            hint=instalment_hint(cart.total_cents) if available else "",
+            hint=instalment_hint(cart.total_cents) if available else None,
             errors=form.errors_in_order(),
         ),
         status,
@@ -185,6 +216,7 @@ def checkout() -> ResponseReturnValue:
     available = payment_available(cart.total_cents)
     form = CheckoutForm()
     if request.method == "GET":
+        _fill_from_last_order(form)
         return _render(form, cart, available)
     if not form.validate_on_submit():
         return _render(form, cart, available, 400)

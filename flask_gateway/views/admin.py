@@ -7,13 +7,12 @@ Registered at ``GATEWAY_URL_PREFIX + "/admin"``. Every request first passes the 
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import logging
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
-from urllib.parse import urlsplit
 
 from flask import Blueprint, abort, current_app, flash, g, redirect, render_template, request, url_for
 from flask.typing import ResponseReturnValue
@@ -23,6 +22,7 @@ from sqlalchemy import false, func, or_, select
 from werkzeug.wrappers import Response
 from wtforms import ValidationError as FormValidationError
 
+from flask_gateway.checks import setup_warnings
 from flask_gateway.core.errors import (
     AlreadyInstalledError,
     AuthenticationError,
@@ -33,8 +33,22 @@ from flask_gateway.core.errors import (
 from flask_gateway.core.wire import CHANGEABLE_STATUSES, CheckoutStatus
 from flask_gateway.drift import check_settings, last_report
 from flask_gateway.extension import GatewayState, NotInstalledError, get_state
-from flask_gateway.forms import ActionForm, AmountField, InstallForm, RefundForm, SettingsForm, format_money
+from flask_gateway.forms import (
+    ActionForm,
+    AmountField,
+    InstallForm,
+    RefundForm,
+    SettingsForm,
+    format_amount,
+    format_money,
+)
 from flask_gateway.installation import InstallSettings, adopt_signing_key, install, update_settings
+from flask_gateway.labels import (
+    callback_outcome_label,
+    refund_state_label,
+    source_label,
+    status_label,
+)
 from flask_gateway.models import CallbackLog, CallbackOutcome, GatewayCheckout, Installation, LocalStatus
 from flask_gateway.polling import refresh
 from flask_gateway.secrets import SecretUnreadable, mask
@@ -128,6 +142,14 @@ def _framing(response: Response) -> Response:
     return response
 
 
+#: The labels (flask_gateway.labels) as template globals of the whole app: the admin screens' macros use
+#: them, and so may the shop's own templates.
+bp.add_app_template_global(status_label, "gateway_status_label")
+bp.add_app_template_global(callback_outcome_label, "gateway_outcome_label")
+bp.add_app_template_global(source_label, "gateway_source_label")
+bp.add_app_template_global(refund_state_label, "gateway_refund_state_label")
+
+
 @bp.context_processor
 def _helpers() -> dict[str, Any]:
     symbol = get_state().config.currency_symbol
@@ -164,7 +186,7 @@ def index() -> ResponseReturnValue:
         counts=[(status, counts[status]) for status in STATUSES if status in counts]
         + [(status, count) for status, count in counts.items() if status not in STATUSES],
         flagged=flagged or 0,
-        warnings=_address_warnings(installation.callback_url if installation else None),
+        warnings=setup_warnings(),
         drift=last_report(installation) if installation else None,
         action_form=ActionForm(),
     )
@@ -200,41 +222,6 @@ def _masked_secrets(state: GatewayState, installation: Installation | None) -> d
 
 
 # --- install and settings ------------------------------------------------------------------------------
-
-
-def _local_kind(url: str | None) -> str | None:
-    """``"localhost"`` or ``"an IP address"`` when ``url``'s host is one, else None."""
-    host = (urlsplit(url or "").hostname or "").rstrip(".").lower()
-    if not host:
-        return None
-    if host == "localhost" or host.endswith(".localhost"):
-        return "localhost"
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return None
-    return "an IP address"
-
-
-def _address_warnings(callback: str | None) -> list[dict[str, str]]:
-    """Why the real gateway would refuse (or not reach) this shop's addresses, before anything is sent."""
-    config = get_state().config
-    public = config.public_url or request.host_url.rstrip("/")
-    warnings = []
-    kind = _local_kind(public)
-    if kind:
-        warnings.append(
-            {
-                "what": "public",
-                "url": public,
-                "kind": kind,
-                "configured": "yes" if config.public_url else "",
-            }
-        )
-    kind = _local_kind(callback)
-    if kind and callback:
-        warnings.append({"what": "callback", "url": callback, "kind": kind, "configured": ""})
-    return warnings
 
 
 def _settings_from(form: InstallForm) -> InstallSettings:
@@ -273,7 +260,7 @@ def install_screen() -> ResponseReturnValue:
         _fill_settings(form, installation)
         if installation is not None:
             form.merchant_account_id.data = installation.merchant_account_id
-    warnings = _address_warnings(form.callback_url.data)
+    warnings = setup_warnings(form.callback_url.data)
     already_installed: str | None = None
     adopting = False
     if form.validate_on_submit():
@@ -381,7 +368,7 @@ def settings_screen() -> ResponseReturnValue:
         "gateway/admin/settings.html",
         form=form,
         installation=installation,
-        warnings=_address_warnings(form.callback_url.data),
+        warnings=setup_warnings(form.callback_url.data),
     )
 
 
@@ -474,8 +461,22 @@ def checkout_detail(checkout_id: int) -> ResponseReturnValue:
     return _render_detail(_checkout_or_404(checkout_id))
 
 
+@dataclass(frozen=True)
+class RefundToConfirm:
+    """A refund the owner asked for, shown for confirmation before anything is sent."""
+
+    amount_cents: int
+    reason: str
+    refunded_before: int
+    #: Why it is shown again (the refunded total changed since it was shown), else "".
+    problem: str = ""
+
+
 def _render_detail(
-    checkout: GatewayCheckout, refund_form: RefundForm | None = None, status: int = 200
+    checkout: GatewayCheckout,
+    refund_form: RefundForm | None = None,
+    status: int = 200,
+    confirm: RefundToConfirm | None = None,
 ) -> ResponseReturnValue:
     callbacks = (
         get_state()
@@ -484,20 +485,85 @@ def _render_detail(
         )
         .all()
     )
-    remaining = max(checkout.paid_cents - checkout.refunded_cents, 0)
+    remaining = _remaining(checkout)
     html = render_template(
         "gateway/admin/checkout.html",
         checkout=checkout,
         callbacks=callbacks,
         action_form=ActionForm(),
-        refund_form=refund_form or RefundForm(),
+        refund_form=refund_form or RefundForm(formdata=None),
+        confirm=confirm,
         remaining=remaining,
         can_refund=checkout.status in _REFUNDABLE and remaining > 0,
         can_cancel=checkout.status in CHANGEABLE_STATUSES,
         can_refresh=checkout.api_version == "v2" and bool(checkout.token),
         order=_order_summary(checkout.order),
+        order_view=_order_view(checkout.order),
+        format_amount=format_amount,
     )
     return html, status
+
+
+def _remaining(checkout: GatewayCheckout) -> int:
+    return max(checkout.paid_cents - checkout.refunded_cents, 0)
+
+
+@dataclass(frozen=True)
+class OrderLineView:
+    name: str
+    sku: str
+    quantity: int
+    unit_price_cents: int
+
+    @property
+    def total_cents(self) -> int:
+        return self.quantity * self.unit_price_cents
+
+
+@dataclass(frozen=True)
+class OrderView:
+    """The stored order (``operations.order_snapshot``) as the owner reads it; parts it cannot read are
+    left out (the JSON below it on the page shows everything)."""
+
+    lines: list[OrderLineView]
+    customer: str
+    contact: str
+    billing: str
+    shipping: str
+
+
+def _order_view(order: Mapping[str, Any] | None) -> OrderView | None:
+    if not isinstance(order, Mapping):
+        return None
+    lines = []
+    for line in order.get("lines") or ():
+        try:
+            lines.append(
+                OrderLineView(
+                    name=str(line["name"]),
+                    sku=str(line.get("sku") or ""),
+                    quantity=int(line["quantity"]),
+                    unit_price_cents=int(line["unit_price_cents"]),
+                )
+            )
+        except (KeyError, TypeError, ValueError, AttributeError):
+            continue
+    found = order.get("customer")
+    customer: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
+    name = " ".join(str(customer.get(k) or "") for k in ("first_name", "last_name")).strip()
+    contact = " · ".join(str(customer[k]) for k in ("email", "phone") if customer.get(k))
+    billing = _address_text(order.get("billing_address"))
+    shipping = _address_text(order.get("shipping_address"))
+    if shipping and shipping == billing:
+        shipping = "The billing address"
+    return OrderView(lines=lines, customer=name, contact=contact, billing=billing, shipping=shipping)
+
+
+def _address_text(address: Any) -> str:
+    if not isinstance(address, Mapping):
+        return ""
+    parts = (address.get(k) for k in ("line1", "line2", "city", "province", "postal_code"))
+    return ", ".join(str(part) for part in parts if part)
 
 
 def _order_summary(order: Mapping[str, Any] | None) -> list[tuple[str, str]]:
@@ -524,10 +590,11 @@ def refresh_checkout(checkout_id: int) -> ResponseReturnValue:
         get_state().session.rollback()
         flash(f"Could not ask the gateway for the status: {_problem(error)}", "error")
     else:
+        after, before = status_label(transition.after), status_label(transition.before)
         if transition.applied:
-            flash(f"The gateway says {transition.after} (was {transition.before}).", "success")
+            flash(f"The gateway says “{after}” (was “{before}”).", "success")
         else:
-            flash(f"The gateway says {transition.after}: {transition.reason or 'no change'}.", "info")
+            flash(f"The gateway says “{after}”: {transition.reason or 'no change'}.", "info")
     return _back(checkout_id)
 
 
@@ -543,12 +610,13 @@ def cancel_checkout(checkout_id: int) -> ResponseReturnValue:
         flash(f"The checkout was not cancelled: {_problem(error)}", "error")
     else:
         _log.info("admin cancelled gateway checkout %s", checkout_id)
-        flash(f"Checkout cancelled; its status is now {checkout.status}.", "success")
+        flash(f"Checkout cancelled; its status is now “{status_label(checkout.status)}”.", "success")
     return _back(checkout_id)
 
 
 @bp.post("/checkouts/<int:checkout_id>/refund")
 def refund_checkout(checkout_id: int) -> ResponseReturnValue:
+    """Two steps: the amount is shown for confirmation; only the confirmed submit calls the gateway."""
     from flask_gateway.operations import refund
 
     checkout = _checkout_or_404(checkout_id)
@@ -556,13 +624,38 @@ def refund_checkout(checkout_id: int) -> ResponseReturnValue:
     if not form.validate_on_submit():
         return _render_detail(checkout, refund_form=form, status=400)
     symbol = get_state().config.currency_symbol
+    remaining = _remaining(checkout)
+    reason = form.reason.data or ""
+    if not form.confirmed.data:
+        amount = remaining if form.everything.data else _cents(form.amount)
+        if amount <= 0 or amount > remaining:
+            form.amount.errors = [
+                f"At most {format_money(remaining, symbol)} can be refunded."
+                if remaining
+                else "Nothing is left to refund."
+            ]
+            return _render_detail(checkout, refund_form=form, status=400)
+        return _render_detail(
+            checkout, confirm=RefundToConfirm(amount, reason, refunded_before=checkout.refunded_cents)
+        )
+    amount = _cents(form.amount)
+    if form.refunded_before.data != checkout.refunded_cents:
+        problem = (
+            f"The refunded total changed since you reviewed this refund (now "
+            f"{format_money(checkout.refunded_cents, symbol)}): check the amount again before confirming."
+        )
+        return _render_detail(
+            checkout,
+            status=409,
+            confirm=RefundToConfirm(amount, reason, refunded_before=checkout.refunded_cents, problem=problem),
+        )
     try:
-        record = refund(checkout, _cents(form.amount), reason=form.reason.data or "")
+        record = refund(checkout, amount, reason=reason)
     except _EXPECTED as error:
         get_state().session.rollback()
         flash(f"The refund was not made: {_problem(error)}", "error")
     else:
-        amount = format_money(record.amount_cents, symbol)
+        shown = format_money(record.amount_cents, symbol)
         _log.info(
             "admin refund of %s cents on gateway checkout %s: %s",
             record.amount_cents,
@@ -570,9 +663,10 @@ def refund_checkout(checkout_id: int) -> ResponseReturnValue:
             record.state,
         )
         if record.state == "SUCCEEDED":
-            flash(f"Refunded {amount}.", "success")
+            flash(f"Refunded {shown}.", "success")
         else:
-            flash(f"The refund of {amount} is {record.state}: {record.error or 'see the timeline'}.", "error")
+            state = refund_state_label(record.state).text.lower()
+            flash(f"The refund of {shown} is {state}: {record.error or 'see the timeline'}.", "error")
     return _back(checkout_id)
 
 

@@ -57,6 +57,8 @@ def start_stack(tmp_path: Path, *, api_version: str = "v2", **shop_env: str) -> 
         "GATEWAY_INSTALL_URL": f"{emulator.url}/install",
         "GATEWAY_V1_BASE_URL": emulator.url,
         "GATEWAY_API_VERSION": api_version,
+        # The emulator above accepts local return URLs (EMULATOR_WAF=allow-local): no firewall warning.
+        "GATEWAY_WAF": "allow-local",
     }
     port = free_port()  # the shop must know its own public URL before it starts
     env = {

@@ -63,7 +63,7 @@ def test_buys_two_products_pays_and_sees_paid(stack: Stack, page: Page) -> None:
 
     status = page.locator(STATUS)
     expect(status).to_have_attribute("data-payment-status", "paid", timeout=SETTLE_MS)
-    expect(status).to_have_text("paid")
+    expect(status).to_have_text("Paid")  # in words; the attribute keeps the value
     expect(page.get_by_role("heading", name="Thank you, Thandi! Your payment is confirmed")).to_be_visible()
     expect(page.locator("[data-cart-count]")).to_have_text("0")  # paid: the cart is emptied
     assert_not_reloaded(page)

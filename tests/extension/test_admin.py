@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
+from html import unescape
 from typing import Any
 
 import pytest
@@ -45,6 +46,11 @@ def token_of(response: Any) -> str:
 
 def text(response: Any) -> str:
     return response.get_data(as_text=True)
+
+
+def visible(html: str) -> str:
+    """The text a person reads: tags removed, entities decoded, whitespace collapsed."""
+    return " ".join(unescape(re.sub(r"<[^>]+>", " ", html)).split())
 
 
 def admin_rules(app: Flask) -> list[Any]:
@@ -115,7 +121,7 @@ def add_checkout(harness: Harness, reference: str, status: str, total: int = 798
             total_cents=total,
             paid_cents=0,
             refunded_cents=0,
-            order={"reference": reference},
+            order=fields.pop("order", {"reference": reference}),
             created_at=now,
             updated_at=now,
             **{"flagged": False, **fields},
@@ -324,6 +330,44 @@ def test_the_app_can_override_the_base_layout(admin):
     assert "Install the payment gateway" in page
 
 
+def test_the_app_gives_the_screens_its_look_through_the_layout_blocks(admin):
+    admin.shop.jinja_loader = DictLoader(  # type: ignore[assignment]
+        {
+            "gateway/admin/base.html": '{% extends "gateway/admin/layout.html" %}'
+            '{% block head %}<link rel="stylesheet" href="/static/my-theme.css">{% endblock %}'
+            "{% block header %}<header>MY SHOP NAVIGATION</header>{% endblock %}"
+        }
+    )
+    page = text(admin.client.get(f"{ADMIN}/install"))
+    # The host's stylesheet comes after admin.css, so its --gateway-* variables win.
+    assert page.index("gateway/admin.css") < page.index("my-theme.css")
+    assert "MY SHOP NAVIGATION" in page and 'class="gateway-topbar"' not in page
+    assert '<main id="gateway-main"' in page and "Install the payment gateway" in page
+
+
+def test_the_stylesheet_takes_its_colours_and_fonts_from_variables(admin):
+    response = admin.client.get(f"{ADMIN}/static/gateway/admin.css")
+    css = response.get_data(as_text=True)
+    response.close()
+    defaults = css.split(":where(:root) {")[1].split("}")[0]
+    declared = set(re.findall(r"(--gateway-[a-z-]+):", defaults))
+    used = set(re.findall(r"var\((--gateway-[a-z-]+)\)", css))
+    assert used <= declared and len(declared) >= 20
+    rules = css.split("}", 1)[1]
+    # Outside the defaults, no colour is written out: every one is a variable the host can set.
+    assert re.findall(r"#[0-9a-fA-F]{3,6}\b|rgb\(", rules) == []
+    assert "font-family: var(--gateway-font)" in rules
+
+
+def test_a_status_this_version_does_not_know_is_shown_as_its_code(admin):
+    checkout_id = add_checkout(admin, "NEW-1", "SOMETHING_NEW")
+    for path in ("/", "/checkouts", f"/checkouts/{checkout_id}"):
+        response = admin.client.get(f"{ADMIN}{path}")
+        assert response.status_code == 200
+        assert 'gateway-status--unknown" data-status="SOMETHING_NEW"' in text(response)
+        assert ">SOMETHING_NEW</span>" in text(response)
+
+
 # --- install -------------------------------------------------------------------------------------------
 
 
@@ -332,7 +376,7 @@ def test_install_through_the_screen(admin, databases):
     page = client.get(f"{ADMIN}/install")
     assert page.status_code == 200
     assert f'value="{CALLBACK}"' in text(page)  # prefilled: GATEWAY_PUBLIC_URL + the callback route
-    assert "Check the shop's address first" not in text(page)
+    assert "Check the shop's addresses" not in text(page)
 
     response = client.post(f"{ADMIN}/install", data=install_form(csrf_token=token_of(page)))
     assert response.status_code == 302
@@ -444,7 +488,8 @@ def test_install_warns_about_a_local_public_url_and_needs_a_confirmation(admin, 
     client = admin.client
     page = client.get(f"{ADMIN}/install")
     body = text(page)
-    assert "Check the shop's address first" in body
+    assert "Check the shop's addresses" in body
+    assert 'data-setup-warning="firewall"' in body
     assert kind in body
     assert "firewall refuses redirect URLs" in body
     assert "GATEWAY_PUBLIC_URL" in body and "tunnel" in body
@@ -633,9 +678,10 @@ def test_checkouts_list_filters_by_status_and_paginates(admin):
     assert "PAID-0" in everything and "OPEN-0" in everything
 
     paid = text(client.get(f"{ADMIN}/checkouts?status=PAID"))
-    assert "5 checkouts in PAID" in paid
+    assert "5 checkouts “Paid”" in paid
     assert "OPEN-" not in paid and "ODD-1" not in paid
-    assert '<option value="PAID" selected>' in paid
+    assert '<option value="PAID" selected>Paid</option>' in paid
+    assert '<option value="PAID_PENDING_CALLBACK">Paid - confirming</option>' in paid
 
     flagged = text(client.get(f"{ADMIN}/checkouts?flagged=1"))
     assert "ODD-1" in flagged and "PAID-0" not in flagged
@@ -682,14 +728,34 @@ def test_checkout_detail_shows_the_timeline_and_the_callbacks(admin):
     assert f"Checkout #{checkout_id}: order ORD-7" in body
     timeline = body.split('id="gateway-timeline"')[1].split('id="gateway-refunds"')[0]
     assert timeline.count("<tr") == 5  # the header and four events
-    assert "CREATING &rarr; PENDING_ORDER" in timeline
-    assert "PENDING_ORDER &rarr; CANCELLED_BY_CONSUMER" in timeline
+    # People's words, the gateway's codes in the tooltips (and the detail line).
+    assert "Checkout created Being created → Awaiting payment" in visible(timeline)
+    assert "Gateway callback Awaiting payment → Cancelled by the shopper" in visible(timeline)
+    assert "Status check Cancelled by the shopper → Awaiting payment" in visible(timeline)
+    assert 'title="CANCELLED_BY_CONSUMER: The shopper cancelled' in timeline
     assert "does not move back" in timeline
+    facts = visible(body.split('<dl class="facts">')[1].split("</dl>")[0])
+    assert facts.startswith("Status Awaiting payment Created; the shopper has not paid yet. PENDING_ORDER")
     callbacks = body.split('id="gateway-callbacks"')[1]
-    assert "accepted" in callbacks and "HTTP 200" in callbacks and "verified" in callbacks
+    assert "Recorded" in visible(callbacks) and 'title="accepted: Verified and recorded."' in callbacks
+    assert "HTTP 200" in callbacks and "verified" in callbacks
     assert "Cancel checkout" in body and "Refresh status from the gateway" in body
     assert f'action="/gateway/admin/checkouts/{checkout_id}/refund"' not in body  # not paid: no refund
     assert "R 798.00" in body
+
+
+def test_the_order_as_sent_reads_as_an_order(admin):
+    admin.install()
+    checkout_id = paid_checkout(admin)
+    body = text(admin.client.get(f"{ADMIN}/checkouts/{checkout_id}"))
+    order = visible(body.split('id="gateway-order"')[1])
+    assert "Enamel kettle K-1 2 R 399.00 R 798.00" in order
+    assert "Customer Thandi Mokoena thandi@example.com · +27821234567" in order
+    assert "Billing address 1 Long St, Cape Town, WC, 8001 Delivery address The billing address" in order
+    assert "Everything stored with the checkout" in order and "unit_price_cents" in order  # all of it
+    # A stored order of another shape is shown as stored, never a 500.
+    odd = add_checkout(admin, "ODD-SHAPE", "PENDING_ORDER", order={"lines": [{"name": "x"}], "customer": 7})
+    assert admin.client.get(f"{ADMIN}/checkouts/{odd}").status_code == 200
 
 
 def test_unknown_checkout_is_404(admin):
@@ -702,11 +768,11 @@ def test_refresh_button_asks_the_gateway(admin):
     checkout_id = paid_checkout(admin, client=client)
     assert checkout_status(admin, checkout_id) == "PAID_PENDING_CALLBACK"
     page = client.get(f"{ADMIN}/checkouts/{checkout_id}")
-    assert "The gateway says PAID_PENDING_CALLBACK (was PENDING_ORDER)." in text(page)
+    assert "The gateway says “Paid - confirming” (was “Awaiting payment”)." in text(page)
     again = client.post(
         f"{ADMIN}/checkouts/{checkout_id}/refresh", data={"csrf_token": token_of(page)}, follow_redirects=True
     )
-    assert "The gateway says PAID_PENDING_CALLBACK: no change." in text(again)
+    assert "The gateway says “Paid - confirming”: no change." in text(again)
     with admin.shop.app_context():
         sources = [e.source for e in get_state().session.get_one(GatewayCheckout, checkout_id).events]
     assert sources[-1] == "admin"
@@ -724,39 +790,89 @@ def test_refresh_errors_are_flashed(admin):
     assert "HTTP 404" in text(response)
 
 
-def test_refund_button(admin):
+def refunded_at_the_gateway(harness: Harness, checkout_id: int) -> int:
+    with harness.shop.app_context():
+        token = get_state().session.get_one(GatewayCheckout, checkout_id).token
+    return int(harness.emulator.control(f"checkouts/{token}", method="GET").json["refundedCents"])
+
+
+def test_refund_button_asks_for_confirmation_before_the_call(admin):
     admin.install()
     checkout_id = paid_checkout(admin)
     client = admin.client
     page = client.get(f"{ADMIN}/checkouts/{checkout_id}")
-    assert "Up to R 798.00" in text(page)
+    body = text(page)
+    assert "Up to R 798.00 can be refunded" in body
+    assert 'name="amount" type="text" value=""' in body  # the form starts empty
+    assert "Refund everything that is left (R 798.00)" in body
 
-    response = client.post(
+    review = client.post(
         f"{ADMIN}/checkouts/{checkout_id}/refund",
         data={"csrf_token": token_of(page), "amount": "100.50", "reason": "damaged lid"},
-        follow_redirects=True,
     )
+    assert review.status_code == 200
+    shown = visible(text(review))
+    assert "Refund R 100.50?" in shown and "Reason: “damaged lid”" in shown
+    assert refunded_at_the_gateway(admin, checkout_id) == 0  # nothing sent yet
+    assert checkout_status(admin, checkout_id) == "PAID_PENDING_CALLBACK"
+
+    confirm = {
+        "csrf_token": token_of(review),
+        "amount": "100.50",
+        "reason": "damaged lid",
+        "refunded_before": "0",
+        "confirmed": "y",
+    }
+    response = client.post(f"{ADMIN}/checkouts/{checkout_id}/refund", data=confirm, follow_redirects=True)
     assert "Refunded R 100.50." in text(response)
     assert checkout_status(admin, checkout_id) == "PARTIALLY_REFUNDED"
+    assert refunded_at_the_gateway(admin, checkout_id) == 10050
     assert "damaged lid" in text(response)
 
-    too_much = client.post(
-        f"{ADMIN}/checkouts/{checkout_id}/refund",
-        data={"csrf_token": token_of(page), "amount": "1 000"},
-        follow_redirects=True,
-    )
-    assert "The refund was not made:" in text(too_much)
-    assert checkout_status(admin, checkout_id) == "PARTIALLY_REFUNDED"
+    # The same confirmation again (a second tab, a double submit): the refunded total moved, so it is
+    # shown again for a new decision, not sent.
+    again = client.post(f"{ADMIN}/checkouts/{checkout_id}/refund", data=confirm)
+    assert again.status_code == 409
+    assert "The refunded total changed since you reviewed this refund" in text(again)
+    assert refunded_at_the_gateway(admin, checkout_id) == 10050
 
-    bad = client.post(
-        f"{ADMIN}/checkouts/{checkout_id}/refund", data={"csrf_token": token_of(page), "amount": "1.001"}
+    everything = client.post(
+        f"{ADMIN}/checkouts/{checkout_id}/refund",
+        data={"csrf_token": token_of(page), "amount": "", "everything": "y"},
     )
+    assert "Refund R 697.50?" in visible(text(everything))
+    assert "(everything that is left)" in text(everything)
+    assert 'name="refunded_before" value="10050"' in text(everything)
+    assert refunded_at_the_gateway(admin, checkout_id) == 10050
+
+
+def test_refund_form_refuses_wrong_amounts_before_anything_is_sent(admin):
+    admin.install()
+    checkout_id = paid_checkout(admin)
+    client = admin.client
+    token = token_of(client.get(f"{ADMIN}/checkouts/{checkout_id}"))
+    url = f"{ADMIN}/checkouts/{checkout_id}/refund"
+
+    too_much = client.post(url, data={"csrf_token": token, "amount": "1 000"})
+    assert too_much.status_code == 400
+    assert "At most R 798.00 can be refunded." in text(too_much)
+    empty = client.post(url, data={"csrf_token": token, "amount": ""})
+    assert empty.status_code == 400
+    assert "Enter the amount to refund, or choose to refund everything that is left." in text(empty)
+    bad = client.post(url, data={"csrf_token": token, "amount": "1.001"})
     assert bad.status_code == 400
     assert "at most 2 decimals" in text(bad)
-    zero = client.post(
-        f"{ADMIN}/checkouts/{checkout_id}/refund", data={"csrf_token": token_of(page), "amount": "0"}
-    )
+    zero = client.post(url, data={"csrf_token": token, "amount": "0"})
     assert "more than zero" in text(zero)
+    # A confirmed refund the gateway refuses (more than is left there) is reported, not a 500.
+    over = client.post(
+        url,
+        data={"csrf_token": token, "amount": "900", "refunded_before": "0", "confirmed": "y"},
+        follow_redirects=True,
+    )
+    assert "The refund was not made:" in text(over)
+    assert checkout_status(admin, checkout_id) == "PAID_PENDING_CALLBACK"
+    assert refunded_at_the_gateway(admin, checkout_id) == 0
 
 
 def test_cancel_button(admin):
@@ -770,7 +886,7 @@ def test_cancel_button(admin):
     response = client.post(
         f"{ADMIN}/checkouts/{checkout_id}/cancel", data={"csrf_token": token_of(page)}, follow_redirects=True
     )
-    assert "Checkout cancelled; its status is now CANCELLED_BY_MERCHANT." in text(response)
+    assert "Checkout cancelled; its status is now “Cancelled by the shop”." in text(response)
     assert checkout_status(admin, checkout_id) == "CANCELLED_BY_MERCHANT"
     assert "Cancel checkout" not in text(response)  # no second cancel button
 
@@ -843,14 +959,20 @@ def test_the_callback_log_lists_refused_callbacks_too(admin):
     assert page.status_code == 200
     html = text(page)
     assert 'data-callback-outcome="rejected-signature"' in html
-    assert html.index("rejected-signature") < html.index('data-callback-outcome="duplicate"')  # newest first
+    # Newest first. The real callback said PAID_PENDING_CALLBACK; the shop knew the payment (the refresh)
+    # and recorded PAID with its 200: "Recorded", with the codes on the detail line.
+    assert html.index("rejected-signature") < html.index('data-callback-outcome="accepted"')
+    shown = visible(html)
+    assert "Refused: not signed by the gateway" in shown
+    assert "Recorded verified HTTP 200 PAID_PENDING_CALLBACK -> PAID" in shown
     assert f'href="{ADMIN}/checkouts/{checkout_id}"' in html
     assert "2 callbacks" in html
 
     refused = text(admin.client.get(f"{ADMIN}/callbacks?refused=1"))
-    assert "1 callback" in refused and 'data-callback-outcome="duplicate"' not in refused
-    only = text(admin.client.get(f"{ADMIN}/callbacks?outcome=duplicate"))
-    assert 'data-callback-outcome="duplicate"' in only and "rejected-signature</td>" not in only
+    assert "1 callback" in refused and 'data-callback-outcome="accepted"' not in refused
+    only = text(admin.client.get(f"{ADMIN}/callbacks?outcome=accepted"))
+    assert 'data-callback-outcome="accepted"' in only and 'data-callback-outcome="rejected' not in only
+    assert "2 callbacks “Recorded”" not in only and "1 callback “Recorded”" in only
     assert "2 callbacks" in text(admin.client.get(f"{ADMIN}/callbacks?outcome=not-an-outcome"))  # ignored
 
 
@@ -874,3 +996,78 @@ def test_the_callback_log_pages_keep_their_filter(admin):
     second = text(admin.client.get(f"{ADMIN}/callbacks?refused=1&page=2"))
     assert second.count('data-callback-outcome="rejected-signature"') == 1
     assert "{&#34;n&#34;:0}" in second  # the oldest, on the last page
+
+
+# --- warnings that are true where the shop runs ----------------------------------------------------------
+
+
+def set_config(harness: Harness, **changes: Any) -> None:
+    state = get_state(harness.shop)
+    state.config = dataclasses.replace(state.config, **changes)
+
+
+def warnings_on(harness: Harness, path: str = "/") -> list[str]:
+    return re.findall(r'data-setup-warning="([a-z-]+)"', text(harness.client.get(f"{ADMIN}{path}")))
+
+
+def test_the_firewall_warning_shows_only_where_the_gateway_enforces_it(admin):
+    set_public_url(admin, "http://127.0.0.1:5000")
+    set_config(admin, base_url="http://127.0.0.1:5050")  # an emulator on this machine: it reaches the shop
+    assert warnings_on(admin, "/install") == ["firewall"]  # strict: the default, and the real gateway
+    set_config(admin, waf="allow-local")  # an emulator started with EMULATOR_WAF=allow-local
+    page = admin.client.get(f"{ADMIN}/install")
+    assert warnings_on(admin, "/install") == []
+    assert 'name="confirm_local"' not in text(page)  # nothing to confirm: checkouts will work
+
+
+def test_a_local_callback_url_is_a_problem_only_for_a_gateway_elsewhere(admin):
+    set_public_url(admin, "http://127.0.0.1:5000")
+    set_config(admin, waf="allow-local")
+    admin.install()  # the gateway now posts to the harness's callback URL
+    with admin.shop.app_context():
+        installation = get_state().require_installation()
+        installation.callback_url = "http://127.0.0.1:5000/gateway/callback"
+        get_state().session.commit()
+    assert warnings_on(admin) == ["unreachable-callback"]  # the gateway is http://emulator.test
+    set_config(admin, base_url="http://127.0.0.1:5050")  # the gateway on this machine reaches it
+    assert warnings_on(admin) == []
+
+
+def test_a_callback_url_that_is_not_this_shops_is_reported_until_the_settings_are_saved(admin):
+    admin.install()
+    assert warnings_on(admin) == []
+    set_public_url(admin, "https://shop-two.example")  # the installation still names shop.example
+    page = text(admin.client.get(f"{ADMIN}/"))
+    assert warnings_on(admin) == ["callback-mismatch"]
+    assert "The gateway sends its callbacks to https://shop.example/gateway/callback" in visible(page)
+    assert "this shop receives them at https://shop-two.example/gateway/callback" in visible(page)
+    client = admin.client  # one cookie jar: the CSRF token belongs to its session
+    settings = client.get(f"{ADMIN}/settings")
+    assert "change the callback URL below to" in visible(text(settings))
+
+    saved = client.post(
+        f"{ADMIN}/settings",
+        data={
+            "csrf_token": token_of(settings),
+            "callback_url": "https://shop-two.example/gateway/callback",
+            "minimum_amount": "1.00",
+            "maximum_amount": "100 000.00",
+        },
+    )
+    assert saved.status_code == 302
+    assert warnings_on(admin) == []
+    assert emulator_account(admin)["checkoutStatusCallbackUrl"] == "https://shop-two.example/gateway/callback"
+
+
+def test_setup_warnings_for_a_shops_own_pages(admin):
+    from flask_gateway.checks import setup_warnings
+
+    admin.install()
+    set_public_url(admin, "https://elsewhere.example")
+    with admin.shop.app_context():
+        (warning,) = setup_warnings()
+    assert warning.kind == "callback-mismatch"
+    assert warning.summary == (
+        "The gateway sends its callbacks to https://shop.example/gateway/callback, but this shop receives "
+        "them at https://elsewhere.example/gateway/callback."
+    )

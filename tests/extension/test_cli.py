@@ -173,7 +173,7 @@ def test_prune_callbacks_deletes_only_old_rows_and_keeps_the_history(installed):
         left = session.scalars(select(CallbackLog)).all()
         assert [row.outcome for row in left] == ["rejected-signature"]
         assert session.scalar(select(func.count()).select_from(CheckoutEvent)) == events
-        assert load(installed, checkout_id).status == "PAID_PENDING_CALLBACK"  # the checkout is untouched
+        assert load(installed, checkout_id).status == "PAID"  # the checkout is untouched
     assert invoke(installed, "prune-callbacks").exit_code == 2  # --older-than-days or --refused is required
 
 

@@ -63,11 +63,25 @@ def test_wire_names_default_to_the_operators_and_are_checked():
         ("GATEWAY_TIMEOUT", "fast", "GATEWAY_TIMEOUT"),
         ("GATEWAY_PUBLIC_URL", "shop.example", "absolute"),
         ("GATEWAY_URL_PREFIX", "gateway", "must start with"),
+        ("GATEWAY_WAF", "off", "'strict' \\(default\\) or 'allow-local'"),
     ],
 )
 def test_bad_values_are_explained(key, value, fragment):
     with pytest.raises(ConfigurationError, match=fragment):
         GatewayConfig.from_mapping({key: value})
+
+
+def test_only_the_emulator_may_allow_local_addresses():
+    assert GatewayConfig.from_mapping({}).waf == "strict"
+    assert GatewayConfig.from_mapping({"GATEWAY_WAF": "allow-local"}).waf == "allow-local"
+    sandbox = {
+        "GATEWAY_ENVIRONMENT": "sandbox",
+        "GATEWAY_BASE_URL": "https://gw.example",
+        "GATEWAY_INSTALL_URL": "https://install.gw.example",
+        "GATEWAY_V1_BASE_URL": "https://v1.gw.example",
+    }
+    with pytest.raises(ConfigurationError, match="real gateway's firewall always refuses"):
+        GatewayConfig.from_mapping({**sandbox, "GATEWAY_WAF": "allow-local"})
 
 
 def test_production_needs_an_https_public_url():

@@ -121,3 +121,47 @@ def test_the_quickstart_example_shop_takes_a_payment(
         if "app" in locals():
             with app.app_context():
                 module.db.engine.dispose()
+
+
+ADMIN_CSS = Path(__file__).resolve().parents[2] / "flask_gateway" / "static" / "gateway" / "admin.css"
+
+
+def _section(page: str, heading: str) -> str:
+    return page.split(f"## {heading}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def test_the_look_section_lists_every_variable_of_the_stylesheet():
+    look = _section((DOCS / "extension.md").read_text(), "Your look")
+    table = look.split("**Template blocks.**")[0]
+    documented: set[str] = set()
+    for name in re.findall(r"`(--gateway-[a-z-]+)`", table):
+        documented.add(name)
+        if "(each with a `-soft` background)" in table and name.split("--gateway-")[1] in (
+            "ok",
+            "warn",
+            "error",
+            "info",
+            "refund",
+        ):
+            documented.add(f"{name}-soft")
+    defaults = ADMIN_CSS.read_text().split(":where(:root) {")[1].split("}")[0]
+    assert documented == set(re.findall(r"(--gateway-[a-z-]+):", defaults))
+
+
+def test_the_look_example_gives_the_screens_the_hosts_look(harness):
+    from jinja2 import DictLoader
+
+    look = _section((DOCS / "extension.md").read_text(), "Your look")
+    (template,) = re.findall(r"```jinja\n(.*?)```", look, flags=re.DOTALL)
+    (css,) = re.findall(r"```css\n(.*?)```", look, flags=re.DOTALL)
+    assert "--gateway-accent: var(--brand);" in css
+    app = harness.shop
+    app.jinja_loader = DictLoader(  # type: ignore[assignment]
+        {"gateway/admin/base.html": template, "_owner_nav.html": "<nav>THE SHOP'S OWN NAVIGATION</nav>"}
+    )
+    harness.gateway.admin_guard(lambda: True)
+    page = harness.client.get("/gateway/admin/").get_data(as_text=True)
+    assert page.index("gateway/admin.css") < page.index("/static/theme.css")  # the host's wins
+    assert "THE SHOP'S OWN NAVIGATION" in page
+    assert 'aria-label="Payment gateway admin"' in page  # the gateway's tabs, under it
+    assert 'class="gateway-topbar"' not in page

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import random
+import re
 import threading
 from collections.abc import Iterator
 from dataclasses import replace
 from datetime import timedelta
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -25,6 +28,7 @@ from flask_gateway.models import GatewayCheckout, LocalStatus, RefundRecord, Ref
 from flask_gateway.operations import (
     CheckoutStateError,
     CheckoutUnavailableError,
+    PaymentPlan,
     RefundDeclinedError,
     RefundNotAllowedError,
     cancel_checkout,
@@ -398,11 +402,13 @@ def test_payment_plan_and_hint(installed):
         assert plan is not None
         assert (plan.instalments, plan.instalment_cents, plan.excess_cents) == (3, 13_333, 1)
         assert plan.first_instalment_cents == 13_334
-        assert format_instalment_hint(40_000) == "or 3 x R 133.33"
-        assert format_instalment_hint(3_703_703) == "or 3 x R 12 345.67"
+        assert plan.amounts == (13_334, 13_333, 13_333)
+        # The first instalment carries the cents that do not divide evenly, as the gateway charges it.
+        assert format_instalment_hint(40_000) == "or R 133.34 now, then 2 x R 133.33"
+        assert format_instalment_hint(3_703_701) == "or 3 x R 12 345.67"
         # Cached per amount: the first amount was asked once.
         calls = [s.body for s in transport.sent if s.path == "/api/v1/merchant/configuration"]
-        assert calls == [{"amount": 40_000}, {"amount": 3_703_703}]
+        assert calls == [{"amount": 40_000}, {"amount": 3_703_701}]
         assert format_instalment_hint(50) == ""  # below the minimum: no call, no hint
         assert len(transport.sent) == 2
 
@@ -413,7 +419,56 @@ def test_payment_plan_is_none_when_the_gateway_fails(installed):
         assert payment_plan(40_000) is None
         assert format_instalment_hint(40_000) == ""  # the failure is cached briefly too
         clear_payment_plan_cache()
-        assert format_instalment_hint(40_000) == "or 3 x R 133.33"
+        assert format_instalment_hint(40_000) == "or R 133.34 now, then 2 x R 133.33"
+
+
+def hint_amounts(hint: str) -> list[int]:
+    """The instalments a hint promises, in cents: "or 3 x R 1.00" -> [100, 100, 100];
+    "or R 1.01 now, then 2 x R 1.00" -> [101, 100, 100]."""
+    cents = [
+        int(text.replace(" ", "").replace(".", "")) for text in re.findall(r"R ([0-9 ]+\.[0-9]{2})", hint)
+    ]
+    equal = re.fullmatch(r"or (\d+) x R [0-9 ]+\.[0-9]{2}", hint)
+    if equal:
+        return cents * int(equal[1])
+    later = re.fullmatch(r"or R [0-9 ]+\.[0-9]{2} now, then (\d+) x R [0-9 ]+\.[0-9]{2}", hint)
+    assert later, f"not a hint: {hint!r}"
+    return [cents[0], *[cents[1]] * int(later[1])]
+
+
+def test_the_hint_is_the_plan_the_gateway_charges_for_ten_thousand_amounts():
+    """The gateway's rule (docs/decisions.md: amount // 3 each, the remainder with the first), for every
+    remainder and size: the hint names exactly those instalments, and they add up to the total."""
+    rng = random.Random(17)
+    amounts = [*range(1, 3000), 97_700, *(rng.randrange(1, 10**10) for _ in range(7000))]
+    for total in amounts:
+        plan = PaymentPlan(total, 3, total // 3, total % 3, utcnow())
+        promised = hint_amounts(plan.describe("R"))
+        assert promised == list(plan.amounts), total
+        assert sum(promised) == total
+        assert promised[0] - promised[1] == total % 3
+    assert PaymentPlan(97_700, 3, 32_566, 2, utcnow()).describe() == "or R 325.68 now, then 2 x R 325.66"
+
+
+#: Every remainder, small and large totals (the harness installs limits of R 1.00 to R 100 000.00).
+HINT_AMOUNTS = (100, 101, 102, 28_900, 39_900, 97_700, 100_001, 124_400, 3_703_702, 9_999_999, 10_000_000)
+
+
+def test_the_hint_matches_the_gateway_plan_and_its_payment_page(installed):
+    """What the shop promises on its pages is what the gateway's payment page charges, amount by amount."""
+    checkouts: dict[int, str] = {}
+    with installed.shop.test_request_context():
+        for total in HINT_AMOUNTS:
+            order = sample_order(f"HINT-{total}", quantity=1, price=total)
+            checkouts[total] = create_checkout(order).payment_url or ""
+        hints = {total: format_instalment_hint(total) for total in HINT_AMOUNTS}
+    for total, payment_url in checkouts.items():
+        page = installed.emulator.client.get(urlsplit(payment_url).path).get_data(as_text=True)
+        charged = [int(c) for c in re.findall(r'data-instalment-cents="(\d+)"', page)]
+        assert len(charged) == 3 and sum(charged) == total
+        assert hint_amounts(hints[total]) == charged, (total, hints[total])
+    assert hints[97_700] == "or R 325.68 now, then 2 x R 325.66"
+    assert hints[39_900] == "or 3 x R 133.00"
 
 
 # --- v1 ---------------------------------------------------------------------------------------------------

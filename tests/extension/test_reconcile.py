@@ -29,6 +29,10 @@ def getstatus_tokens(transport) -> list[str]:
     return [s.body["checkoutToken"] for s in transport.sent if s.path == "/v2/getstatus"]
 
 
+def gateway_status_of(harness: Harness, token: str) -> str:
+    return str(harness.emulator.control(f"checkouts/{token}", method="GET").json["checkoutPaymentStatus"])
+
+
 def run(harness: Harness, **options) -> ReconcileReport:
     options.setdefault("older_than_seconds", 0)
     with harness.shop.app_context():
@@ -58,16 +62,17 @@ def test_a_payment_whose_callback_was_lost_is_confirmed_once(installed):
         installed.emulator.control("deliver")
         with installed.shop.app_context():
             checkout = load(installed, checkout_id)
-            # The callback carries PAID_PENDING_CALLBACK (DESIGN 3): already known, nothing fires.
-            assert checkout.status == "PAID_PENDING_CALLBACK"
+            # The callback carries PAID_PENDING_CALLBACK (DESIGN 3): the payment is known, nothing fires;
+            # the shop's 200 makes it PAID at the gateway, so the shop records PAID as well.
+            assert checkout.status == "PAID"
             assert checkout.last_polled_at is not None
-            # The gateway has PAID now (the shop answered 200); the next poll after the lease learns it.
             get_state().session.execute(
                 update(GatewayCheckout).values(last_polled_at=utcnow() - timedelta(minutes=2))
             )
             get_state().session.commit()
-        later = run(installed)
-        assert (later.polled, later.changed, later.confirmed) == (1, 1, 0)
+        later = run(installed)  # PAID is final: nothing is left to poll
+        assert (later.due, later.polled, later.changed, later.confirmed) == (0, 0, 0, 0)
+        assert gateway_status_of(installed, token) == "PAID"
         with installed.shop.app_context():
             assert load(installed, checkout_id).status == "PAID"
         assert len(confirmed) == 1

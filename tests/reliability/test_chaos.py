@@ -196,10 +196,18 @@ def refund(purchase: Purchase, stack: Stack, owner: requests.Session, token: str
             timeout=60,
         )
         assert answer.status_code == 200, answer.status_code
+    refunded = 0
     for _ in range(4):  # 12 refund attempts: more than the refund faults
+        # The confirmation step's submit, with the refunded total the owner saw (the form's two steps).
         answer = owner.post(
             url + "/refund",
-            data={"csrf_token": token, "amount": f"{cents // 100}.{cents % 100:02d}", "reason": "chaos"},
+            data={
+                "csrf_token": token,
+                "amount": f"{cents // 100}.{cents % 100:02d}",
+                "reason": "chaos",
+                "confirmed": "y",
+                "refunded_before": str(refunded),
+            },
             timeout=60,
         )
         assert answer.status_code == 200, answer.status_code

@@ -6,13 +6,19 @@ import re
 from html import unescape
 
 import pytest
+from sqlalchemy import select
 from werkzeug.security import check_password_hash
+from werkzeug.test import TestResponse
 
 from example_shop import create_app, login_guard
 from example_shop.config import ShopConfigError
+from example_shop.extensions import db
+from example_shop.models import OrderStatus
+from flask_gateway.models import Installation
 from tests.shop.conftest import (
     OWNER_HASH,
     OWNER_PASSWORD,
+    SHOP_URL,
     ShopHarness,
     Shopper,
     csrf_token,
@@ -32,8 +38,9 @@ def _paid_order(shop: ShopHarness, shopper: Shopper, *slugs: str) -> str:
 
 
 def _status_on(html: str) -> str:
-    match = re.search(r'data-payment-status="([a-z-]+)">([a-z-]+)<', html)
-    assert match and match.group(1) == match.group(2)
+    """The payment status's value; the badge shows its label (OrderStatus.label), in words."""
+    match = re.search(r'data-payment-status="([a-z-]+)">([^<]+)<', html)
+    assert match and match.group(2) == OrderStatus(match.group(1)).label
     return match.group(1)
 
 
@@ -118,8 +125,41 @@ def test_the_orders_list_shows_each_order_with_its_payment_status(
         assert row, reference
         assert _status_on(row.group(1)) == status
         assert "/gateway/admin/checkouts/" in row.group(1)  # the gateway record, with its callbacks
+    # The gateway's status in words, its code in the tooltip.
+    gateway = dict(re.findall(r'data-gateway-status="([A-Z_]+)" title="[^"]*">([^<]+)<', html))
+    assert gateway == {"PAID_PENDING_CALLBACK": "Paid - confirming", "PENDING_ORDER": "Awaiting payment"}
     only_paid = owner.get("/admin/?status=paid").get_data(as_text=True)
     assert paid in only_paid and waiting not in only_paid
+    assert "data-setup-warnings" not in html
+
+
+def test_the_orders_list_says_when_the_gateway_posts_callbacks_elsewhere(shop: ShopHarness) -> None:
+    """A second shop (another address) that inherited this installation: the owner is told at once."""
+    with shop.app.app_context():
+        installation = db.session.scalars(select(Installation)).one()
+        installation.callback_url = "http://127.0.0.1:6000/gateway/callback"
+        db.session.commit()
+    owner = shop.shopper()
+    owner.log_in()
+    html = unescape(owner.get("/admin/").get_data(as_text=True))
+    assert "data-setup-warnings" in html
+    assert (
+        "The gateway sends its callbacks to http://127.0.0.1:6000/gateway/callback, but this shop receives "
+        f"them at {SHOP_URL}/gateway/callback." in html
+    )
+
+
+def _confirmation(html: str) -> dict[str, str]:
+    """The hidden fields of the refund confirmation form (what the owner's "Refund R ..." button sends)."""
+    form = html.split("data-refund-confirm", 1)[1].split("</form>", 1)[0]
+    return dict(re.findall(r'<input type="hidden" name="([a-z_]+)" value="([^"]*)">', form))
+
+
+def _refund(owner: Shopper, page: str, data: dict[str, str]) -> TestResponse:
+    """Review the refund, then confirm what the confirmation shows."""
+    review = owner.submit(page, f"{page}/refund", data)
+    assert review.status_code == 200, review.get_data(as_text=True)
+    return owner.post(f"{page}/refund", _confirmation(review.get_data(as_text=True)))
 
 
 def test_refund_from_the_order_page_partly_then_fully(shop: ShopHarness, shopper: Shopper) -> None:
@@ -129,16 +169,33 @@ def test_refund_from_the_order_page_partly_then_fully(shop: ShopHarness, shopper
     page = f"/admin/orders/{reference}"
     html = owner.get(page).get_data(as_text=True)
     assert _status_on(html) == "paid"
-    assert 'name="amount"' in html and 'value="1199.00"' in html  # prefilled with what is left
+    assert re.search(r'<input [^>]*name="amount" type="text" value=""[^>]*>', html)  # starts empty
     assert 'data-action="refund"' in html
+    assert "Refund everything that is left (R 1 199.00)" in html
     assert re.search(r'href="/gateway/admin/checkouts/\d+"[^>]*data-gateway-checkout', html)
 
-    partial = owner.submit(page, f"{page}/refund", {"amount": "199.00", "reason": "Scratched"})
+    # The first step only shows the amount: nothing is refunded before the owner confirms it.
+    review = owner.submit(page, f"{page}/refund", {"amount": "199.00", "reason": "Scratched"})
+    assert review.status_code == 200
+    shown = unescape(review.get_data(as_text=True))
+    assert "Refund R 199.00?" in shown and "Reason: “Scratched”" in shown
+    assert 'data-action="confirm-refund"' in shown
+    assert shop.order(reference).refunded_cents == 0
+    confirmation = _confirmation(shown)
+    assert confirmation["amount"] == "199.00" and confirmation["refunded_before"] == "0"
+
+    partial = owner.post(f"{page}/refund", confirmation)
     assert partial.status_code == 303
     html = unescape(owner.get(page).get_data(as_text=True))
     assert "Refunded R 199.00." in html
     assert _status_on(html) == "partially-refunded"
     assert "refunded R 199.00: Scratched" in html  # the order's history
+    assert shop.order(reference).refunded_cents == 19900
+
+    # The same confirmation again (a second tab, a double submit) is shown for a new decision, not sent.
+    again = owner.post(f"{page}/refund", confirmation)
+    assert again.status_code == 409
+    assert "This order was refunded meanwhile" in again.get_data(as_text=True)
     assert shop.order(reference).refunded_cents == 19900
 
     too_much = owner.submit(page, f"{page}/refund", {"amount": "1000.01"})
@@ -147,8 +204,14 @@ def test_refund_from_the_order_page_partly_then_fully(shop: ShopHarness, shopper
     nonsense = owner.submit(page, f"{page}/refund", {"amount": "ten"})
     assert nonsense.status_code == 400
     assert "Enter an amount in Rand such as 150.00" in nonsense.get_data(as_text=True)
+    empty = owner.submit(page, f"{page}/refund", {"amount": ""})
+    assert empty.status_code == 400
+    assert "or choose to refund everything that is left" in empty.get_data(as_text=True)
 
-    owner.submit(page, f"{page}/refund", {"amount": "1000"})
+    everything = owner.submit(page, f"{page}/refund", {"amount": "", "everything": "y"})
+    assert "Refund R 1 000.00?" in everything.get_data(as_text=True)
+    assert "(everything that is left)" in everything.get_data(as_text=True)
+    owner.post(f"{page}/refund", _confirmation(everything.get_data(as_text=True)))
     html = owner.get(page).get_data(as_text=True)
     assert _status_on(html) == "refunded"
     assert 'data-action="refund"' not in html
@@ -187,13 +250,13 @@ def test_owner_actions_need_the_login_and_a_csrf_token(shop: ShopHarness, shoppe
     reference = _paid_order(shop, shopper, "enamel-kettle")
     page = f"/admin/orders/{reference}"
     token = csrf_token(shopper.get("/products/enamel-kettle").get_data(as_text=True))
-    assert (
-        shopper.post(f"{page}/refund", {"csrf_token": token, "amount": "10"}).status_code == 302
-    )  # to login
+    confirmed = {"csrf_token": token, "amount": "10", "confirmed": "y", "refunded_before": "0"}
+    assert shopper.post(f"{page}/refund", confirmed).status_code == 302  # to login
     assert shop.order(reference).refunded_cents == 0
 
     shopper.log_in()
-    assert shopper.post(f"{page}/refund", {"amount": "10"}).status_code == 400  # no token
+    confirmed = {"amount": "10", "confirmed": "y", "refunded_before": "0"}
+    assert shopper.post(f"{page}/refund", confirmed).status_code == 400  # no token
     assert shop.order(reference).refunded_cents == 0
 
 
@@ -212,7 +275,7 @@ def test_v1_orders_are_refunded_and_cannot_be_cancelled(databases, monkeypatch: 
     assert "v1 checkouts cannot be cancelled by the shop" in html
 
     page = f"/admin/orders/{reference}"
-    owner.submit(page, f"{page}/refund", {"amount": "1850"})
+    _refund(owner, page, {"amount": "1850"})
     assert _status_on(owner.get(page).get_data(as_text=True)) == "refunded"
 
 

@@ -19,9 +19,20 @@ def test_the_catalog_shows_every_product_with_its_image_price_and_hint(shopper: 
     assert all(href == slug for href, slug in slugs)
     for product in PRODUCTS:
         assert f'src="/static/{product.image_path}" alt="{product.name}"' in html
-    # Prices as "R 1 234.00"; hints from the gateway's payment plan (amount // 3).
+    # Prices as "R 1 234.00"; hints from the gateway's payment plan: amount // 3 each, the cents that do
+    # not divide evenly with the first instalment, exactly as the gateway charges them.
     assert "R 399.00" in html and "or 3 x R 133.00" in html
-    assert "R 12 500.00" in html and "or 3 x R 4 166.66" in html
+    assert 'data-instalments="13300 13300 13300"' in html
+    assert "R 12 500.00" in html and "or R 4 166.68 now, then 2 x R 4 166.66" in html
+    assert 'data-instalments="416668 416666 416666"' in html
+    cards = re.findall(r'data-product-slug="([^"]+)".*?(?:data-instalments="([\d ]+)"|</li>)', html, re.S)
+    for slug, amounts in cards:
+        card_product = find(slug)
+        assert card_product is not None
+        if amounts:  # the instalments add up to the price, the first carrying the odd cents
+            cents = [int(a) for a in amounts.split()]
+            price = card_product.price_cents
+            assert sum(cents) == price and cents[0] - cents[1] == price % 3
     # R 45.00 is below the merchant's minimum (R 50.00): no hint for the rooibos tin.
     assert html.count("data-instalment-hint") == len(PRODUCTS) - 1
 

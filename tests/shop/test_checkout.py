@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import re
 from html import unescape
+from urllib.parse import urlsplit
+
+from flask.sessions import SecureCookieSessionInterface
 
 from example_shop.forms import normalise_phone, parse_rand
-from tests.shop.conftest import CUSTOMER, ShopHarness, Shopper
+from tests.shop.conftest import CUSTOMER, SHOP_URL, ShopHarness, Shopper
 
 
 def _field_errors(html: str) -> dict[str, str]:
@@ -114,6 +117,55 @@ def test_the_checkout_page_shows_the_form_with_delivery_to_billing_ticked(shoppe
     assert 'data-action="pay"' in html
     assert "or 3 x R 133.00" in html
     assert "<form" in html and "novalidate" in html  # the server's messages, not the browser's
+
+
+def _value(html: str, name: str) -> str | None:
+    tag = re.search(rf'<(?:input|select)[^>]*name="{name}"[^>]*>', html)
+    assert tag, name
+    if tag[0].startswith("<select"):
+        selected = re.search(rf'name="{name}".*?<option selected value="([^"]*)"', html, re.S)
+        return unescape(selected[1]) if selected else None
+    value = re.search(r'value="([^"]*)"', tag[0])
+    return unescape(value[1]) if value else None
+
+
+def test_a_second_order_starts_with_the_shoppers_details(shop: ShopHarness, shopper: Shopper) -> None:
+    shopper.add("enamel-kettle")
+    first = shopper.checkout(
+        shipping_same=None,
+        shipping_line1="9 Dorp Street",
+        shipping_city="Stellenbosch",
+        shipping_province="Western Cape",
+        shipping_postal_code="7600",
+    )
+    shopper.follow(shopper.get(shop.pay_on_gateway(first.headers["Location"])["redirectUrl"]))
+    assert shopper.get("/cart").get_data(as_text=True).count("data-cart-line") == 0  # paid: cart emptied
+
+    shopper.add("stoneware-mugs")
+    html = shopper.get("/checkout").get_data(as_text=True)
+    assert _value(html, "first_name") == "Thandi" and _value(html, "last_name") == "Mokoena"
+    assert _value(html, "email") == "thandi@example.com"
+    assert _value(html, "phone") == "+27821234567"
+    assert _value(html, "billing_line1") == "1 Long Street" and _value(html, "billing_postal_code") == "8001"
+    assert _value(html, "billing_province") == "Western Cape"
+    assert not re.search(r'<input[^>]*checked[^>]*id="shipping_same"', html)  # delivered elsewhere last time
+    assert (
+        _value(html, "shipping_line1") == "9 Dorp Street" and _value(html, "shipping_city") == "Stellenbosch"
+    )
+    # Read from the shop's order, never kept in the session cookie (which the browser can read).
+    cookie = shopper.client.get_cookie("stoep_session", domain=urlsplit(SHOP_URL).hostname or "")
+    assert cookie is not None
+    interface = shop.app.session_interface
+    assert isinstance(interface, SecureCookieSessionInterface)
+    serializer = interface.get_signing_serializer(shop.app)
+    assert serializer is not None
+    session = serializer.loads(cookie.value)
+    assert "orders" in session and "Mokoena" not in repr(session) and "Long Street" not in repr(session)
+
+    # Another browser starts with an empty form.
+    other = shop.shopper()
+    other.add("stoneware-mugs")
+    assert _value(other.get("/checkout").get_data(as_text=True), "first_name") in (None, "")
 
 
 def test_an_empty_cart_goes_back_to_the_cart(shopper: Shopper) -> None:

@@ -10,9 +10,15 @@ import pytest
 import requests
 from requests.adapters import BaseAdapter
 
-from example_shop.models import OrderStatus, latest_checkout, mark_paid, on_payment_confirmed
+from example_shop.models import (
+    OrderStatus,
+    latest_checkout,
+    mark_paid,
+    on_checkout_cancelled,
+    on_payment_confirmed,
+)
 from flask_gateway.extension import get_state
-from flask_gateway.signals import payment_confirmed
+from flask_gateway.signals import checkout_cancelled, payment_confirmed
 from tests.shop.conftest import (
     CUSTOMER,
     EMULATOR_URL,
@@ -63,7 +69,7 @@ def test_v2_pay_confirm_by_callback_then_return_paid_once(shop: ShopHarness, sho
     assert order_page.startswith("/orders/view/")
     assert _status(shopper, order_page)["status"] == "processing"
     page = shopper.get(order_page).get_data(as_text=True)
-    assert 'data-payment-status="processing">processing<' in page
+    assert 'data-payment-status="processing">Processing<' in page
     assert f'data-status-url="{order_page}/status.json"' in page  # the page polls while processing
     assert '<noscript><meta http-equiv="refresh"' in page
 
@@ -75,7 +81,7 @@ def test_v2_pay_confirm_by_callback_then_return_paid_once(shop: ShopHarness, sho
     status = _status(shopper, order_page)
     assert status["status"] == "paid"
     assert status["final"] is True
-    assert 'data-payment-status="paid">paid<' in status["html"]
+    assert 'data-payment-status="paid">Paid<' in status["html"]
     assert status["cart_count"] == 0  # the cart went with the paid order (the page updates its header)
     callbacks = shop.emulator.control("callbacks", method="GET").json
     assert any(attempt.get("httpStatus") == 200 for attempt in callbacks["callbacks"]), callbacks
@@ -87,7 +93,7 @@ def test_v2_pay_confirm_by_callback_then_return_paid_once(shop: ShopHarness, sho
     landing = shopper.follow(back)
     html = landing.get_data(as_text=True)
     assert landing.status_code == 200
-    assert 'data-payment-status="paid">paid<' in html
+    assert 'data-payment-status="paid">Paid<' in html
     assert f"<span data-order-reference>{reference}</span>" in html
     assert "data-status-url" not in html and "refresh" not in html  # final: no more polling
     assert landing.headers["Cache-Control"] == "no-store"
@@ -134,7 +140,7 @@ def test_cancel_on_the_gateway_keeps_the_cart(shop: ShopHarness, shopper: Shoppe
 
     html = unescape(landing.get_data(as_text=True))
     assert landing.status_code == 200
-    assert 'data-payment-status="cancelled">cancelled<' in html
+    assert 'data-payment-status="cancelled">Cancelled<' in html
     assert "Your cart is still here" in html
     assert "Nothing was charged" in html
     assert shop.order(reference).status == "cancelled"
@@ -244,6 +250,28 @@ def test_a_failed_receiver_is_caught_up_from_the_gateway_record(shop: ShopHarnes
     assert shop.events(reference, "paid") == 1
 
 
+def test_a_cancellation_caught_up_from_the_gateway_record_is_told_in_words(
+    shop: ShopHarness, shopper: Shopper
+) -> None:
+    shopper.add("enamel-kettle", 1)
+    shopper.checkout()
+    reference = shop.latest_reference()
+    owner = shop.shopper()
+    owner.log_in()
+    page = f"/admin/orders/{reference}"
+
+    checkout_cancelled.disconnect(on_checkout_cancelled)  # as if the receiver had failed
+    try:
+        owner.submit(page, f"{page}/cancel")
+        assert shop.order(reference).status == "processing"
+    finally:
+        checkout_cancelled.connect(on_checkout_cancelled)
+
+    history = unescape(owner.get(page).get_data(as_text=True)).split('id="history-title"')[1]
+    assert shop.order(reference).status == "cancelled"
+    assert "the gateway says cancelled by the shop (CANCELLED_BY_MERCHANT)" in history
+
+
 def test_an_expired_checkout_expires_the_order_and_keeps_the_cart(
     shop: ShopHarness, shopper: Shopper
 ) -> None:
@@ -258,7 +286,7 @@ def test_an_expired_checkout_expires_the_order_and_keeps_the_cart(
 
     assert shop.order(reference).status == OrderStatus.EXPIRED
     page = unescape(shopper.get(_order_page(shopper, reference)).get_data(as_text=True))
-    assert 'data-payment-status="expired">expired<' in page
+    assert 'data-payment-status="expired">Expired<' in page
     assert "Your cart is still here" in page
 
 
@@ -316,7 +344,7 @@ def test_v1_pay_and_return_paid_once(v1_shop: ShopHarness) -> None:
     assert v1_shop.order(reference).status == "paid"
 
     landing = shopper.follow(shopper.get(outcome["redirectUrl"]))
-    assert 'data-payment-status="paid">paid<' in landing.get_data(as_text=True)
+    assert 'data-payment-status="paid">Paid<' in landing.get_data(as_text=True)
     assert v1_shop.events(reference, "paid") == 1
     assert _cart_count(shopper) == 0
 
@@ -330,7 +358,7 @@ def test_v1_cancel_keeps_the_cart(v1_shop: ShopHarness) -> None:
     landing = shopper.follow(shopper.get(outcome["redirectUrl"]))
 
     html = unescape(landing.get_data(as_text=True))
-    assert 'data-payment-status="cancelled">cancelled<' in html
+    assert 'data-payment-status="cancelled">Cancelled<' in html
     assert "Your cart is still here" in html
     assert _cart_count(shopper) == 1
 

@@ -1,0 +1,102 @@
+"""What the owner should fix in this shop's setup, each warning true in the environment at hand.
+
+Local checks only (configuration and the stored installation; no request to the gateway):
+
+========================  =============================================================================
+``firewall``              the shop's public address is on localhost or an IP address, and the configured
+                          gateway's firewall refuses such redirect URLs (``GATEWAY_WAF="strict"``: the
+                          sandbox, production, and the emulator unless started with
+                          ``EMULATOR_WAF=allow-local``): every checkout would be refused
+``unreachable-callback``  the callback URL is on localhost or an IP address while the gateway is not on
+                          this machine: its callbacks cannot arrive, only polling confirms payments
+``callback-mismatch``     the gateway was given a callback URL that is not this shop's callback URL
+                          (``GATEWAY_PUBLIC_URL`` + the callback route): its callbacks go elsewhere
+========================  =============================================================================
+
+The admin screens show them (status, install and settings); a shop can show them on its own pages
+with :func:`setup_warnings`.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+from typing import Literal
+from urllib.parse import urlsplit
+
+from flask import has_request_context, request
+
+from flask_gateway.extension import get_state
+from flask_gateway.urls import callback_url
+
+__all__ = ["SetupWarning", "local_kind", "setup_warnings"]
+
+WarningKind = Literal["firewall", "unreachable-callback", "callback-mismatch"]
+
+
+@dataclass(frozen=True)
+class SetupWarning:
+    kind: WarningKind
+    #: The address the warning is about (the public URL, or the callback URL the gateway has or will get).
+    url: str
+    #: ``firewall`` and ``unreachable-callback``: "localhost" or "an IP address"; ``callback-mismatch``:
+    #: this shop's own callback URL.
+    detail: str
+    #: ``firewall``: whether the address comes from ``GATEWAY_PUBLIC_URL`` (else from the request).
+    configured: bool = True
+
+    @property
+    def summary(self) -> str:
+        """One sentence for a notice elsewhere (a shop's dashboard)."""
+        if self.kind == "firewall":
+            return f"The shop's address {self.url} is on {self.detail}: the gateway refuses such addresses."
+        if self.kind == "unreachable-callback":
+            return f"The callback URL {self.url} is on {self.detail}: the gateway cannot reach it."
+        return f"The gateway sends its callbacks to {self.url}, but this shop receives them at {self.detail}."
+
+
+def local_kind(url: str | None) -> str | None:
+    """``"localhost"`` or ``"an IP address"`` when ``url``'s host is one, else None."""
+    try:
+        host = (urlsplit(url or "").hostname or "").rstrip(".").lower()
+    except ValueError:
+        return None
+    if not host:
+        return None
+    if host == "localhost" or host.endswith(".localhost"):
+        return "localhost"
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return None
+    return "an IP address"
+
+
+def _gateway_is_local() -> bool:
+    """The gateway runs on this machine or network (the emulator): it can reach a local callback URL."""
+    return local_kind(get_state().config.base_url) is not None
+
+
+def setup_warnings(callback: str | None = None) -> list[SetupWarning]:
+    """The warnings for this shop's setup; ``callback``: the callback URL about to be sent (a form), else
+    the installed one."""
+    state = get_state()
+    config = state.config
+    warnings: list[SetupWarning] = []
+    public = config.public_url or (request.host_url.rstrip("/") if has_request_context() else None)
+    kind = local_kind(public)
+    if public and kind and config.waf == "strict":
+        warnings.append(SetupWarning("firewall", public, kind, configured=bool(config.public_url)))
+    installation = state.installation()
+    if callback is None and installation is not None:
+        callback = installation.callback_url
+    if not callback:
+        return warnings
+    kind = local_kind(callback)
+    if kind and not _gateway_is_local():
+        warnings.append(SetupWarning("unreachable-callback", callback, kind))
+    if config.public_url or has_request_context():
+        ours = callback_url()
+        if callback.rstrip("/") != ours.rstrip("/"):
+            warnings.append(SetupWarning("callback-mismatch", callback, ours))
+    return warnings

@@ -1,0 +1,89 @@
+"""``make demo`` (example_shop/demo.py): one data folder per port pair, so two demos never share an
+installation; the banner names the other flow, not the one running."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from example_shop import demo
+from tests.processes import free_port, wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
+#: The banner's last words: the demo prints it once both of its processes answer.
+BANNER_END = "Press Ctrl-C to stop both."
+
+
+def test_each_port_pair_has_its_own_data_folder() -> None:
+    assert demo.data_folder(5000, 5050) != demo.data_folder(5001, 5051)
+    assert demo.data_folder(5000, 5050) != demo.data_folder(5000, 5051)
+    assert demo.data_folder(5000, 5050).name == "shop-5000-emulator-5050"
+
+
+def test_the_banner_names_the_flow_running_and_how_to_run_the_other() -> None:
+    v2 = demo.banner("http://127.0.0.1:5000", "http://127.0.0.1:5050", "v2", Path("/d"), "token-one")
+    v1 = demo.banner("http://127.0.0.1:5001", "http://127.0.0.1:5051", "v1", Path("/d"), "token-two")
+    assert "sign in with the control token token-one" in v2
+    assert "API version:        v2 (DEMO_API_VERSION=v1 make demo runs the v1 flow)" in v2
+    assert "API version:        v1 (make demo without DEMO_API_VERSION runs the v2 flow)" in v1
+    assert "DEMO_API_VERSION=v1" not in v1  # the v1 demo does not tell you how to start the v1 demo
+
+
+def _installed_callback_url(folder: Path, timeout: float = 60.0) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        database = folder / "shop.sqlite3"
+        if database.exists():
+            try:
+                with sqlite3.connect(database, timeout=1) as connection:
+                    row = connection.execute("SELECT callback_url FROM gateway_installations").fetchone()
+            except sqlite3.OperationalError:  # the tables are being created
+                row = None
+            if row:
+                return str(row[0])
+        time.sleep(0.3)
+    raise AssertionError(f"no installation in {folder} after {timeout} s")
+
+
+def test_two_demos_on_other_ports_each_install_their_own_shop(tmp_path: Path) -> None:
+    """The v2 demo and a v1 demo side by side: each shop is installed with its own callback URL."""
+    runs = []
+    for api_version in ("v2", "v1"):
+        shop_port, emulator_port = free_port(), free_port()
+        env = {
+            **os.environ,
+            "DEMO_DATA_DIR": str(tmp_path),
+            "DEMO_SHOP_PORT": str(shop_port),
+            "DEMO_EMULATOR_PORT": str(emulator_port),
+            "DEMO_API_VERSION": api_version,
+        }
+        log = (tmp_path / f"demo-{api_version}.log").open("wb")
+        process = subprocess.Popen(
+            [sys.executable, "-m", "example_shop.demo"], env=env, cwd=ROOT, stdout=log, stderr=log
+        )
+        runs.append((process, shop_port, emulator_port, log))
+    try:
+        for _process, shop_port, emulator_port, _log in runs:
+            folder = tmp_path / demo.data_folder(shop_port, emulator_port).name  # DEMO_DATA_DIR
+            assert _installed_callback_url(folder) == f"http://127.0.0.1:{shop_port}/gateway/callback"
+        for api_version in ("v2", "v1"):  # both running: their banners are printed
+            log_path = tmp_path / f"demo-{api_version}.log"
+            wait_for(
+                lambda path=log_path: BANNER_END in path.read_text(errors="replace"),
+                timeout=60,
+                what=BANNER_END,
+            )
+    finally:
+        for process, *_rest, log in runs:
+            process.send_signal(signal.SIGTERM)
+            process.wait(timeout=30)
+            log.close()
+    for api_version in ("v2", "v1"):
+        output = (tmp_path / f"demo-{api_version}.log").read_text(errors="replace")
+        assert "already installed" not in output
+        assert f"API version:        {api_version}" in output
