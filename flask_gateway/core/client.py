@@ -11,7 +11,7 @@ import requests
 from requests.auth import HTTPBasicAuth
 
 from flask_gateway.core.auth import SignatureAuth
-from flask_gateway.core.errors import RefundRefusedError
+from flask_gateway.core.errors import V1RefundFailedError
 from flask_gateway.core.http import ApiResponse, RetryMode, RetryPolicy, Transport
 from flask_gateway.core.wire import (
     CancelCheckoutRequest,
@@ -268,7 +268,7 @@ class V1Client(_BaseClient):
         return _unwrap(answer, answer.data.data)
 
     def refund(self, request: V1RefundRequest) -> ApiResponse[V1RefundResult]:
-        """Refund a v1 order; raises :class:`RefundRefusedError` when the gateway answers ``FAILED``."""
+        """Refund a v1 order; raises :class:`V1RefundFailedError` when the gateway answers ``FAILED``."""
         answer = self.transport.call(
             "POST",
             self._url("refund"),
@@ -279,7 +279,7 @@ class V1Client(_BaseClient):
             mode=RetryMode.UNSAFE,
         )
         if answer.data.status != "REFUNDED":
-            raise RefundRefusedError(
+            raise V1RefundFailedError(
                 answer.data.failure_message,
                 http_status=answer.status_code,
                 body=answer.data.to_wire(),

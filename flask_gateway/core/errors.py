@@ -1,5 +1,9 @@
 """One error hierarchy for everything the gateway (or the way to it) can answer.
 
+``FlaskGatewayError`` is the root of every error this package raises: ``GatewayError`` (here) for what the
+gateway answers or fails to answer, ``flask_gateway.errors.GatewayExtensionError`` for what the Flask
+extension itself refuses.
+
 Each error carries the HTTP status, the parsed body, the gateway's ``message``, its field errors and the
 response headers. None of them ever holds a secret: request bodies (which carry the API key at
 installation) and request headers (which carry the signature) are never stored on an error.
@@ -12,12 +16,15 @@ from typing import Any
 
 from requests.structures import CaseInsensitiveDict
 
+from flask_gateway.core.retry_after import parse_retry_after
+
 __all__ = [
     "AlreadyInstalledError",
     "AuthenticationError",
     "CheckoutExpiredError",
     "ConflictError",
     "FirewallRejectedError",
+    "FlaskGatewayError",
     "ForbiddenError",
     "GatewayConnectionError",
     "GatewayError",
@@ -29,13 +36,17 @@ __all__ = [
     "NotFoundError",
     "PayloadTooLargeError",
     "RateLimitError",
-    "RefundRefusedError",
+    "V1RefundFailedError",
     "error_for_status",
 ]
 
 
-class GatewayError(Exception):
-    """Base of every error the clients raise.
+class FlaskGatewayError(Exception):
+    """The root of every error Flask-Gateway raises: catch it to handle them all."""
+
+
+class GatewayError(FlaskGatewayError):
+    """Base of every error the clients raise: what the gateway answered, or that it could not be reached.
 
     :ivar http_status: the HTTP status, or None when no response came (connection errors).
     :ivar message: the gateway's ``message`` (or a description of what went wrong).
@@ -165,8 +176,6 @@ class RateLimitError(GatewayError):
 
     @property
     def retry_after(self) -> float | None:
-        from flask_gateway.core.http import parse_retry_after  # local: http imports this module
-
         return parse_retry_after(self.headers.get("Retry-After"))
 
 
@@ -182,7 +191,7 @@ class InvalidResponseError(GatewayError):
     """The gateway answered success with a body that does not match the API."""
 
 
-class RefundRefusedError(InvalidRequestError):
+class V1RefundFailedError(InvalidRequestError):
     """The v1 refund answered ``status: FAILED``; ``message`` is the gateway's reason."""
 
 
@@ -209,7 +218,7 @@ def error_for_status(
     message = _message_of(body) or f"the gateway answered HTTP {http_status}"
     cls: type[GatewayError]
     if operation == "v1_refund" and _v1_refusal(body) is not None:
-        cls = RefundRefusedError
+        cls = V1RefundFailedError
     elif http_status == 403:
         cls = _forbidden_kind(body, operation)
     elif http_status >= 500:

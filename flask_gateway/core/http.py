@@ -15,7 +15,6 @@ import time
 import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from email.utils import parsedate_to_datetime
 from typing import Any, Final, Generic, TypeVar
 from urllib.parse import urlsplit
 
@@ -31,7 +30,7 @@ from flask_gateway.core.errors import (
     InvalidResponseError,
     error_for_status,
 )
-from flask_gateway.core.timestamps import utcnow
+from flask_gateway.core.retry_after import parse_retry_after
 from flask_gateway.core.wire.common import WireModel
 
 __all__ = [
@@ -41,7 +40,6 @@ __all__ = [
     "RetryPolicy",
     "Transport",
     "describe_validation_error",
-    "parse_retry_after",
 ]
 
 log = logging.getLogger("flask_gateway.client")
@@ -102,24 +100,6 @@ class ApiResponse(Generic[T_co]):
     def idempotent_replay(self) -> bool:
         """True when the gateway answered from its idempotency store (header ``idempotent-replay: true``)."""
         return str(self.headers.get("idempotent-replay", "")).lower() == "true"
-
-
-def parse_retry_after(value: str | None) -> float | None:
-    """Seconds to wait from a ``Retry-After`` header (delta-seconds or an HTTP date), or None."""
-    if not value:
-        return None
-    value = value.strip()
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        when = parsedate_to_datetime(value)
-    except (TypeError, ValueError, IndexError):
-        return None
-    if when.tzinfo is None:
-        return None
-    return max(0.0, (when - utcnow()).total_seconds())
 
 
 def describe_validation_error(error: PydanticValidationError) -> str:

@@ -12,7 +12,7 @@ import responses
 from responses import matchers
 
 from flask_gateway.core.client import V1Client
-from flask_gateway.core.errors import InvalidResponseError, RefundRefusedError
+from flask_gateway.core.errors import InvalidResponseError, V1RefundFailedError
 from flask_gateway.core.wire import (
     V1Address,
     V1CheckoutRequest,
@@ -219,7 +219,7 @@ REFUSAL = {
 def test_refund_refusal_raises_with_gateway_message(rsps, client, sleeps, status):
     expect(rsps, "refund", REFUND_BODY, REFUSAL, status=status)
 
-    with pytest.raises(RefundRefusedError) as caught:
+    with pytest.raises(V1RefundFailedError) as caught:
         client.refund(refund_request())
 
     assert caught.value.message == "Amount exceeds order"

@@ -19,7 +19,7 @@ import responses
 from flask import Flask
 
 from flask_gateway.core import GatewayClient, V1Client
-from flask_gateway.core.errors import RefundRefusedError
+from flask_gateway.core.errors import V1RefundFailedError
 from flask_gateway.core.timestamps import format_v1_timestamp
 from flask_gateway.core.wire import (
     OPERATOR,
@@ -267,7 +267,7 @@ def test_v1_refund_refusal_as_documented(rsps, status):
     """The page prints no HTTP status for the refusal: either way it is a refusal with its message."""
     exchange = load("v1-refund-failed")
     _answer(rsps, exchange, exchange.response_body, status)
-    with pytest.raises(RefundRefusedError) as refused:
+    with pytest.raises(V1RefundFailedError) as refused:
         _v1_client().refund(V1RefundRequest.from_wire(load("v1-refund").request_body))
     assert refused.value.message == "Amount is greater than available amount refundable."
 

@@ -16,7 +16,7 @@ import requests
 import responses
 
 from flask_gateway.core import V1Client
-from flask_gateway.core.errors import AuthenticationError, FirewallRejectedError, RefundRefusedError
+from flask_gateway.core.errors import AuthenticationError, FirewallRejectedError, V1RefundFailedError
 from flask_gateway.core.timestamps import format_v1_timestamp, parse_timestamp, parse_v1_timestamp
 from flask_gateway.core.wire import V1CheckoutRequest, V1RefundRequest, V1RefundResult
 from tests.emulator.conftest import make_emulator
@@ -509,14 +509,14 @@ def test_v1_client_checkout_and_refunds(installed, v1_client):
     assert partial.reason == "Order successfully refunded"  # the documented text, not the request's reason
     assert partial.refunded_at is not None
 
-    with pytest.raises(RefundRefusedError) as refused:
+    with pytest.raises(V1RefundFailedError) as refused:
         v1_client.refund(
             V1RefundRequest(merchant_reference="order-1", token=created.token, type="partial", amount=10**6)
         )
     assert refused.value.http_status == 400
     assert "greater than available amount refundable" in refused.value.message
 
-    with pytest.raises(RefundRefusedError) as mismatched:
+    with pytest.raises(V1RefundFailedError) as mismatched:
         v1_client.refund(
             V1RefundRequest(merchant_reference="other", token=created.token, type="full", amount=79000)
         )
