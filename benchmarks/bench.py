@@ -481,8 +481,8 @@ def figure_callback(args: argparse.Namespace, folder: Path, cluster: Any) -> Non
 
     from flask_gateway.core.timestamps import utcnow
     from flask_gateway.core.wire import CheckoutStatusPayload
-    from flask_gateway.extension import get_state
     from flask_gateway.models import Installation
+    from flask_gateway.state import get_state
 
     url = cluster.create_database("bench_shop")
     app, db = shop_app(url)
@@ -719,9 +719,9 @@ def figure_reconcile(args: argparse.Namespace, folder: Path) -> None:
     import urllib3.connectionpool
     from sqlalchemy import update
 
-    from flask_gateway.extension import get_state
     from flask_gateway.models import GatewayCheckout
-    from flask_gateway.reconcile import reconcile
+    from flask_gateway.reconciliation import reconcile
+    from flask_gateway.state import get_state
     from tests.extension.conftest import ACCOUNT as SHOP_ACCOUNT
     from tests.extension.conftest import API_KEY as SHOP_API_KEY
     from tests.extension.conftest import EMULATOR_URL

@@ -19,7 +19,7 @@ from werkzeug.security import generate_password_hash
 
 from example_shop import access_log
 from example_shop.config import ShopConfigError, resolve
-from flask_gateway.core.sql import create_all_safely
+from flask_gateway import create_all_safely
 
 __all__ = ["ShopConfigError", "create_app"]
 

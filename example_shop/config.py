@@ -16,6 +16,8 @@ from typing import Any, Final
 
 from werkzeug.security import generate_password_hash
 
+from flask_gateway import DatabaseStorage
+
 __all__ = [
     "ORDER_ENDPOINT",
     "ShopConfigError",
@@ -76,6 +78,7 @@ _GATEWAY_PARSERS: Final[dict[str, Callable[[str, str], Any]]] = {
     "GATEWAY_RECONCILE_AFTER_SECONDS": _whole,
     "GATEWAY_V1_CANCEL_ON_FAIL": _flag,
     "GATEWAY_CONFIRM_CALLBACKS": _flag,
+    "GATEWAY_SQLITE_WAL": _flag,
     "GATEWAY_TIMEOUT": _seconds,
 }
 
@@ -164,7 +167,7 @@ def resolve(
         # Every form here is a few KiB; the gateway's callback needs 64 KiB (it checks that itself).
         "MAX_CONTENT_LENGTH": 1024 * 1024,
         # Flask-Limiter (the login form): counters in the shop's database, shared by every worker.
-        "RATELIMIT_STORAGE_URI": "flask-gateway-db://",
+        "RATELIMIT_STORAGE_URI": DatabaseStorage.URI,
         "RATELIMIT_SWALLOW_ERRORS": True,
         "SHOP_LOGIN_RATE_LIMIT": "30 per minute",
     }
@@ -236,6 +239,9 @@ def resolve(
 
     # Shoppers come back from the gateway to the shop's own order page (see views/orders.py).
     config["GATEWAY_ORDER_ENDPOINT"] = ORDER_ENDPOINT
+    # The shop's SQLite file in WAL mode (asked of the extension, which owns no other setting of the shop's
+    # engine): the shop's connections and the extension's read while the other writes.
+    config.setdefault("GATEWAY_SQLITE_WAL", True)
     if env == "production":
         config.setdefault("SESSION_COOKIE_SECURE", True)
     return config

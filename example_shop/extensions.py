@@ -7,7 +7,6 @@ from flask_limiter.util import get_remote_address
 from flask_sqlalchemy import SQLAlchemy
 from flask_wtf.csrf import CSRFProtect
 
-import flask_gateway.ratelimit  # noqa: F401 - registers the "flask-gateway-db://" storage
 from flask_gateway import Gateway
 
 __all__ = ["csrf", "db", "gateway", "limiter"]

@@ -3,9 +3,10 @@
 **Attempt counters** (``shop_login_counters``), one row per client address and one for the owner account:
 
 - An attempt is *counted before the password is checked*, in one short transaction holding the rows'
-  locks (PostgreSQL ``SELECT ... FOR UPDATE``, SQLite's ``BEGIN IMMEDIATE``), and cleared after a right
-  password. So twenty concurrent guesses cannot all be checked: the first :data:`FREE_ATTEMPTS` are, the
-  rest are refused (429) before any hashing.
+  locks, and cleared after a right password. The transaction's first statement is a write to the account's
+  counter (:func:`_take_the_lock`): on PostgreSQL it locks that row, on SQLite it takes the database's
+  write lock, so concurrent attempts count one after the other on both. So twenty concurrent guesses cannot
+  all be checked: the first :data:`FREE_ATTEMPTS` are, the rest are refused (429) before any hashing.
 - **Exponential backoff per address**: from the :data:`FREE_ATTEMPTS`-th failure on, the address waits
   :data:`BASE_DELAY` seconds, doubling with every further failure, up to :data:`MAX_DELAY`.
 - **Per account**: failures from addresses that never logged in spread over many addresses (a botnet)
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Final
 
-from sqlalchemy import Float, Integer, String, select
+from sqlalchemy import Float, Integer, String, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Mapped, mapped_column
 
@@ -104,6 +105,13 @@ def _ensure(*keys: str) -> None:
     db.session.commit()
 
 
+def _take_the_lock(key: str) -> None:
+    """Begin the counting transaction with a write to counter ``key`` (no change of value): every concurrent
+    count then waits here, PostgreSQL on the row's lock, SQLite on the database's write lock (its reads
+    could not lock anything)."""
+    db.session.execute(update(LoginCounter).where(LoginCounter.key == key).values(key=LoginCounter.key))
+
+
 def _locked(key: str) -> LoginCounter:
     """The counter ``key`` (created by ``_ensure``), row-locked for this transaction."""
     row: LoginCounter = db.session.scalars(
@@ -130,6 +138,7 @@ def begin_attempt(address: str) -> Verdict:
     _ensure(account_key, address_key)
     # A transaction of its own, holding the counters' locks (always in this order) only while it counts.
     try:
+        _take_the_lock(account_key)
         account = _locked(account_key)
         row = _locked(address_key)
         for counter in (account, row):
@@ -163,6 +172,7 @@ def record_success(address: str) -> None:
     moment = now()
     key = f"address:{address[:80]}"
     _ensure(key)
+    _take_the_lock(key)
     row = _locked(key)
     row.failures, row.blocked_until = 0, 0.0
     row.good_until = moment + GOOD_FOR.total_seconds()
@@ -187,10 +197,9 @@ def session_version() -> int:
 
 def end_sessions() -> None:
     """Every owner session issued so far is over (logout: every copy of the cookie, on every device)."""
-    db.session.commit()
-    state = db.session.scalars(select(OwnerState).where(OwnerState.id == 1).with_for_update()).one_or_none()
-    if state is None:
-        db.session.add(OwnerState(id=1, session_version=2))
-    else:
-        state.session_version += 1
+    _state()  # the row exists from here on
+    # One statement: atomic on every backend, however many logouts run at once.
+    db.session.execute(
+        update(OwnerState).where(OwnerState.id == 1).values(session_version=OwnerState.session_version + 1)
+    )
     db.session.commit()

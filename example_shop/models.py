@@ -30,16 +30,17 @@ from sqlalchemy import JSON, BigInteger, ForeignKey, Integer, String, Text, sele
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from example_shop.extensions import db
-from flask_gateway import CheckoutStatus, GatewayCheckout
-from flask_gateway.core.money import format_money
-from flask_gateway.core.sql import UTCDateTime
-from flask_gateway.core.timestamps import utcnow
-from flask_gateway.labels import status_label
-from flask_gateway.signals import (
+from flask_gateway import (
+    CheckoutStatus,
+    GatewayCheckout,
+    UTCDateTime,
     checkout_cancelled,
     checkout_expired,
+    format_money,
     payment_confirmed,
     refund_succeeded,
+    status_label,
+    utcnow,
 )
 
 __all__ = [

@@ -20,9 +20,7 @@ from typing import Any
 from flask import current_app, has_request_context, request, url_for
 
 from example_shop.models import Order
-from flask_gateway.core.errors import GatewayError
-from flask_gateway.operations import is_available, payment_plan
-from flask_gateway.orders import Address, Customer, OrderDraft, OrderLine
+from flask_gateway import Address, Customer, GatewayError, OrderDraft, OrderLine, is_available, payment_plan
 
 __all__ = ["InstalmentHint", "absolute_url", "instalment_hint", "order_draft", "payment_available"]
 

@@ -18,15 +18,16 @@ from typing import Final
 from flask import Flask
 
 from example_shop.extensions import db
-from flask_gateway.core.errors import (
+from flask_gateway import (
     AlreadyInstalledError,
     AuthenticationError,
     GatewayConnectionError,
     GatewayError,
     GatewayServerError,
+    InstallSettings,
+    install,
+    payment_limits,
 )
-from flask_gateway.installation import InstallSettings, install
-from flask_gateway.operations import payment_limits
 
 __all__ = ["auto_install"]
 

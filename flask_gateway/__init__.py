@@ -1,57 +1,248 @@
 """Flask-Gateway: a merchant-side integration of a hosted buy-now-pay-later checkout gateway.
 
-``flask_gateway.core`` (signing, wire models, clients) has no Flask dependency; the Flask extension
-(``Gateway``) and the gateway emulator (``flask_gateway.emulator``) are built on it. The extension's names
-are loaded on first use, so importing the core never imports Flask.
+The front door: everything a shop uses is importable from here (``from flask_gateway import Gateway,
+OrderDraft, start_checkout, payment_confirmed``). The layers behind it (docs/architecture.md):
+
+- ``flask_gateway.core``: signing, wire models, timestamps, errors and the HTTP clients; no Flask.
+- the extension (``Gateway``): its state, services (checkouts, refunds, polling, reconciliation, the
+  callback endpoint...), views and CLI.
+- ``flask_gateway.emulator``: the gateway emulator, built on the core.
+
+The core's names are imported at once; the extension's (and the SQL helpers) are loaded on first use, so
+that importing the core (or this package for a client or a signature) never imports Flask or SQLAlchemy.
 """
 
 from __future__ import annotations
 
+from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 from flask_gateway._version import __version__
-from flask_gateway.core import GatewayClient, V1Client
-from flask_gateway.core.errors import GatewayError
-from flask_gateway.core.wire import CHANGEABLE_STATUSES, OPEN_STATUSES, PAID_STATUSES, CheckoutStatus
+from flask_gateway.core import GatewayClient, V1Client, sign, verify
+from flask_gateway.core.errors import (
+    AlreadyInstalledError,
+    AuthenticationError,
+    CheckoutExpiredError,
+    ConflictError,
+    FirewallRejectedError,
+    FlaskGatewayError,
+    ForbiddenError,
+    GatewayConnectionError,
+    GatewayError,
+    GatewayServerError,
+    GatewayTimeoutError,
+    IdempotencyError,
+    InvalidRequestError,
+    InvalidResponseError,
+    NotFoundError,
+    PayloadTooLargeError,
+    RateLimitError,
+    V1RefundFailedError,
+)
+from flask_gateway.core.money import format_money, format_plain
+from flask_gateway.core.timestamps import utcnow
+from flask_gateway.core.wire import (
+    CHANGEABLE_STATUSES,
+    OPEN_STATUSES,
+    PAID_STATUSES,
+    PAYMENT_STATUSES,
+    CheckoutStatus,
+)
 
 if TYPE_CHECKING:
-    from flask_gateway.extension import Gateway, NotInstalledError
-    from flask_gateway.models import GatewayCheckout
+    from flask_gateway.availability import PaymentLimits, is_available, payment_limits
+    from flask_gateway.checkouts import cancel_checkout, create_checkout, start_checkout, update_checkout
+    from flask_gateway.checks import SetupWarning, setup_warnings
+    from flask_gateway.core.sql import UTCDateTime, configure_sqlite, create_all_safely
+    from flask_gateway.errors import (
+        CallbackRejected,
+        CheckoutStateError,
+        CheckoutUnavailableError,
+        ConfigurationError,
+        GatewayExtensionError,
+        InvalidOrderError,
+        InvalidReturnLink,
+        NotInstalledError,
+        RefundDeclinedError,
+        RefundNotAllowedError,
+        SecretUnreadable,
+        V1OutcomeRejected,
+    )
+    from flask_gateway.extension import Gateway
+    from flask_gateway.installation import InstallSettings, install
+    from flask_gateway.labels import Label, callback_outcome_label, refund_state_label, status_label
+    from flask_gateway.models import GatewayCheckout, LocalStatus, RefundRecord, RefundState
     from flask_gateway.orders import Address, Customer, OrderDraft, OrderLine
+    from flask_gateway.plans import (
+        PaymentPlan,
+        clear_payment_plan_cache,
+        format_instalment_hint,
+        payment_plan,
+    )
+    from flask_gateway.polling import refresh
+    from flask_gateway.ratelimit import DatabaseStorage
+    from flask_gateway.reconciliation import ReconcileReport, reconcile
+    from flask_gateway.refunds import refund, retry_refund
+    from flask_gateway.signals import (
+        callback_rejected,
+        checkout_cancelled,
+        checkout_created,
+        checkout_expired,
+        checkout_flagged,
+        payment_confirmed,
+        refund_succeeded,
+    )
+    from flask_gateway.state import GatewayState, get_state
+
+#: The extension's names, by module: loaded on first use (they import Flask).
+_LAZY: dict[str, tuple[str, ...]] = {
+    "flask_gateway.core.sql": ("UTCDateTime", "configure_sqlite", "create_all_safely"),
+    "flask_gateway.extension": ("Gateway",),
+    "flask_gateway.orders": ("Address", "Customer", "OrderDraft", "OrderLine"),
+    "flask_gateway.models": ("GatewayCheckout", "LocalStatus", "RefundRecord", "RefundState"),
+    "flask_gateway.checkouts": ("cancel_checkout", "create_checkout", "start_checkout", "update_checkout"),
+    "flask_gateway.availability": ("PaymentLimits", "is_available", "payment_limits"),
+    "flask_gateway.plans": (
+        "PaymentPlan",
+        "clear_payment_plan_cache",
+        "format_instalment_hint",
+        "payment_plan",
+    ),
+    "flask_gateway.refunds": ("refund", "retry_refund"),
+    "flask_gateway.polling": ("refresh",),
+    "flask_gateway.reconciliation": ("ReconcileReport", "reconcile"),
+    "flask_gateway.installation": ("InstallSettings", "install"),
+    "flask_gateway.checks": ("SetupWarning", "setup_warnings"),
+    "flask_gateway.labels": ("Label", "callback_outcome_label", "refund_state_label", "status_label"),
+    "flask_gateway.ratelimit": ("DatabaseStorage",),
+    "flask_gateway.state": ("GatewayState", "get_state"),
+    "flask_gateway.signals": (
+        "callback_rejected",
+        "checkout_cancelled",
+        "checkout_created",
+        "checkout_expired",
+        "checkout_flagged",
+        "payment_confirmed",
+        "refund_succeeded",
+    ),
+    "flask_gateway.errors": (
+        "CallbackRejected",
+        "CheckoutStateError",
+        "CheckoutUnavailableError",
+        "ConfigurationError",
+        "GatewayExtensionError",
+        "InvalidOrderError",
+        "InvalidReturnLink",
+        "NotInstalledError",
+        "RefundDeclinedError",
+        "RefundNotAllowedError",
+        "SecretUnreadable",
+        "V1OutcomeRejected",
+    ),
+}
+_MODULE_OF: dict[str, str] = {name: module for module, names in _LAZY.items() for name in names}
 
 __all__ = [
     "CHANGEABLE_STATUSES",
     "OPEN_STATUSES",
     "PAID_STATUSES",
+    "PAYMENT_STATUSES",
     "Address",
+    "AlreadyInstalledError",
+    "AuthenticationError",
+    "CallbackRejected",
+    "CheckoutExpiredError",
+    "CheckoutStateError",
     "CheckoutStatus",
+    "CheckoutUnavailableError",
+    "ConfigurationError",
+    "ConflictError",
     "Customer",
+    "DatabaseStorage",
+    "FirewallRejectedError",
+    "FlaskGatewayError",
+    "ForbiddenError",
     "Gateway",
     "GatewayCheckout",
     "GatewayClient",
+    "GatewayConnectionError",
     "GatewayError",
+    "GatewayExtensionError",
+    "GatewayServerError",
+    "GatewayState",
+    "GatewayTimeoutError",
+    "IdempotencyError",
+    "InstallSettings",
+    "InvalidOrderError",
+    "InvalidRequestError",
+    "InvalidResponseError",
+    "InvalidReturnLink",
+    "Label",
+    "LocalStatus",
+    "NotFoundError",
     "NotInstalledError",
     "OrderDraft",
     "OrderLine",
+    "PayloadTooLargeError",
+    "PaymentLimits",
+    "PaymentPlan",
+    "RateLimitError",
+    "ReconcileReport",
+    "RefundDeclinedError",
+    "RefundNotAllowedError",
+    "RefundRecord",
+    "RefundState",
+    "SecretUnreadable",
+    "SetupWarning",
+    "UTCDateTime",
     "V1Client",
+    "V1OutcomeRejected",
+    "V1RefundFailedError",
     "__version__",
+    "callback_outcome_label",
+    "callback_rejected",
+    "cancel_checkout",
+    "checkout_cancelled",
+    "checkout_created",
+    "checkout_expired",
+    "checkout_flagged",
+    "clear_payment_plan_cache",
+    "configure_sqlite",
+    "create_all_safely",
+    "create_checkout",
+    "format_instalment_hint",
+    "format_money",
+    "format_plain",
+    "get_state",
+    "install",
+    "is_available",
+    "payment_confirmed",
+    "payment_limits",
+    "payment_plan",
+    "reconcile",
+    "refresh",
+    "refund",
+    "refund_state_label",
+    "refund_succeeded",
+    "retry_refund",
+    "setup_warnings",
+    "sign",
+    "start_checkout",
+    "status_label",
+    "update_checkout",
+    "utcnow",
+    "verify",
 ]
-
-_LAZY = {
-    "Gateway": "flask_gateway.extension",
-    "NotInstalledError": "flask_gateway.extension",
-    "GatewayCheckout": "flask_gateway.models",
-    "Address": "flask_gateway.orders",
-    "Customer": "flask_gateway.orders",
-    "OrderDraft": "flask_gateway.orders",
-    "OrderLine": "flask_gateway.orders",
-}
 
 
 def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
+    module = _MODULE_OF.get(name)
     if module is None:
         raise AttributeError(f"module 'flask_gateway' has no attribute {name!r}")
-    from importlib import import_module
+    value = getattr(import_module(module), name)
+    globals()[name] = value  # loaded once
+    return value
 
-    return getattr(import_module(module), name)
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 
 from flask import has_request_context, request
 
-from flask_gateway.extension import get_state
+from flask_gateway.state import get_state, leaves_no_transaction
 from flask_gateway.urls import callback_url
 
 __all__ = ["SetupWarning", "local_kind", "setup_warnings"]
@@ -77,6 +77,7 @@ def _gateway_is_local() -> bool:
     return local_kind(get_state().config.base_url) is not None
 
 
+@leaves_no_transaction
 def setup_warnings(callback: str | None = None) -> list[SetupWarning]:
     """The warnings for this shop's setup; ``callback``: the callback URL about to be sent (a form), else
     the installed one."""

@@ -2,7 +2,7 @@
 
 - ``flask gateway init-db``: create the extension's ``gateway_*`` tables (only those) when missing.
 - ``flask gateway reconcile [--limit N] [--older-than SECONDS]``: poll the checkouts whose outcome the shop
-  may have missed (see :mod:`flask_gateway.reconcile`); exits 1 when a checkout could not be polled, so a
+  may have missed (see :mod:`flask_gateway.reconciliation`); exits 1 when a checkout could not be polled, so a
   cron job reports it.
 - ``flask gateway status TOKEN [--refresh]``: the local record and the gateway's getstatus answer.
 - ``flask gateway check-settings``: compare the gateway's settings (callback URL, e-mail, limits) with the
@@ -26,8 +26,12 @@ from flask_gateway.core.errors import GatewayError
 from flask_gateway.core.sql import create_all_safely
 from flask_gateway.core.timestamps import utcnow
 from flask_gateway.core.wire import status_payload_keys
-from flask_gateway.extension import NotInstalledError, get_state
+from flask_gateway.drift import check_settings
+from flask_gateway.errors import NotInstalledError
 from flask_gateway.models import CallbackLog, CallbackOutcome, GatewayBase, GatewayCheckout
+from flask_gateway.polling import refresh
+from flask_gateway.reconciliation import reconcile
+from flask_gateway.state import get_state
 
 __all__ = ["gateway_cli"]
 
@@ -62,8 +66,6 @@ def init_db() -> None:
 @click.option("--quiet", is_flag=True, help="No progress bar; only the summary.")
 def reconcile_command(limit: int | None, older_than: float | None, quiet: bool) -> None:
     """Ask the gateway about checkouts that are not final and apply the answers."""
-    from flask_gateway.reconcile import reconcile
-
     bar: Any = None
 
     def progress(done: int, total: int) -> None:
@@ -145,8 +147,6 @@ def status_command(token: str, apply_answer: bool) -> None:
             return
     try:
         if apply_answer and checkout is not None:
-            from flask_gateway.polling import refresh
-
             transition = refresh(checkout, source="admin")
             verb = "applied" if transition.applied else f"not applied ({transition.reason})"
             click.echo(f"Refreshed: {transition.before} -> {transition.after}, {verb}.")
@@ -164,8 +164,6 @@ def status_command(token: str, apply_answer: bool) -> None:
 @gateway_cli.command("check-settings")
 def check_settings_command() -> None:
     """Compare the gateway's settings with the shop's and say what differs (exit 1 when something does)."""
-    from flask_gateway.drift import check_settings
-
     try:
         report = check_settings()
     except (GatewayError, NotInstalledError, ValueError) as error:

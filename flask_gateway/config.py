@@ -11,16 +11,13 @@ from typing import Any, Final, Literal
 from urllib.parse import urlsplit
 
 from flask_gateway.core.wire.names import OPERATOR, WireNames, wire_names
+from flask_gateway.errors import ConfigurationError
 
-__all__ = ["DEFAULTS", "ENVIRONMENT_URLS", "ConfigurationError", "GatewayConfig"]
+__all__ = ["DEFAULTS", "ENVIRONMENT_URLS", "GatewayConfig"]
 
 Environment = Literal["sandbox", "production", "emulator"]
 ApiVersion = Literal["v2", "v1"]
 Waf = Literal["strict", "allow-local"]
-
-
-class ConfigurationError(RuntimeError):
-    """A ``GATEWAY_*`` key is missing or wrong; the message names it and says how to fix it."""
 
 
 #: The gateway's addresses per environment, used when the three URL keys are not set.
@@ -63,6 +60,7 @@ DEFAULTS: Final[Mapping[str, Any]] = {
     "GATEWAY_CURRENCY_SYMBOL": "R",
     "GATEWAY_WAF": "strict",
     "GATEWAY_WIRE_NAMES": OPERATOR.key,
+    "GATEWAY_SQLITE_WAL": False,
     "GATEWAY_CONFIRM_CALLBACKS": True,
     "GATEWAY_RATELIMIT_STORAGE_URI": None,
     "GATEWAY_CALLBACK_RATE_LIMIT": "60 per minute",
@@ -97,6 +95,8 @@ class GatewayConfig:
     waf: Waf = "strict"
     #: How requests and the v1 replies spell the operator-named fields (answers are read in either set).
     wire_names: WireNames = OPERATOR
+    #: Put a SQLite database file in WAL mode (a setting of the file: the shop's connections use it too).
+    sqlite_wal: bool = False
 
     def __repr__(self) -> str:  # the encryption key never appears in a repr or a log line
         return (
@@ -192,6 +192,7 @@ class GatewayConfig:
             currency_symbol=str(config["GATEWAY_CURRENCY_SYMBOL"]),
             waf=waf,
             wire_names=names,
+            sqlite_wal=_flag("GATEWAY_SQLITE_WAL", config["GATEWAY_SQLITE_WAL"]),
             confirm_callbacks=_flag("GATEWAY_CONFIRM_CALLBACKS", config["GATEWAY_CONFIRM_CALLBACKS"]),
             ratelimit_storage_uri=config["GATEWAY_RATELIMIT_STORAGE_URI"] or None,
             callback_rate_limit=config["GATEWAY_CALLBACK_RATE_LIMIT"] or None,

@@ -25,8 +25,8 @@ from typing import Any
 
 from flask_gateway.core.timestamps import utcnow
 from flask_gateway.core.wire import SettingsUpdateRequest
-from flask_gateway.extension import get_state
 from flask_gateway.models import Installation
+from flask_gateway.state import get_state, leaves_no_transaction
 
 __all__ = ["Difference", "DriftReport", "check_settings", "last_report"]
 
@@ -68,6 +68,7 @@ def _shown(value: Any) -> str:
     return "(none)" if value is None or value == "" else repr(value)
 
 
+@leaves_no_transaction
 def check_settings() -> DriftReport:
     """Ask the gateway for its settings, compare, record the result on the installation and return it.
 

@@ -1,10 +1,31 @@
-"""HTTP errors of the gateway-facing endpoints (callback, v1 outcome URLs, return pages).
+"""Every error the extension raises, in one tree, and the gateway's errors beside them.
 
-They follow flask-wtf's ``CSRFError(BadRequest)``: each is a werkzeug ``HTTPException`` subclass of the
-matching status, so an app can change the answer with ``@app.errorhandler(CallbackRejected)`` (or
-``V1OutcomeRejected``, ``InvalidReturnLink``). Without a handler the callback and v1 errors answer a small
-JSON object ``{"message": ...}`` (the gateway's own error shape); the return-page error is an HTML page,
-because a shopper's browser shows it.
+::
+
+    FlaskGatewayError                      the root: catch it to handle every error of Flask-Gateway
+    |-- GatewayError                       what the gateway answered, or that it could not be reached
+    |   |                                  (flask_gateway.core.errors: ConflictError, NotFoundError, ...)
+    `-- GatewayExtensionError              what the extension itself refuses or cannot do
+        |-- ConfigurationError             a GATEWAY_* key (or the app's setup) is wrong; names the fix
+        |-- NotInstalledError              the gateway is not installed for this environment yet
+        |-- SecretUnreadable               a stored secret cannot be decrypted (the key changed)
+        |-- InvalidOrderError              an order the gateway cannot take (names the field)
+        |-- CheckoutUnavailableError       the payment option is not offered for this total
+        |-- CheckoutStateError             the checkout's status does not allow the operation
+        |-- RefundNotAllowedError          the shop's own checks refuse the refund (amount, status, pending)
+        |-- RefundDeclinedError            the gateway declined the refund; ``cause`` is its GatewayError
+        |-- CallbackRejected (HTTP 4xx/5xx)  a status callback was refused (one subclass per answer)
+        |-- V1OutcomeRejected (HTTP 4xx)   a call to the v1 success/fail URL was refused
+        `-- InvalidReturnLink (HTTP 400)   a return link's signed reference is missing or forged
+
+The errors a view turns into an HTTP answer are werkzeug ``HTTPException`` subclasses too, with their
+``code``, after flask-wtf's ``CSRFError(BadRequest)``: an app changes the answer with
+``@app.errorhandler(CallbackRejected)`` (or ``V1OutcomeRejected``, ``InvalidReturnLink``). Without a
+handler the callback and v1 errors answer a small JSON object ``{"message": ...}`` (the gateway's own
+error shape); the return-page error is an HTML page, because a shopper's browser shows it.
+
+The local errors also keep the built-in base they always had (``ValueError``, ``RuntimeError``), so code
+written against those still catches them.
 """
 
 from __future__ import annotations
@@ -23,12 +44,13 @@ from werkzeug.exceptions import (
     Unauthorized,
 )
 
+from flask_gateway.core.errors import FlaskGatewayError, GatewayError
 from flask_gateway.models import CallbackOutcome
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import WSGIEnvironment
 
-    from flask_gateway.models import CallbackLog, GatewayCheckout
+    from flask_gateway.models import CallbackLog, GatewayCheckout, RefundRecord
 
 __all__ = [
     "CallbackBodyInvalid",
@@ -38,13 +60,79 @@ __all__ = [
     "CallbackRejected",
     "CallbackTooLarge",
     "CallbackUnauthorized",
+    "CheckoutStateError",
+    "CheckoutUnavailableError",
+    "ConfigurationError",
+    "FlaskGatewayError",
+    "GatewayError",
+    "GatewayExtensionError",
+    "InvalidOrderError",
     "InvalidReturnLink",
     "JSONHTTPException",
+    "NotInstalledError",
+    "RefundDeclinedError",
+    "RefundNotAllowedError",
+    "SecretUnreadable",
     "V1OutcomeForbidden",
     "V1OutcomeInvalid",
     "V1OutcomeRejected",
     "V1OutcomeUnknown",
 ]
+
+
+class GatewayExtensionError(FlaskGatewayError):
+    """The base of every error the extension itself raises (the gateway's answers are ``GatewayError``)."""
+
+
+class ConfigurationError(GatewayExtensionError, RuntimeError):
+    """A ``GATEWAY_*`` key is missing or wrong, or the app is not set up for the extension; the message
+    names what and says how to fix it."""
+
+
+class NotInstalledError(GatewayExtensionError, RuntimeError):
+    """The gateway is not installed yet: an administrator must complete the install screen."""
+
+
+class SecretUnreadable(GatewayExtensionError, RuntimeError):
+    """A stored secret cannot be decrypted: the encryption key (or SECRET_KEY) changed."""
+
+
+class InvalidOrderError(GatewayExtensionError, ValueError):
+    """The order cannot be sent to the gateway as it is; the message names the field and the fix.
+
+    Raised before anything is saved."""
+
+
+class CheckoutUnavailableError(GatewayExtensionError, ValueError):
+    """The payment option is not available for this total (outside the merchant's limits, or the gateway
+    is not installed)."""
+
+
+class CheckoutStateError(GatewayExtensionError, ValueError):
+    """The checkout's status (or its version, or a missing token) does not allow the operation."""
+
+
+class RefundNotAllowedError(GatewayExtensionError, ValueError):
+    """The shop's own checks refuse the refund before anything is sent: the amount (not whole cents, zero,
+    more than is left), the checkout's status, or a refund still pending for the same checkout."""
+
+
+class RefundDeclinedError(GatewayExtensionError):
+    """The gateway declined the refund. ``refund`` (a ``RefundRecord``) is marked ``FAILED`` with its reason;
+    ``cause`` is the gateway's ``GatewayError`` (its ``http_status``, ``body``, ``message``).
+
+    ``str()`` names the amount and the gateway's own message; show it to the shop owner.
+    """
+
+    def __init__(self, message: str, *, refund: RefundRecord, cause: GatewayError) -> None:
+        super().__init__(message)
+        self.message = message
+        self.refund = refund
+        self.cause = cause
+
+    @property
+    def http_status(self) -> int | None:
+        return self.cause.http_status
 
 
 class JSONHTTPException(HTTPException):
@@ -59,7 +147,7 @@ class JSONHTTPException(HTTPException):
         return [("Content-Type", "application/json"), ("Cache-Control", "no-store")]
 
 
-class CallbackRejected(JSONHTTPException):
+class CallbackRejected(GatewayExtensionError, JSONHTTPException):
     """A status callback was refused. It was logged first (``log``, a ``CallbackLog`` row); nothing changed.
 
     ``outcome`` is the value stored in ``CallbackLog.outcome``.
@@ -131,7 +219,7 @@ class CallbackRateLimited(CallbackRejected, TooManyRequests):
         return [*super().get_headers(environ, scope), ("Retry-After", str(self.retry_after))]
 
 
-class V1OutcomeRejected(JSONHTTPException):
+class V1OutcomeRejected(GatewayExtensionError, JSONHTTPException):
     """A call to the v1 success or fail URL was refused; nothing changed."""
 
 
@@ -150,7 +238,7 @@ class V1OutcomeUnknown(V1OutcomeRejected, NotFound):
     """404: the (validly signed) reference names no v1 order of this shop."""
 
 
-class InvalidReturnLink(BadRequest):
+class InvalidReturnLink(GatewayExtensionError, BadRequest):
     """400 on a return page: the link's signed reference is missing, edited or forged."""
 
     description = (

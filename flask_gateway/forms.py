@@ -17,6 +17,8 @@ from wtforms import BooleanField, IntegerField, PasswordField, StringField
 from wtforms.validators import InputRequired, Length, NumberRange, Optional, ValidationError
 
 from flask_gateway.core.money import format_money, format_plain
+from flask_gateway.errors import ConfigurationError
+from flask_gateway.state import get_state
 
 __all__ = [
     "MAX_CENTS",
@@ -81,11 +83,9 @@ class AmountField(StringField):  # type: ignore[misc]
 
 
 def _currency_symbol() -> str:
-    from flask_gateway.extension import get_state
-
     try:
         return get_state().config.currency_symbol
-    except RuntimeError:  # outside an app with the extension: no symbol to strip
+    except ConfigurationError:  # outside an app with the extension: no symbol to strip
         return ""
 
 

@@ -102,16 +102,17 @@ from flask_gateway.errors import (
     CallbackTooLarge,
     CallbackUnauthorized,
     InvalidReturnLink,
+    NotInstalledError,
+    SecretUnreadable,
     V1OutcomeForbidden,
     V1OutcomeInvalid,
     V1OutcomeRejected,
     V1OutcomeUnknown,
 )
-from flask_gateway.extension import NotInstalledError, get_state
 from flask_gateway.models import CallbackLog, CallbackOutcome, GatewayCheckout
 from flask_gateway.polling import refresh
-from flask_gateway.secrets import SecretUnreadable
 from flask_gateway.signing import verify
+from flask_gateway.state import get_state
 from flask_gateway.transitions import (
     Observation,
     Transition,
@@ -544,7 +545,7 @@ def _process(
     log.http_status = 200
     log.detail = detail
     log_id, checkout_id = log.id, checkout.id
-    session.commit()
+    commit_keeping_loaded(session)
     send_pending(transition)
     if outcome is CallbackOutcome.MISMATCH:
         _log.warning("Callback %s for checkout %s flagged: %s", log_id, checkout_id, transition.reason)
@@ -654,7 +655,7 @@ def process_v1_outcome(kind: Literal["v1-success", "v1-fail"], args: Mapping[str
     transition = apply(session, checkout_id, observation, commit=False)
     if fail_reason and transition.after == observation.status and transition.checkout.fail_reason is None:
         transition.checkout.fail_reason = fail_reason
-    session.commit()
+    commit_keeping_loaded(session)
     send_pending(transition)
     return reply
 

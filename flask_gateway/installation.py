@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 from flask_gateway.core.timestamps import utcnow
 from flask_gateway.core.wire import InstallRequest, SettingsUpdateRequest
-from flask_gateway.extension import get_state
 from flask_gateway.models import Installation
+from flask_gateway.state import get_state, leaves_no_transaction
 
 __all__ = ["InstallSettings", "adopt_signing_key", "install", "update_settings"]
 
@@ -49,6 +49,7 @@ def _store(settings: InstallSettings, signing_key: str) -> Installation:
     return installation
 
 
+@leaves_no_transaction
 def install(settings: InstallSettings) -> Installation:
     """Call the installation operation and store the returned signing key (encrypted).
 
@@ -69,6 +70,7 @@ def install(settings: InstallSettings) -> Installation:
     return _store(settings, answer.data.secretSigningKey.get_secret_value())
 
 
+@leaves_no_transaction
 def adopt_signing_key(settings: InstallSettings, signing_key: str) -> Installation:
     """Store a signing key the owner already has (after "already installed"), once the gateway accepts it.
 
@@ -87,6 +89,7 @@ def adopt_signing_key(settings: InstallSettings, signing_key: str) -> Installati
     return _store(settings, answer.data.signingKey.get_secret_value())
 
 
+@leaves_no_transaction
 def update_settings(
     *,
     callback_url: str,

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+from flask_gateway.core.sql import commit_keeping_loaded
 from flask_gateway.core.timestamps import utcnow
-from flask_gateway.extension import get_state
 from flask_gateway.models import GatewayCheckout
+from flask_gateway.state import get_state, leaves_no_transaction
 from flask_gateway.transitions import Observation, Transition, apply, send_pending
 
 __all__ = ["refresh"]
 
 
+@leaves_no_transaction
 def refresh(checkout: GatewayCheckout, *, source: str = "poll") -> Transition:
     """getstatus for a v2 checkout, applied as an observation of ``source`` (poll, return, reconcile, admin).
 
@@ -36,6 +38,6 @@ def refresh(checkout: GatewayCheckout, *, source: str = "poll") -> Transition:
     )
     transition = apply(state.session, checkout_id, observed, commit=False)
     transition.checkout.last_polled_at = utcnow()
-    state.session.commit()
+    commit_keeping_loaded(state.session)
     send_pending(transition)
     return transition

@@ -25,7 +25,7 @@ import logging
 import random
 import time
 from dataclasses import dataclass
-from typing import Any, Final, cast
+from typing import Any, ClassVar, Final, cast
 
 from flask import current_app
 from limits import RateLimitItem, parse
@@ -36,9 +36,10 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from flask_gateway.config import ConfigurationError
 from flask_gateway.core.sql import sqlite_read_transactions
+from flask_gateway.errors import ConfigurationError
 from flask_gateway.models import RateLimitCounter
+from flask_gateway.state import get_state
 
 __all__ = ["DatabaseStorage", "RateLimit", "make_storage"]
 
@@ -56,14 +57,14 @@ class StorageBusy(SQLAlchemyError):
 
 
 def _engine() -> Engine:
-    from flask_gateway.extension import get_state
-
     state = get_state(current_app)
-    engine: Engine = state.db.engine
+    engine = state.engine
     if engine.dialect.name == "sqlite" and state.session.in_transaction():
-        # Every SQLite transaction of the app holds the write lock (BEGIN IMMEDIATE): a connection of our
-        # own would wait for this very thread until the busy timeout. Callers end their transaction first.
-        raise StorageBusy("the app's session holds a SQLite transaction in this thread: commit it first")
+        # Every SQLite transaction of the extension holds the write lock (BEGIN IMMEDIATE): a connection
+        # of its own would wait for this very thread until the busy timeout. Callers end it first.
+        raise StorageBusy(
+            "the extension's session holds a SQLite transaction in this thread: commit it first"
+        )
     return engine
 
 
@@ -83,6 +84,8 @@ class DatabaseStorage(Storage):
     """
 
     STORAGE_SCHEME = ["flask-gateway-db"]  # noqa: RUF012 - the limits registry reads this list
+    #: The storage URI that names this storage (for Flask-Limiter's ``RATELIMIT_STORAGE_URI``).
+    URI: ClassVar[str] = "flask-gateway-db://"
 
     def __init__(self, uri: str | None = None, wrap_exceptions: bool = False, **options: Any) -> None:
         super().__init__(uri, wrap_exceptions=wrap_exceptions, **options)

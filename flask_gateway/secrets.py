@@ -13,13 +13,9 @@ from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from flask_gateway.config import ConfigurationError
+from flask_gateway.errors import ConfigurationError, SecretUnreadable
 
 __all__ = ["SecretBox", "SecretUnreadable", "mask"]
-
-
-class SecretUnreadable(RuntimeError):
-    """A stored secret cannot be decrypted: the encryption key (or SECRET_KEY) changed."""
 
 
 def mask(secret: str | None) -> str:

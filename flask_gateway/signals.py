@@ -1,12 +1,13 @@
 """Signals the extension sends (blinker), each exactly once per event, after the change is committed.
 
-Connect with ``@checkout_paid.connect_via(app)`` or ``checkout_paid.connect(receiver)``. Every signal
-sends the app as sender and ``checkout`` (a ``GatewayCheckout``) plus the keyword arguments listed.
+Connect with ``@payment_confirmed.connect_via(app)`` or ``payment_confirmed.connect(receiver)``. Every
+signal sends the app as sender and ``checkout`` (a ``GatewayCheckout``) plus the keyword arguments listed.
 """
 
 from __future__ import annotations
 
 from blinker import Namespace
+from flask import Flask, current_app
 
 __all__ = [
     "callback_rejected",
@@ -44,3 +45,10 @@ callback_rejected = _signals.signal("gateway-callback-rejected")
 #: cancellation, a refund reported before the shop knew of the payment). Sends ``checkout``, ``reason``
 #: and ``source``.
 checkout_flagged = _signals.signal("gateway-checkout-flagged")
+
+
+def sender() -> Flask:
+    """The app object itself (not the ``current_app`` proxy): the sender of every signal, as Flask's own
+    signals send it."""
+    app: Flask = current_app._get_current_object()  # type: ignore[attr-defined]
+    return app

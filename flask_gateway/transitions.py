@@ -28,7 +28,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, object_session
 
 from flask_gateway import signals
-from flask_gateway.core.sql import storable_text
+from flask_gateway.core.sql import commit_keeping_loaded, storable_text
 from flask_gateway.core.timestamps import utcnow
 from flask_gateway.core.wire import OPEN_STATUSES, PAID_STATUSES, PAYMENT_STATUSES, CheckoutStatus
 from flask_gateway.models import (
@@ -236,7 +236,9 @@ def apply(session: Session, checkout_id: int, observation: Observation, *, commi
             )
         _record(checkout, now, observation, before, applied=transition.applied, detail=transition.reason)
     if commit:
-        session.commit()
+        # Kept loaded: the signals' receivers (the shop's code) read the checkout without reloading it,
+        # so they open no transaction of the extension's (on SQLite one would hold the write lock).
+        commit_keeping_loaded(session)
         send_pending(transition)
     return transition
 

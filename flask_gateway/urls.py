@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 from flask import current_app, url_for
 from itsdangerous import BadSignature, URLSafeSerializer
 
-from flask_gateway.extension import get_state
+from flask_gateway.state import get_state
 
 __all__ = [
     "ReturnKind",

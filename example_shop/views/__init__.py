@@ -14,7 +14,7 @@ from werkzeug.wrappers import Response
 from example_shop import auth
 from example_shop import cart as session_cart
 from example_shop.models import OrderStatus
-from flask_gateway.core.money import format_money
+from flask_gateway import format_money
 
 __all__ = ["register"]
 

@@ -20,15 +20,18 @@ from example_shop.extensions import db, limiter
 from example_shop.forms import ActionForm, LoginForm, RefundForm
 from example_shop.links import order_url
 from example_shop.models import Order, OrderStatus, is_reference, latest_checkout, sync_with_gateway
-from flask_gateway import CHANGEABLE_STATUSES, GatewayCheckout, NotInstalledError
-from flask_gateway.checks import setup_warnings
-from flask_gateway.core.errors import GatewayError
-from flask_gateway.core.money import format_money, format_plain
-from flask_gateway.operations import (
+from flask_gateway import (
+    CHANGEABLE_STATUSES,
     CheckoutStateError,
+    GatewayCheckout,
+    GatewayError,
+    NotInstalledError,
     RefundNotAllowedError,
     cancel_checkout,
+    format_money,
+    format_plain,
     refund,
+    setup_warnings,
 )
 
 __all__ = ["bp"]

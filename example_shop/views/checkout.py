@@ -36,10 +36,7 @@ from example_shop.models import (
     record,
 )
 from example_shop.payments import instalment_hint, order_draft, payment_available
-from flask_gateway import NotInstalledError
-from flask_gateway.core.errors import GatewayError
-from flask_gateway.core.timestamps import utcnow
-from flask_gateway.operations import CheckoutUnavailableError, start_checkout
+from flask_gateway import CheckoutUnavailableError, GatewayError, NotInstalledError, start_checkout, utcnow
 
 __all__ = ["bp"]
 

@@ -37,6 +37,7 @@ __all__ = [
     "PayloadTooLargeError",
     "RateLimitError",
     "V1RefundFailedError",
+    "definite_refusal",
     "error_for_status",
 ]
 
@@ -259,3 +260,18 @@ def _forbidden_kind(body: Mapping[str, Any] | None, operation: str | None) -> ty
     if operation == "update":
         return CheckoutExpiredError
     return ForbiddenError
+
+
+def definite_refusal(error: GatewayError, *, conflict_refuses: bool = False) -> bool:
+    """The gateway surely did not act: a 4xx answer other than 422 and 429, and 409 only when
+    ``conflict_refuses``.
+
+    A 409 on create can only mean "the same requestId is still in flight" (the first attempt may yet
+    succeed); on a refund it is mostly the refusal itself (wrong status, more than what is left).
+    """
+    status = error.http_status
+    if status is None or not 400 <= status < 500:
+        return False
+    if isinstance(error, ConflictError):
+        return conflict_refuses
+    return not isinstance(error, IdempotencyError | RateLimitError)

@@ -69,8 +69,10 @@ def storable_text(value: str, max_length: int | None = None) -> str:
     return text if max_length is None else text[:max_length]
 
 
-def configure_sqlite(engine: Engine, *, busy_timeout_ms: int = 30_000) -> None:
-    """WAL, busy timeout and ``BEGIN IMMEDIATE`` for a SQLite engine; no-op for other backends."""
+def configure_sqlite(engine: Engine, *, busy_timeout_ms: int = 30_000, wal: bool = True) -> None:
+    """A busy timeout and ``BEGIN IMMEDIATE`` (and WAL with ``wal``) for a SQLite engine; no-op for other
+    backends. WAL is a setting of the database file: every connection to it then uses WAL, not only this
+    engine's."""
     if engine.dialect.name != "sqlite" or getattr(engine, "_flask_gateway_configured", False):
         return
 
@@ -79,10 +81,11 @@ def configure_sqlite(engine: Engine, *, busy_timeout_ms: int = 30_000) -> None:
         # Let SQLAlchemy's "begin" event issue BEGIN instead of the driver's implicit (deferred) one.
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
-        cursor.execute("PRAGMA journal_mode=WAL")
-        # With WAL, NORMAL syncs at checkpoints rather than at every commit: the database cannot be
-        # corrupted, and only a power cut (not a crash of the process) can lose the last commits.
-        cursor.execute("PRAGMA synchronous=NORMAL")
+        if wal:
+            cursor.execute("PRAGMA journal_mode=WAL")
+            # With WAL, NORMAL syncs at checkpoints rather than at every commit: the database cannot be
+            # corrupted, and only a power cut (not a crash of the process) can lose the last commits.
+            cursor.execute("PRAGMA synchronous=NORMAL")
         cursor.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.close()

@@ -22,6 +22,7 @@ from sqlalchemy import false, func, or_, select
 from werkzeug.wrappers import Response
 from wtforms import ValidationError as FormValidationError
 
+from flask_gateway.checkouts import cancel_checkout as cancel_checkout_at_gateway
 from flask_gateway.checks import setup_warnings
 from flask_gateway.core.errors import (
     AlreadyInstalledError,
@@ -32,7 +33,7 @@ from flask_gateway.core.errors import (
 )
 from flask_gateway.core.wire import CHANGEABLE_STATUSES, CheckoutStatus
 from flask_gateway.drift import check_settings, last_report
-from flask_gateway.extension import GatewayState, NotInstalledError, get_state
+from flask_gateway.errors import NotInstalledError, SecretUnreadable
 from flask_gateway.forms import (
     ActionForm,
     AmountField,
@@ -51,7 +52,9 @@ from flask_gateway.labels import (
 )
 from flask_gateway.models import CallbackLog, CallbackOutcome, GatewayCheckout, Installation, LocalStatus
 from flask_gateway.polling import refresh
-from flask_gateway.secrets import SecretUnreadable, mask
+from flask_gateway.refunds import refund
+from flask_gateway.secrets import mask
+from flask_gateway.state import GatewayState, get_state
 from flask_gateway.urls import callback_url
 from flask_gateway.views import deny_framing
 
@@ -91,7 +94,7 @@ _EXPECTED: Final = (GatewayError, ValueError, NotInstalledError, SecretUnreadabl
 
 @bp.before_request
 def _admit() -> ResponseReturnValue | None:
-    guard = get_state().extension._admin_guard
+    guard = get_state().admin_guard.check
     if guard is None:
         _log.warning(
             "gateway admin refused: no admin guard registered (decorate a function with "
@@ -600,11 +603,9 @@ def refresh_checkout(checkout_id: int) -> ResponseReturnValue:
 
 @bp.post("/checkouts/<int:checkout_id>/cancel")
 def cancel_checkout(checkout_id: int) -> ResponseReturnValue:
-    from flask_gateway.operations import cancel_checkout as cancel
-
     checkout = _checkout_or_404(checkout_id)
     try:
-        cancel(checkout, source="admin")
+        cancel_checkout_at_gateway(checkout, source="admin")
     except _EXPECTED as error:
         get_state().session.rollback()
         flash(f"The checkout was not cancelled: {_problem(error)}", "error")
@@ -617,8 +618,6 @@ def cancel_checkout(checkout_id: int) -> ResponseReturnValue:
 @bp.post("/checkouts/<int:checkout_id>/refund")
 def refund_checkout(checkout_id: int) -> ResponseReturnValue:
     """Two steps: the amount is shown for confirmation; only the confirmed submit calls the gateway."""
-    from flask_gateway.operations import refund
-
     checkout = _checkout_or_404(checkout_id)
     form = RefundForm()
     if not form.validate_on_submit():

@@ -33,7 +33,6 @@ from werkzeug.wrappers import Response as BaseResponse
 
 from flask_gateway.core.money import format_money
 from flask_gateway.core.wire import CheckoutStatus
-from flask_gateway.extension import get_state
 from flask_gateway.inbound import (
     MAX_CALLBACK_BYTES,
     check_rate_limit,
@@ -43,6 +42,7 @@ from flask_gateway.inbound import (
     refuse_oversize,
 )
 from flask_gateway.models import GatewayCheckout, LocalStatus
+from flask_gateway.state import get_state
 from flask_gateway.views import deny_framing
 
 __all__ = ["bp"]

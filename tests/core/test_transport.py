@@ -14,7 +14,7 @@ import responses
 from responses import matchers
 from responses.registries import OrderedRegistry
 
-from flask_gateway.core import http
+from flask_gateway.core import retry_after
 from flask_gateway.core.client import GatewayClient
 from flask_gateway.core.errors import (
     AuthenticationError,
@@ -187,7 +187,7 @@ def test_429_retry_after_seconds_is_slept_exactly(rsps, client, sleeps):
 
 def test_429_retry_after_http_date(rsps, client, sleeps, monkeypatch):
     now = datetime(2024, 5, 1, 10, 0, 0, tzinfo=UTC)
-    monkeypatch.setattr(http, "utcnow", lambda: now)
+    monkeypatch.setattr(retry_after, "utcnow", lambda: now)
     when = format_datetime(now + timedelta(seconds=12), usegmt=True)
     rsps.add("POST", CREATE, json={"message": "slow down"}, status=429, headers={"Retry-After": when})
     rsps.add("POST", CREATE, json=CHECKOUT)

@@ -17,15 +17,14 @@ from typing import Any
 import pytest
 from flask_sqlalchemy import SQLAlchemy
 
-from flask_gateway import signals
+from flask_gateway import create_checkout, signals
 from flask_gateway.core.signing import sign
 from flask_gateway.core.wire import WIRE_NAME_SETS, WireNames
 from flask_gateway.emulator import merchant as emulator_merchant
-from flask_gateway.extension import get_state
 from flask_gateway.installation import InstallSettings, install
 from flask_gateway.models import CallbackLog, GatewayCheckout
-from flask_gateway.operations import create_checkout
 from flask_gateway.orders import OrderDraft, OrderLine
+from flask_gateway.state import get_state
 from tests.documented.corpus import compact, load, respell, respell_text
 from tests.emulator.conftest import make_emulator
 from tests.emulator.support import Gateway as EmulatorDriver

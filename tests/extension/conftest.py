@@ -19,9 +19,9 @@ from flask_wtf.csrf import CSRFProtect
 
 from flask_gateway import Gateway
 from flask_gateway.emulator import merchant as emulator_merchant
-from flask_gateway.extension import get_state
 from flask_gateway.installation import InstallSettings, install
 from flask_gateway.orders import Address, Customer, OrderDraft, OrderLine
+from flask_gateway.state import get_state
 from tests.conftest import Databases
 from tests.emulator.conftest import make_emulator
 from tests.emulator.support import Gateway as EmulatorDriver

@@ -12,11 +12,11 @@ from urllib.parse import urlsplit
 import requests
 from blinker import Signal
 
+from flask_gateway import create_checkout
 from flask_gateway.emulator.problems import ResponseDropped
-from flask_gateway.extension import get_state
 from flask_gateway.models import GatewayCheckout
-from flask_gateway.operations import create_checkout
 from flask_gateway.orders import OrderDraft
+from flask_gateway.state import get_state
 from tests.extension.conftest import ACCOUNT, EMULATOR_URL, Harness, sample_order
 from tests.wsgi_adapter import FlaskAdapter
 

@@ -16,10 +16,10 @@ from sqlalchemy import select
 
 from flask_gateway import Gateway
 from flask_gateway.core.timestamps import utcnow
-from flask_gateway.extension import get_state
 from flask_gateway.forms import format_money, parse_amount
 from flask_gateway.models import CallbackLog, GatewayCheckout, Installation, LocalStatus
 from flask_gateway.secrets import mask
+from flask_gateway.state import get_state
 from flask_gateway.transitions import Observation, apply
 from tests.extension.conftest import ACCOUNT, API_KEY, SHOP_URL, Harness, sample_order
 
@@ -134,7 +134,7 @@ def add_checkout(harness: Harness, reference: str, status: str, total: int = 798
 
 def paid_checkout(harness: Harness, reference: str = "ORD-1", client: Any = None) -> int:
     """A real checkout on the emulator, paid by the consumer, the shop told by 'refresh status'."""
-    from flask_gateway.operations import create_checkout
+    from flask_gateway import create_checkout
 
     with harness.shop.test_request_context():
         checkout = create_checkout(sample_order(reference))
@@ -876,7 +876,7 @@ def test_refund_form_refuses_wrong_amounts_before_anything_is_sent(admin):
 
 
 def test_cancel_button(admin):
-    from flask_gateway.operations import create_checkout
+    from flask_gateway import create_checkout
 
     admin.install()
     with admin.shop.test_request_context():

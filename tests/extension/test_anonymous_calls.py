@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from flask_gateway.operations import clear_payment_plan_cache, format_instalment_hint
+from flask_gateway import clear_payment_plan_cache, format_instalment_hint
 from tests.conftest import Databases
 from tests.extension.conftest import SHOP_URL, Harness, build_harness
 from tests.extension.inbound_support import return_path
@@ -59,8 +59,8 @@ def test_reopening_a_return_link_asks_the_gateway_at_most_once_per_interval(harn
     with harness.shop.app_context():  # the interval since the last poll has passed
         from datetime import timedelta
 
-        from flask_gateway.extension import get_state
         from flask_gateway.models import GatewayCheckout
+        from flask_gateway.state import get_state
 
         session = get_state().session
         row = session.get_one(GatewayCheckout, checkout_id)

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from flask_gateway.core.signing import sign
-from flask_gateway.extension import get_state
 from flask_gateway.models import CallbackLog
+from flask_gateway.state import get_state
 from tests.conftest import Databases
 from tests.extension.conftest import ACCOUNT, Harness, build_harness
 from tests.extension.inbound_support import (

@@ -11,8 +11,8 @@ import pytest
 from flask_gateway import inbound, signals
 from flask_gateway.core.signing import sign
 from flask_gateway.errors import CallbackRejected
-from flask_gateway.extension import get_state
 from flask_gateway.models import GatewayCheckout
+from flask_gateway.state import get_state
 from tests.conftest import fetch_all
 from tests.extension.conftest import ACCOUNT, API_KEY, Harness
 from tests.extension.inbound_support import (

@@ -149,8 +149,8 @@ def test_prune_callbacks_deletes_only_old_rows_and_keeps_the_history(installed):
 
     from sqlalchemy import func, select, update
 
-    from flask_gateway.extension import get_state
     from flask_gateway.models import CallbackLog, CheckoutEvent
+    from flask_gateway.state import get_state
 
     checkout_id = _received_callbacks(installed)
     with installed.shop.app_context():
@@ -180,8 +180,8 @@ def test_prune_callbacks_deletes_only_old_rows_and_keeps_the_history(installed):
 def test_prune_callbacks_refused_purges_a_flood_now_and_keeps_verified_rows(installed):
     from sqlalchemy import select
 
-    from flask_gateway.extension import get_state
     from flask_gateway.models import CallbackLog
+    from flask_gateway.state import get_state
 
     checkout_id = _received_callbacks(installed)  # one accepted, one refused, both just now
     for _ in range(3):

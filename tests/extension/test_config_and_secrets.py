@@ -3,9 +3,10 @@ from __future__ import annotations
 import pytest
 from cryptography.fernet import Fernet
 
-from flask_gateway.config import DEFAULTS, ConfigurationError, GatewayConfig
+from flask_gateway.config import DEFAULTS, GatewayConfig
 from flask_gateway.core.wire import OPERATOR, SPEC
-from flask_gateway.secrets import SecretBox, SecretUnreadable, mask
+from flask_gateway.errors import ConfigurationError, SecretUnreadable
+from flask_gateway.secrets import SecretBox, mask
 
 
 def test_defaults_select_the_local_emulator_and_are_written_back():

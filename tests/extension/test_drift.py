@@ -11,8 +11,8 @@ import re
 
 import pytest
 
-from flask_gateway.extension import get_state
 from flask_gateway.models import Installation
+from flask_gateway.state import get_state
 from tests.extension.conftest import ACCOUNT, SHOP_URL, Harness
 from tests.extension.inbound_support import signing_key
 

@@ -1,7 +1,7 @@
 import pytest
 
 from flask_gateway.core.errors import NotFoundError
-from flask_gateway.extension import get_state
+from flask_gateway.state import get_state
 
 
 def test_install_stores_encrypted_keys_and_the_shop_can_sign(harness):

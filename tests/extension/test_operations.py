@@ -12,20 +12,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from flask_gateway import signals
-from flask_gateway.core.client import GatewayClient
-from flask_gateway.core.errors import (
-    CheckoutExpiredError,
-    ConflictError,
-    GatewayConnectionError,
-    GatewayError,
-    GatewayServerError,
-    InvalidRequestError,
-)
-from flask_gateway.core.timestamps import utcnow
-from flask_gateway.extension import NotInstalledError, get_state
-from flask_gateway.models import GatewayCheckout, LocalStatus, RefundRecord, RefundState
-from flask_gateway.operations import (
+from flask_gateway import (
     CheckoutStateError,
     CheckoutUnavailableError,
     PaymentPlan,
@@ -36,15 +23,29 @@ from flask_gateway.operations import (
     create_checkout,
     format_instalment_hint,
     is_available,
-    order_snapshot,
     payment_plan,
     refund,
     retry_refund,
+    signals,
     start_checkout,
     update_checkout,
 )
+from flask_gateway.core.client import GatewayClient
+from flask_gateway.core.errors import (
+    CheckoutExpiredError,
+    ConflictError,
+    GatewayConnectionError,
+    GatewayError,
+    GatewayServerError,
+    InvalidRequestError,
+)
+from flask_gateway.core.timestamps import utcnow
+from flask_gateway.errors import NotInstalledError
+from flask_gateway.mapping import order_snapshot
+from flask_gateway.models import GatewayCheckout, LocalStatus, RefundRecord, RefundState
 from flask_gateway.orders import Customer, OrderDraft, OrderLine
 from flask_gateway.polling import refresh
+from flask_gateway.state import get_state
 from flask_gateway.urls import load_signed_reference
 from tests.conftest import Databases, fetch_all
 from tests.extension.conftest import SHOP_URL, Harness, build_harness, sample_order

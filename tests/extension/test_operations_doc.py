@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from flask_gateway.extension import get_state
+from flask_gateway.state import get_state
 from tests.extension.conftest import Harness
 from tests.extension.operations_support import load, new_checkout
 

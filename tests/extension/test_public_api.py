@@ -1,9 +1,9 @@
 import pytest
 
+from flask_gateway import create_checkout, payment_limits
 from flask_gateway.core.errors import InvalidRequestError
-from flask_gateway.extension import get_state
 from flask_gateway.models import GatewayCheckout
-from flask_gateway.operations import create_checkout, payment_limits
+from flask_gateway.state import get_state
 from tests.extension.conftest import sample_order
 
 

@@ -9,12 +9,11 @@ import requests
 import responses
 from sqlalchemy import update
 
-from flask_gateway import signals
+from flask_gateway import create_checkout, signals
 from flask_gateway.core.timestamps import format_timestamp, utcnow
-from flask_gateway.extension import get_state
 from flask_gateway.models import GatewayCheckout
-from flask_gateway.operations import create_checkout
-from flask_gateway.reconcile import ReconcileReport, reconcile
+from flask_gateway.reconciliation import ReconcileReport, reconcile
+from flask_gateway.state import get_state
 from tests.extension.conftest import EMULATOR_URL, Harness, sample_order
 from tests.extension.operations_support import load, new_checkout, recording, spy
 

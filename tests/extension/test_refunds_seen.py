@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import pytest
 
-from flask_gateway import signals
+from flask_gateway import refund, signals
 from flask_gateway.core.wire import RefundRequest
-from flask_gateway.extension import get_state
 from flask_gateway.models import RefundState
-from flask_gateway.operations import refund
 from flask_gateway.polling import refresh
-from flask_gateway.reconcile import reconcile
+from flask_gateway.reconciliation import reconcile
+from flask_gateway.state import get_state
 from tests.extension.conftest import Harness
 from tests.extension.inbound_support import return_path
 from tests.extension.operations_support import emulator_checkout, load, new_checkout, recording

@@ -18,16 +18,16 @@ import pytest
 from sqlalchemy import event, insert
 from sqlalchemy.engine import Engine
 
+from flask_gateway import create_checkout
 from flask_gateway.core.signing import sign
 from flask_gateway.core.timestamps import utcnow
 from flask_gateway.core.wire import CheckoutStatusPayload
 from flask_gateway.emulator import merchant as emulator_merchant
 from flask_gateway.emulator.models import ApiVersion, Checkout
 from flask_gateway.emulator.models import db as emulator_db
-from flask_gateway.extension import get_state
 from flask_gateway.models import CheckoutEvent, GatewayCheckout
-from flask_gateway.operations import create_checkout
 from flask_gateway.polling import refresh
+from flask_gateway.state import get_state
 from tests.conftest import Databases
 from tests.emulator.conftest import make_emulator
 from tests.emulator.support import Gateway as EmulatorDriver

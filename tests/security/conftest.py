@@ -15,9 +15,9 @@ from sqlalchemy.pool import NullPool
 from werkzeug.routing import Rule
 
 from example_shop.links import order_token
-from flask_gateway.extension import get_state
+from flask_gateway import clear_payment_plan_cache
 from flask_gateway.models import GatewayCheckout
-from flask_gateway.operations import clear_payment_plan_cache
+from flask_gateway.state import get_state
 from tests.conftest import Databases, dispose_engines
 from tests.extension.conftest import Harness, build_harness
 from tests.shop.conftest import SHOP_URL, ShopHarness, Shopper

@@ -33,8 +33,8 @@ from flask import Flask, url_for
 
 from flask_gateway.core.signing import sign
 from flask_gateway.emulator.api import MAX_BODY_BYTES
-from flask_gateway.extension import get_state
 from flask_gateway.inbound import MAX_CALLBACK_BYTES
+from flask_gateway.state import get_state
 from tests.emulator.conftest import make_emulator
 from tests.emulator.support import ACCOUNT, API_KEY, Gateway, create_body
 from tests.security.conftest import ShopWorld, methods_of, table_contents

@@ -41,7 +41,7 @@ def test_huge_ids_in_admin_posts_and_the_emulator_never_answer_500(shop_world: S
 
 def test_json_nested_too_deep_in_a_callback_is_refused_not_a_500(shop_world: ShopWorld) -> None:
     from flask_gateway.core.signing import sign
-    from flask_gateway.extension import get_state
+    from flask_gateway.state import get_state
 
     with shop_world.app.app_context():
         state = get_state()

@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy import create_engine, inspect
 from sqlalchemy.pool import NullPool
 
-from flask_gateway.extension import get_state
+from flask_gateway.state import get_state
 from tests.conftest import Databases
 from tests.extension.conftest import API_KEY, Harness
 from tests.extension.inbound_support import create_v2_checkout, signing_key

@@ -35,20 +35,20 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from flask_gateway import signals
-from flask_gateway.core.errors import GatewayError
-from flask_gateway.core.signing import sign
-from flask_gateway.core.wire import PAID_STATUSES
-from flask_gateway.extension import get_state
-from flask_gateway.models import CallbackLog, GatewayCheckout, RefundState
-from flask_gateway.operations import (
+from flask_gateway import (
     CheckoutStateError,
     RefundDeclinedError,
     RefundNotAllowedError,
     cancel_checkout,
     refund,
+    signals,
 )
+from flask_gateway.core.errors import GatewayError
+from flask_gateway.core.signing import sign
+from flask_gateway.core.wire import PAID_STATUSES
+from flask_gateway.models import CallbackLog, GatewayCheckout, RefundState
 from flask_gateway.polling import refresh
+from flask_gateway.state import get_state
 from flask_gateway.transitions import _SAME_RANK_MOVES, RANK
 from tests.conftest import Databases, dispose_engines
 from tests.extension.conftest import ACCOUNT, Harness, build_harness

@@ -13,8 +13,8 @@ import pytest
 from flask import Flask, url_for
 from werkzeug.test import TestResponse
 
-from flask_gateway.extension import get_state
 from flask_gateway.models import GatewayCheckout
+from flask_gateway.state import get_state
 from tests.emulator.conftest import make_emulator
 from tests.emulator.support import Gateway, create_body
 from tests.security.conftest import ShopWorld, methods_of, table_contents

@@ -26,8 +26,8 @@ from example_shop import create_app
 from example_shop.extensions import db
 from example_shop.models import Order, OrderEvent
 from example_shop.setup import auto_install
+from flask_gateway import clear_payment_plan_cache
 from flask_gateway.emulator import merchant as emulator_merchant
-from flask_gateway.operations import clear_payment_plan_cache
 from tests.conftest import Databases
 from tests.emulator.conftest import make_emulator
 from tests.emulator.support import Gateway as EmulatorDriver

@@ -17,8 +17,8 @@ from example_shop.models import (
     on_checkout_cancelled,
     on_payment_confirmed,
 )
-from flask_gateway.extension import get_state
 from flask_gateway.signals import checkout_cancelled, payment_confirmed
+from flask_gateway.state import get_state
 from tests.shop.conftest import (
     CUSTOMER,
     EMULATOR_URL,

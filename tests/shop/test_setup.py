@@ -11,7 +11,7 @@ from flask import Flask
 from example_shop import create_app, setup
 from example_shop.config import ORDER_ENDPOINT, ShopConfigError, gateway_from_env, instance_secret, resolve
 from example_shop.setup import auto_install
-from flask_gateway.operations import is_available
+from flask_gateway import is_available
 from tests.shop.conftest import SHOP_URL, ShopHarness, make_harness, shop_config
 
 
@@ -163,7 +163,7 @@ def test_an_account_installed_elsewhere_is_reported_not_reset(
     # A second shop (a fresh database) for the account the first one installed: "already installed".
     other = make_harness(databases, monkeypatch, install=False, name="other")
     other.emulator = shop.emulator
-    from flask_gateway.extension import get_state
+    from flask_gateway.state import get_state
 
     get_state(other.app).client_options.update(get_state(shop.app).client_options)
     before = shop.emulator.control("accounts", method="GET").json

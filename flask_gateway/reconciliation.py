@@ -41,9 +41,9 @@ from sqlalchemy import ColumnElement, and_, func, or_, select, update
 
 from flask_gateway.core.timestamps import utcnow
 from flask_gateway.core.wire import OPEN_STATUSES, PAID_STATUSES, PAYMENT_STATUSES, CheckoutStatus
-from flask_gateway.extension import get_state
 from flask_gateway.models import GatewayCheckout, LocalStatus
 from flask_gateway.polling import refresh
+from flask_gateway.state import get_state, leaves_no_transaction
 from flask_gateway.transitions import Observation, apply
 
 __all__ = [
@@ -54,7 +54,7 @@ __all__ = [
     "reconcile",
 ]
 
-log = logging.getLogger("flask_gateway.reconcile")
+log = logging.getLogger("flask_gateway.reconciliation")
 
 S = CheckoutStatus
 
@@ -158,6 +158,7 @@ def _due(account: str, cutoff: datetime, lease_cutoff: datetime) -> ColumnElemen
     )
 
 
+@leaves_no_transaction
 def reconcile(
     *,
     limit: int | None = None,

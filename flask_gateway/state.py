@@ -1,0 +1,280 @@
+"""The extension's state in an app: its configuration, secrets, database session and gateway clients.
+
+The ground floor of the extension: every service reaches the app's state through :func:`get_state`, and
+nothing here knows of the services, views or CLI above it (``flask_gateway.extension`` wires those).
+
+**A guest in the shop's database.** The extension works in a session of its own, so a commit of the
+extension commits what the extension wrote and never the shop's pending changes. On PostgreSQL (and every
+server database) that session shares the shop's engine and pool. On a SQLite file it uses an engine of its
+own on the same file, with the settings its row locks need (a busy timeout and ``BEGIN IMMEDIATE``, see
+``core/sql.py``); the shop's engine is left as the shop configured it, and WAL (a setting of the database
+file, so the shop's too) only with ``GATEWAY_SQLITE_WAL``. An in-memory SQLite database has one connection
+for the whole app: there the extension uses the shop's session (and commits it), as a file cannot be
+shared.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import wraps
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+
+import requests
+from flask import Flask, current_app
+from flask.globals import app_ctx
+from sqlalchemy import bindparam, create_engine, select
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import Session, scoped_session, sessionmaker
+
+from flask_gateway.config import GatewayConfig
+from flask_gateway.core.client import GatewayClient, V1Client
+from flask_gateway.core.money import format_money
+from flask_gateway.core.sql import commit_keeping_loaded, configure_sqlite
+from flask_gateway.errors import ConfigurationError, NotInstalledError
+from flask_gateway.models import Installation
+from flask_gateway.secrets import SecretBox
+
+if TYPE_CHECKING:
+    from flask_sqlalchemy import SQLAlchemy
+
+    from flask_gateway.ratelimit import RateLimit
+
+__all__ = ["EXTENSION_KEY", "AdminGuard", "GatewayState", "get_state", "leaves_no_transaction"]
+
+#: ``app.extensions`` key of the state.
+EXTENSION_KEY = "gateway"
+
+#: ``GatewayState.installation_key``: built once (the newest installation of an environment).
+_INSTALLATION_KEY = (
+    select(Installation.merchant_account_id, Installation.signing_key_encrypted)
+    .where(Installation.environment == bindparam("environment"))
+    .order_by(Installation.id.desc())
+    .limit(1)
+)
+
+
+@dataclass
+class AdminGuard:
+    """Who may use the admin screens: the callback the app registers with ``Gateway.admin_guard``.
+
+    It runs before every admin request: ``True`` allows, anything falsy refuses (403), a response (e.g. a
+    redirect to the app's login page) is answered instead. Without a callback the screens answer 403.
+    One guard is shared by the ``Gateway`` object and the state of every app it is registered on.
+    """
+
+    check: Callable[[], Any] | None = None
+
+
+def _app_context_id() -> int:
+    return id(app_ctx._get_current_object())  # type: ignore[attr-defined]
+
+
+@dataclass
+class GatewayState:
+    """Everything the extension keeps per app (``app.extensions["gateway"]``)."""
+
+    db: SQLAlchemy
+    config: GatewayConfig
+    box: SecretBox
+    admin_guard: AdminGuard = field(default_factory=AdminGuard)
+    #: Refused callbacks per client address (``GATEWAY_CALLBACK_RATE_LIMIT``); None: no limit.
+    callback_limit: RateLimit | None = None
+    #: Payment-plan lookups per client address (``GATEWAY_PLAN_RATE_LIMIT``); None: no limit.
+    plan_limit: RateLimit | None = None
+    #: Test seams: replace to inject a ``requests.Session`` or a fake sleep (``flask_gateway.testing``).
+    client_options: dict[str, Any] = field(default_factory=dict)
+    #: One ``requests.Session`` per thread, shared by every client this app makes in that thread: its
+    #: connections to the gateway are kept alive and reused (a session per call would open a new TCP and
+    #: TLS connection for every poll of a reconciliation run, and leave it for the garbage collector).
+    _http: threading.local = field(default_factory=threading.local, repr=False)
+    _sessions: scoped_session[Session] | None = field(default=None, repr=False)
+    _engine: Engine | None = field(default=None, repr=False)
+    _uses_host_session: bool = field(default=False, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    # --- the database ---------------------------------------------------------------------------------
+
+    @property
+    def engine(self) -> Engine:
+        """The engine of the extension's session: the shop's, or the extension's own on a SQLite file."""
+        return self._open()[0]
+
+    @property
+    def session(self) -> Session:
+        """The extension's session in the current app context (removed when the context ends)."""
+        sessions = self._open()[1]
+        if self._uses_host_session:
+            host: Session = self.db.session()
+            return host
+        return sessions()
+
+    def remove_session(self) -> None:
+        """End the current app context's session (``teardown_appcontext``): its transaction rolls back."""
+        if self._sessions is not None:
+            self._sessions.remove()
+
+    def _open(self) -> tuple[Engine, scoped_session[Session]]:
+        if self._engine is not None and self._sessions is not None:
+            return self._engine, self._sessions
+        with self._lock:
+            if self._engine is not None and self._sessions is not None:
+                return self._engine, self._sessions
+            try:
+                host = self.db.engine
+            except (KeyError, RuntimeError):
+                raise ConfigurationError(
+                    "Flask-SQLAlchemy is not set up on this app: call db.init_app(app) before "
+                    "gateway.init_app(app)."
+                ) from None
+            engine = host
+            if host.dialect.name == "sqlite":
+                if _in_memory(host):
+                    self._uses_host_session = True
+                else:
+                    engine = create_engine(host.url)
+                    configure_sqlite(engine, wal=self.config.sqlite_wal)
+            sessions = scoped_session(sessionmaker(bind=engine), scopefunc=_app_context_id)
+            self._engine, self._sessions = engine, sessions
+            return engine, sessions
+
+    def dispose(self) -> None:
+        """Close the extension's own engine, if it has one (tests; an app being shut down)."""
+        if self._engine is not None and not self._uses_host_session and self._engine is not self.db.engine:
+            self._engine.dispose()
+
+    # --- the installation ---------------------------------------------------------------------------
+
+    def installation(self) -> Installation | None:
+        """The installation for the configured environment (the newest, if several)."""
+        return self.session.scalars(
+            select(Installation)
+            .where(Installation.environment == self.config.environment)
+            .order_by(Installation.id.desc())
+            .limit(1)
+        ).first()
+
+    def installation_key(self) -> tuple[str, str] | None:
+        """The installed account and its encrypted signing key, as ``installation()`` finds the row.
+
+        Two columns, no ORM entity: what a callback needs to be verified, on its hot path."""
+        row = self.session.execute(_INSTALLATION_KEY, {"environment": self.config.environment}).first()
+        return None if row is None else (row[0], row[1])
+
+    def require_installation(self) -> Installation:
+        installation = self.installation()
+        if installation is None:
+            raise NotInstalledError(
+                "The payment gateway is not installed: an administrator must open the gateway's install "
+                f"screen ({self.config.url_prefix}/admin/install) and enter the merchant account."
+            )
+        return installation
+
+    # --- the gateway's clients ----------------------------------------------------------------------
+
+    def _client_options(self) -> dict[str, Any]:
+        if "session" in self.client_options:
+            return self.client_options
+        session = getattr(self._http, "session", None)
+        if session is None:
+            session = self._http.session = requests.Session()
+        return {**self.client_options, "session": session}
+
+    def client(self, installation: Installation | None = None) -> GatewayClient:
+        """A v2 client signed with the stored signing key (decrypted only here, only in memory)."""
+        installation = installation or self.require_installation()
+        return self.signed_client(
+            installation.merchant_account_id, self.box.decrypt_cached(installation.signing_key_encrypted)
+        )
+
+    def signed_client(self, merchant_account_id: str, signing_key: str | None) -> GatewayClient:
+        """A v2 client for an account; unsigned (installation only) when ``signing_key`` is None."""
+        return GatewayClient(
+            base_url=self.config.base_url,
+            install_url=self.config.install_url,
+            merchant_account_id=merchant_account_id,
+            signing_key=signing_key,
+            timeout=self.config.timeout,
+            max_retries=self.config.max_retries,
+            wire_names=self.config.wire_names,
+            **self._client_options(),
+        )
+
+    def install_client(self, merchant_account_id: str) -> GatewayClient:
+        """An unsigned v2 client for the installation call."""
+        return self.signed_client(merchant_account_id, None)
+
+    def v1_client(self, installation: Installation | None = None) -> V1Client:
+        installation = installation or self.require_installation()
+        return V1Client(
+            v1_base_url=self.config.v1_base_url,
+            merchant_account_id=installation.merchant_account_id,
+            api_key=self.box.decrypt(installation.api_key_encrypted),
+            timeout=self.config.timeout,
+            max_retries=self.config.max_retries,
+            **self._client_options(),
+        )
+
+    # --- words for people ---------------------------------------------------------------------------
+
+    def money(self, cents: int) -> str:
+        """``R 1 234.00``: an amount with ``GATEWAY_CURRENCY_SYMBOL``, as the admin screens show it."""
+        return format_money(cents, self.config.currency_symbol)
+
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def leaves_no_transaction(verb: Callable[P, R]) -> Callable[P, R]:
+    """The extension's public verbs end with no transaction of the extension's open.
+
+    On SQLite a transaction of the extension holds the database's write lock (``BEGIN IMMEDIATE``): one
+    left open after a verb returns would make the shop's own next commit in the same request wait for it,
+    and time out. So a verb that returns commits what is left (what it only read), keeping the objects it
+    hands back loaded (reading them needs no new transaction); one that raises rolls back.
+    """
+
+    @wraps(verb)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            result = verb(*args, **kwargs)
+        except BaseException:
+            _end(commit=False)
+            raise
+        _end(commit=True)
+        return result
+
+    return wrapper
+
+
+def _end(*, commit: bool) -> None:
+    state = current_app.extensions.get(EXTENSION_KEY)
+    if not isinstance(state, GatewayState) or state._sessions is None:
+        return
+    session = state.session
+    if not session.in_transaction():
+        return
+    if commit:
+        commit_keeping_loaded(session)
+    else:
+        session.rollback()
+
+
+def _in_memory(engine: Engine) -> bool:
+    database = engine.url.database or ""
+    return database in ("", ":memory:") or "mode=memory" in str(engine.url)
+
+
+def get_state(app: Flask | None = None) -> GatewayState:
+    """The extension state of ``app`` (default: the current app)."""
+    target = app or current_app
+    try:
+        state: GatewayState = target.extensions[EXTENSION_KEY]
+    except KeyError:
+        raise ConfigurationError(
+            "Flask-Gateway is not registered on this app. Did you forget to call Gateway(app, db=db) or "
+            "gateway.init_app(app)?"
+        ) from None
+    return state
