@@ -168,6 +168,7 @@ def test_timestamp_out_of_range_in_utc_is_400_not_500(installed, expires_at):
     assert response.json["errors"][0]["field"] == "payjustnow.expiresAt"
 
 
+@pytest.mark.backends
 @pytest.mark.parametrize(("method", "path"), JSON_ENDPOINTS)
 def test_nul_character_in_text_is_400(installed, method, path):
     """PostgreSQL text cannot hold U+0000 (it was a 500 there): refused up front on every backend."""
@@ -178,6 +179,7 @@ def test_nul_character_in_text_is_400(installed, method, path):
     assert nested.json["errors"][0]["field"] == "payjustnow.orderItems[0].sku"
 
 
+@pytest.mark.backends
 def test_nul_character_in_credentials_or_tokens_is_refused_not_500(installed):
     v1 = installed.client.post("/api/v1/merchant/configuration", headers=_basic("demo\x00merchant", API_KEY))
     assert v1.status_code == 401
@@ -371,6 +373,7 @@ def _fuzz(
     return seen
 
 
+@pytest.mark.backends
 @pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE], ids=str)
 @pytest.mark.parametrize(("method", "path"), [(op.method.upper(), op.path) for op in OPERATIONS])
 def test_emulator_conforms_to_its_document(database_url, method, path, mode):
@@ -380,6 +383,7 @@ def test_emulator_conforms_to_its_document(database_url, method, path, mode):
         db.engine.dispose()
 
 
+@pytest.mark.backends
 @pytest.mark.parametrize(("method", "path"), [(op.method.upper(), op.path) for op in OPERATIONS])
 def test_emulator_on_the_specs_wire_names_conforms_to_the_spec_named_document(database_url, method, path):
     """``EMULATOR_WIRE_NAMES=spec``: the document says ``service``, ``serviceOrderReference``; the emulator
