@@ -18,6 +18,9 @@ from flask_gateway.reconcile import ReconcileReport, reconcile
 from tests.extension.conftest import EMULATOR_URL, Harness, sample_order
 from tests.extension.operations_support import load, new_checkout, recording, spy
 
+# Claims under SKIP LOCKED, ages and leases compared in SQL, a run started inside another run.
+pytestmark = pytest.mark.backends
+
 
 @pytest.fixture
 def installed(harness: Harness) -> Harness:
