@@ -5,7 +5,8 @@ them to the in-process emulator (WSGI, no network). Every answer must be documen
 headers and body. A small WSGI wrapper signs each request the way the case asks (valid, wrong or missing
 credentials), so both the authenticated paths and the 401s are covered.
 
-Like every in-process test it runs on SQLite and on PostgreSQL (``database_url``, tests/conftest.py).
+The generated requests (their values reach the columns) and the U+0000 refusals run on SQLite and on
+PostgreSQL (``@pytest.mark.backends``, tests/conftest.py); the checks decided before the database, on SQLite.
 """
 
 from __future__ import annotations
