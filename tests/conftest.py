@@ -1,8 +1,19 @@
-"""The database backends: every in-process emulator and extension test runs on SQLite and on PostgreSQL.
+"""The database backends: tests whose outcome can depend on the backend run on SQLite and on PostgreSQL.
 
 - ``database_backend`` is ``"sqlite"`` or ``"postgresql"``; a test that uses it (directly or through
-  ``databases`` / ``database_url``) runs once per backend, named ``test_x[sqlite]`` / ``test_x[postgresql]``.
-  ``pytest --database=sqlite`` (or ``postgresql``) runs one backend only; the default is ``both``.
+  ``databases`` / ``database_url`` or a fixture built on them) is parametrized with it, named
+  ``test_x[sqlite]`` / ``test_x[postgresql]``.
+- ``@pytest.mark.backends`` (on the test, its class, or its module's ``pytestmark``) says the test's outcome
+  can depend on the backend: locking, transactions, concurrency, SQL and statement counts, column types and
+  lengths, U+0000, secrets at rest in the data files. Such a test runs on both backends. A test without
+  it runs once, on SQLite (still named ``test_x[sqlite]``): the admin guard, CSRF, headers, forms, labels,
+  docs and the CLI's output read the same on either. When in doubt, mark it.
+- ``pytest --database=sqlite`` runs everything that uses the fixtures on SQLite only (and never starts
+  PostgreSQL); ``--database=postgresql`` runs all of it, marked or not, on PostgreSQL only. The default,
+  ``both``, is the split above. (Every test on both backends: one run with each of the two options.)
+- The mark belongs on a test function, class or module: on a ``pytest.param`` it would come too late to
+  add the PostgreSQL run, and on a test that uses no database fixture it means nothing. Both are a usage
+  error at collection.
 - ``databases`` hands out fresh, empty databases for the test (``databases.url("emulator")``): a file in
   ``tmp_path`` on SQLite, a new database in the session's throwaway cluster (``tests/postgres.py``) on
   PostgreSQL. After the test every engine is disposed and the PostgreSQL databases are dropped.
@@ -83,10 +94,43 @@ def selected_backends(config: pytest.Config) -> tuple[str, ...]:
     return BACKENDS if choice == "both" else (choice,)
 
 
+#: The mark of a test whose outcome can depend on the database backend (registered in pyproject.toml).
+BACKENDS_MARK = "backends"
+#: The node ids of the test functions found marked when they were parametrized (see the usage checks).
+_MARKED_DEFINITIONS = pytest.StashKey[set[str]]()
+
+
+def backends_for(metafunc: pytest.Metafunc) -> tuple[str, ...]:
+    """Every selected backend for a test marked ``backends``; else one: SQLite, or the one chosen."""
+    selected = selected_backends(metafunc.config)
+    if metafunc.definition.get_closest_marker(BACKENDS_MARK) is None:
+        return selected[:1]  # BACKENDS lists SQLite first
+    metafunc.config.stash.setdefault(_MARKED_DEFINITIONS, set()).add(metafunc.definition.nodeid)
+    return selected
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "database_backend" in metafunc.fixturenames:
-        backends = selected_backends(metafunc.config)
+        backends = backends_for(metafunc)
         metafunc.parametrize("database_backend", backends, ids=backends, indirect=True)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Misplaced ``backends`` marks are usage errors: they would silently not do what they say."""
+    marked = config.stash.get(_MARKED_DEFINITIONS, set())
+    problems = []
+    for item in items:
+        if not isinstance(item, pytest.Function) or item.get_closest_marker(BACKENDS_MARK) is None:
+            continue
+        if "database_backend" not in item.fixturenames:
+            if any(mark.name == BACKENDS_MARK for mark in item.own_markers):
+                problems.append(f"{item.nodeid}: uses no database fixture (remove the mark)")
+            continue
+        definition = f"{item.parent.nodeid}::{item.originalname}" if item.parent else item.nodeid
+        if definition not in marked:
+            problems.append(f"{item.nodeid}: marked on a pytest.param (mark the test function instead)")
+    if problems:
+        raise pytest.UsageError(f"@pytest.mark.{BACKENDS_MARK} misplaced:\n  " + "\n  ".join(problems))
 
 
 @pytest.fixture

@@ -13,6 +13,9 @@ from flask_gateway.core.sql import UTCDateTime, create_all_safely, storable_text
 from tests.conftest import fetch_all
 from tests.postgres import TIMEZONE
 
+# Time zones, U+0000 and column lengths: what each backend stores in its own way.
+pytestmark = pytest.mark.backends
+
 metadata = MetaData()
 moments = Table(
     "moments",

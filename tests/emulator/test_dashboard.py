@@ -61,6 +61,7 @@ def paid(installed):
     return installed
 
 
+@pytest.mark.backends
 def test_overview_shows_accounts_checkouts_clock_faults_and_counts(paid):
     paid.advance(90)
     fault = paid.control("faults", {"operation": "create", "kind": "status", "status": 503, "count": 2})
@@ -212,6 +213,7 @@ def test_redeliver_refusal_is_flashed(paid, monkeypatch, status):
     assert "flash-error" in page
 
 
+@pytest.mark.backends
 def test_redeliver_for_real(paid):
     """With the delivery module's own ``redeliver``: the dead letter is queued again."""
     action, token = _form(paid)

@@ -15,6 +15,9 @@ from flask_gateway.emulator.settings import EmulatorSettings
 from tests.emulator.conftest import make_emulator
 from tests.emulator.support import Gateway, create_body, v1_checkout_body
 
+# What PostgreSQL refuses and SQLite takes: the point of every test here.
+pytestmark = pytest.mark.backends
+
 
 def test_a_long_account_id_still_gets_tokens_that_fit(gateway: Gateway):
     account, api_key = "m" * 255, "long-account-key"

@@ -26,6 +26,9 @@ from tests.conftest import fetch_all
 from tests.emulator.conftest import make_emulator
 from tests.emulator.support import ACCOUNT, CALLBACK_URL, Gateway, create_body, v1_checkout_body
 
+# The outbox: SKIP LOCKED claims, leases and due times compared in SQL, no transaction open during a call.
+pytestmark = pytest.mark.backends
+
 STATUS_KEYS = {
     "requestId",
     "checkoutToken",

@@ -33,6 +33,9 @@ from flask_gateway.core.wire import CreateCheckoutRequest, InstallRequest
 from tests import secret_watch
 from tests.emulator.support import ACCOUNT, API_KEY, create_body
 
+# A server process whose delivery worker thread writes beside the requests.
+pytestmark = pytest.mark.backends
+
 #: Upper bound of every wait in this module (the worker needs well under a second per attempt here).
 WAIT = 15.0
 EMAIL = "ops@shop.example"

@@ -229,6 +229,7 @@ def test_cancelled_checkout_is_reopened_by_an_update(installed):
     assert installed.status(token)["checkoutPaymentStatus"] == "PAID_PENDING_CALLBACK"
 
 
+@pytest.mark.backends
 def test_expired_checkout_page(installed):
     page, csrf = open_page(installed, v2_checkout(installed))
     token = token_of(page)
@@ -247,6 +248,7 @@ def test_expired_checkout_page(installed):
     assert installed.status(token)["checkoutPaymentStatus"] == "EXPIRED"
 
 
+@pytest.mark.backends
 def test_page_expires_by_itself_when_the_clock_passes(installed, emulator_app):
     """Without the control API's sweep: the page notices ``expiresAt`` has passed and expires it."""
     page, csrf = open_page(installed, v2_checkout(installed, orderExpiryMinutes=10))
@@ -482,6 +484,7 @@ def test_v1_cancel_without_a_usable_merchant_answer(installed, merchant, answer)
     assert v1_status(installed, token) == "CANCELLED_BY_CONSUMER"
 
 
+@pytest.mark.backends
 def test_v1_expired_page(installed):
     page, csrf = open_page(installed, v1_checkout(installed))
     token = token_of(page)

@@ -25,6 +25,9 @@ from flask_gateway.emulator import api, checkouts
 from flask_gateway.emulator.views import v2
 from tests.emulator.support import CALLBACK_URL, Gateway, create_body
 
+# Locks and races: what SQLite's single writer gives for free must hold on PostgreSQL.
+pytestmark = pytest.mark.backends
+
 #: How long this transaction waits for the other one: on PostgreSQL it finishes at once (the limit only
 #: guards against a slow machine); on SQLite it cannot finish before this transaction ends.
 WAIT_SECONDS = {"postgresql": 10.0, "sqlite": 0.5}

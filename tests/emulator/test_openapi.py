@@ -5,7 +5,8 @@ them to the in-process emulator (WSGI, no network). Every answer must be documen
 headers and body. A small WSGI wrapper signs each request the way the case asks (valid, wrong or missing
 credentials), so both the authenticated paths and the 401s are covered.
 
-Like every in-process test it runs on SQLite and on PostgreSQL (``database_url``, tests/conftest.py).
+The generated requests (their values reach the columns) and the U+0000 refusals run on SQLite and on
+PostgreSQL (``@pytest.mark.backends``, tests/conftest.py); the checks decided before the database, on SQLite.
 """
 
 from __future__ import annotations
@@ -168,6 +169,7 @@ def test_timestamp_out_of_range_in_utc_is_400_not_500(installed, expires_at):
     assert response.json["errors"][0]["field"] == "payjustnow.expiresAt"
 
 
+@pytest.mark.backends
 @pytest.mark.parametrize(("method", "path"), JSON_ENDPOINTS)
 def test_nul_character_in_text_is_400(installed, method, path):
     """PostgreSQL text cannot hold U+0000 (it was a 500 there): refused up front on every backend."""
@@ -178,6 +180,7 @@ def test_nul_character_in_text_is_400(installed, method, path):
     assert nested.json["errors"][0]["field"] == "payjustnow.orderItems[0].sku"
 
 
+@pytest.mark.backends
 def test_nul_character_in_credentials_or_tokens_is_refused_not_500(installed):
     v1 = installed.client.post("/api/v1/merchant/configuration", headers=_basic("demo\x00merchant", API_KEY))
     assert v1.status_code == 401
@@ -371,6 +374,7 @@ def _fuzz(
     return seen
 
 
+@pytest.mark.backends
 @pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE], ids=str)
 @pytest.mark.parametrize(("method", "path"), [(op.method.upper(), op.path) for op in OPERATIONS])
 def test_emulator_conforms_to_its_document(database_url, method, path, mode):
@@ -380,6 +384,7 @@ def test_emulator_conforms_to_its_document(database_url, method, path, mode):
         db.engine.dispose()
 
 
+@pytest.mark.backends
 @pytest.mark.parametrize(("method", "path"), [(op.method.upper(), op.path) for op in OPERATIONS])
 def test_emulator_on_the_specs_wire_names_conforms_to_the_spec_named_document(database_url, method, path):
     """``EMULATOR_WIRE_NAMES=spec``: the document says ``service``, ``serviceOrderReference``; the emulator

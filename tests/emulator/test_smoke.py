@@ -1,6 +1,9 @@
+import pytest
+
 from tests.emulator.support import create_body
 
 
+@pytest.mark.backends
 def test_create_pay_and_status(installed):
     created = installed.create(create_body())
     assert created["checkoutPaymentStatus"] == "PENDING_ORDER"

@@ -283,6 +283,7 @@ def test_checkout_accepts_items_keyed_one_two(installed):
     assert installed.v1("checkout", v1_checkout_body(items=items)).status_code == 200
 
 
+@pytest.mark.backends
 def test_checkout_accepts_items_as_an_array_and_shows_them_in_order(installed):
     item = v1_checkout_body()["order"]["items"]["1"]
     items = [item, {**item, "merchant_reference": 77, "description": "Toaster", "quantity": 1}]
@@ -292,6 +293,7 @@ def test_checkout_accepts_items_as_an_array_and_shows_them_in_order(installed):
     assert page.index(item["description"]) < page.index("Toaster")
 
 
+@pytest.mark.backends
 def test_checkout_takes_what_real_clients_send(installed):
     """Text postal code, numeric merchant references (order and items), extra keys anywhere."""
     body = v1_checkout_body()

@@ -239,6 +239,7 @@ def test_firewall_can_allow_local_urls(database_url):
 # --- idempotency ------------------------------------------------------------------------------------
 
 
+@pytest.mark.backends
 def test_create_replay_returns_the_same_answer_with_header(installed):
     first = installed.signed("/v2/create", create_body())
     second = installed.signed("/v2/create", create_body())
@@ -249,6 +250,7 @@ def test_create_replay_returns_the_same_answer_with_header(installed):
     assert len(installed.control("checkouts", method="GET").json["checkouts"]) == 1
 
 
+@pytest.mark.backends
 def test_same_request_id_with_a_different_body_is_422(installed):
     installed.create(create_body())
     response = installed.signed("/v2/create", create_body(total=1000))
@@ -256,6 +258,7 @@ def test_same_request_id_with_a_different_body_is_422(installed):
     assert len(installed.control("checkouts", method="GET").json["checkouts"]) == 1
 
 
+@pytest.mark.backends
 def test_request_id_is_per_account_and_per_operation(installed):
     installed.control("accounts", {"merchantAccountId": "other", "merchantAccountApiKey": "other-key"})
     installed.install("other", "other-key")
@@ -264,6 +267,7 @@ def test_request_id_is_per_account_and_per_operation(installed):
     assert a["checkoutToken"] != b["checkoutToken"]
 
 
+@pytest.mark.backends
 def test_replays_expire_after_24_hours(installed):
     first = installed.create(create_body(orderExpiryMinutes=7200))
     installed.advance(24 * 3600 + 1)
@@ -273,6 +277,7 @@ def test_replays_expire_after_24_hours(installed):
     assert again.json["checkoutToken"] != first["checkoutToken"]
 
 
+@pytest.mark.backends
 def test_in_flight_request_id_is_409(installed, emulator_app):
     from flask_gateway.emulator import clock
     from flask_gateway.emulator.idempotency import _body_hash
@@ -295,6 +300,7 @@ def test_in_flight_request_id_is_409(installed, emulator_app):
     assert "in flight" in response.json["message"]
 
 
+@pytest.mark.backends
 def test_refused_create_is_replayed_too(installed):
     first = installed.signed("/v2/create", create_body(total=50))
     assert first.status_code == 400
@@ -346,6 +352,7 @@ def test_update_with_explicit_expiry(installed):
     assert refused.json["errors"][0]["field"] == "payjustnow.expiresAt"
 
 
+@pytest.mark.backends
 def test_update_after_expiry_is_403(installed):
     created = installed.create()
     installed.advance(3601)
@@ -425,6 +432,7 @@ def test_another_merchants_or_unknown_token_is_404(installed):
         assert installed.signed(path, {"checkoutToken": "v2.x.nope"}).status_code == 404
 
 
+@pytest.mark.backends
 def test_expired_checkout_cannot_be_paid(installed):
     token = installed.create(create_body(orderExpiryMinutes=10))["checkoutToken"]
     installed.advance(599)
@@ -474,6 +482,7 @@ def test_partial_then_full_refund(installed):
     assert installed.signed("/v2/refund", refund_body(token, 1, "refund-4")).status_code == 409
 
 
+@pytest.mark.backends
 def test_refund_of_unpaid_checkout_is_409_and_replay_is_idempotent(installed):
     token = installed.create()["checkoutToken"]
     assert installed.signed("/v2/refund", refund_body(token, 100)).status_code == 409
@@ -531,6 +540,7 @@ def test_status_fault_answers_then_stops(installed):
     assert installed.control("faults", method="GET").json == {"faults": []}
 
 
+@pytest.mark.backends
 def test_a_fault_rule_used_up_elsewhere_right_after_a_use_still_answers_the_fault(
     installed, database_url, monkeypatch
 ):
@@ -558,6 +568,7 @@ def test_a_fault_rule_used_up_elsewhere_right_after_a_use_still_answers_the_faul
     assert installed.signed("/v2/create", create_body()).status_code == 200
 
 
+@pytest.mark.backends
 def test_drop_response_commits_then_drops(installed):
     from flask_gateway.emulator.faults import ResponseDropped
 
@@ -577,6 +588,7 @@ def test_fault_rules_are_validated_and_cleared(installed):
     assert installed.control("faults", method="DELETE").json == {"removed": 1}
 
 
+@pytest.mark.backends
 def test_reset_forgets_everything(installed):
     installed.create()
     installed.advance(100)
@@ -587,6 +599,7 @@ def test_reset_forgets_everything(installed):
     assert installed.client.post("/install/v2", json=install_body()).status_code == 200
 
 
+@pytest.mark.backends
 def test_expiry_found_by_a_refused_action_is_kept(installed):
     from flask_gateway.emulator.models import ClockState, db
 

@@ -371,6 +371,7 @@ def test_a_status_this_version_does_not_know_is_shown_as_its_code(admin):
 # --- install -------------------------------------------------------------------------------------------
 
 
+@pytest.mark.backends
 def test_install_through_the_screen(admin, databases):
     client = admin.client
     page = client.get(f"{ADMIN}/install")
@@ -665,6 +666,7 @@ def test_status_page_explains_an_unreadable_secret(admin):
 # --- checkouts -----------------------------------------------------------------------------------------
 
 
+@pytest.mark.backends
 def test_checkouts_list_filters_by_status_and_paginates(admin):
     for n in range(5):
         add_checkout(admin, f"PAID-{n}", "PAID")
@@ -938,6 +940,7 @@ def test_install_without_an_answer_explains_what_to_do(admin):
     assert stored_installation(admin) is None
 
 
+@pytest.mark.backends
 def test_the_callback_log_lists_refused_callbacks_too(admin):
     admin.install()
     checkout_id = paid_checkout(admin)
@@ -976,6 +979,7 @@ def test_the_callback_log_lists_refused_callbacks_too(admin):
     assert "2 callbacks" in text(admin.client.get(f"{ADMIN}/callbacks?outcome=not-an-outcome"))  # ignored
 
 
+@pytest.mark.backends
 def test_the_callback_log_pages_keep_their_filter(admin):
     admin.install()
     for n in range(26):  # PER_PAGE is 25

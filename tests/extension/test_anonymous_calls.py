@@ -24,6 +24,7 @@ def _fresh_plan_cache():
     clear_payment_plan_cache()
 
 
+@pytest.mark.backends
 def test_instalment_hints_for_new_totals_are_limited_per_visitor(
     databases: Databases, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -140,6 +140,7 @@ def test_a_claim_about_a_checkout_the_gateway_does_not_know_for_us_is_unconfirme
     assert received["payment_confirmed"] == []
 
 
+@pytest.mark.backends
 def test_a_callback_that_cannot_be_confirmed_is_503_and_changes_nothing(installed: Harness, received) -> None:
     checkout_id, token = create_v2_checkout(installed)
     assert installed.emulator.pay(token).status_code == 200
@@ -234,6 +235,7 @@ def test_a_present_but_wrong_account_header_is_401_even_with_the_right_signature
 # --- refused requests cost almost nothing -------------------------------------------------------------
 
 
+@pytest.mark.backends
 def test_a_refused_callback_keeps_a_bounded_excerpt_and_the_client_address(installed: Harness) -> None:
     body = b'{"checkoutToken": "' + b"x" * (60 * 1024) + b'"}'
     headers = {"Content-Type": "application/json", "X-Signature": "bm9wZQ==", "User-Agent": "u" * 900}
@@ -254,6 +256,7 @@ def test_a_refused_callback_keeps_a_bounded_excerpt_and_the_client_address(insta
         assert get_state().session.get_one(CallbackLog, log["id"]).client_address == "203.0.113.9"
 
 
+@pytest.mark.backends
 def test_a_client_that_keeps_being_refused_gets_429_and_nothing_is_stored(
     databases: Databases, monkeypatch: pytest.MonkeyPatch
 ) -> None:

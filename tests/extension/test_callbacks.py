@@ -51,6 +51,7 @@ def outcomes(h: Harness) -> list[tuple[str, int]]:
 # --- through the emulator ----------------------------------------------------------------------------
 
 
+@pytest.mark.backends
 def test_emulator_callback_is_verified_applied_and_logged(installed: Harness, received) -> None:
     checkout_id, token = create_v2_checkout(installed)
     assert installed.emulator.pay(token).status_code == 200
@@ -85,6 +86,7 @@ def test_emulator_callback_is_verified_applied_and_logged(installed: Harness, re
     assert_no_secrets([log])
 
 
+@pytest.mark.backends
 def test_consumer_cancel_callback_cancels(installed: Harness, received) -> None:
     # The account manager enabled cancellation callbacks for the account.
     answer = installed.emulator.control(
@@ -102,6 +104,7 @@ def test_consumer_cancel_callback_cancels(installed: Harness, received) -> None:
     assert outcomes(installed) == [("accepted", 200)]
 
 
+@pytest.mark.backends
 def test_replayed_identical_callback_is_a_200_no_op(installed: Harness, received) -> None:
     checkout_id, token = create_v2_checkout(installed)
     installed.emulator.pay(token)
@@ -123,6 +126,7 @@ def test_replayed_identical_callback_is_a_200_no_op(installed: Harness, received
     assert_no_secrets(callback_logs(installed), signatures=(sign(raw, signing_key(installed)),))
 
 
+@pytest.mark.backends
 def test_emulator_retry_after_a_failed_attempt_confirms_once(installed: Harness, received) -> None:
     checkout_id, token = create_v2_checkout(installed)
     installed.emulator.pay(token)
@@ -142,6 +146,7 @@ def test_emulator_retry_after_a_failed_attempt_confirms_once(installed: Harness,
 # --- callback and return page, in either order ---------------------------------------------------------
 
 
+@pytest.mark.backends
 def test_callback_before_the_return_page_confirms_once(installed: Harness, received) -> None:
     checkout_id, token = create_v2_checkout(installed)
     installed.emulator.pay(token)
@@ -155,6 +160,7 @@ def test_callback_before_the_return_page_confirms_once(installed: Harness, recei
     assert [kw["source"] for kw in received["payment_confirmed"]] == ["callback"]
 
 
+@pytest.mark.backends
 def test_callback_after_the_return_page_confirms_once(installed: Harness, received) -> None:
     checkout_id, token = create_v2_checkout(installed)
     installed.emulator.pay(token)
@@ -192,6 +198,7 @@ def test_duplicated_callbacks_apply_once(installed: Harness, received) -> None:
     ]
 
 
+@pytest.mark.backends
 def test_concurrent_duplicates_confirm_once(installed: Harness, received) -> None:
     checkout_id, token = create_v2_checkout(installed)
     payload = paid_payload(installed, token)
@@ -243,6 +250,7 @@ def test_cancel_callback_after_payment_changes_nothing(installed: Harness, recei
     assert received["checkout_cancelled"] == []
 
 
+@pytest.mark.backends
 def test_amount_mismatch_is_flagged_and_never_paid(installed: Harness, received) -> None:
     # The gateway's checkout is for more than the shop's order: its real, signed callback disagrees.
     checkout_id, token = create_v2_checkout(installed, total=79800, gateway_total=100)
@@ -369,6 +377,7 @@ def test_unknown_token_is_404(installed: Harness, received) -> None:
     assert received["payment_confirmed"] == []
 
 
+@pytest.mark.backends
 def test_a_token_with_nul_is_an_unknown_checkout(installed: Harness, received) -> None:
     """No token has U+0000 (and PostgreSQL refuses it in a query): a signed callback naming one is a 404."""
     _, token = create_v2_checkout(installed)
@@ -417,6 +426,7 @@ def test_oversize_body_is_413_and_not_read(installed: Harness, received) -> None
     assert callback_logs(installed)[0]["body"] == ""
 
 
+@pytest.mark.backends
 def test_a_body_of_exactly_the_limit_is_read(installed: Harness, received) -> None:
     checkout_id, token = create_v2_checkout(installed)
     raw = json.dumps(paid_payload(installed, token)).encode()
@@ -430,6 +440,7 @@ def test_a_body_of_exactly_the_limit_is_read(installed: Harness, received) -> No
     assert snapshot(installed, checkout_id)["status"] == "PAID"
 
 
+@pytest.mark.backends
 @pytest.mark.parametrize(
     "status",
     ["EXPIRED", "PENDING_ORDER", "SOMETHING_NEW", "PA\x00ID"],
@@ -479,6 +490,7 @@ def test_secret_headers_are_never_stored(installed: Harness, received) -> None:
 # --- commit before answer and signals ------------------------------------------------------------------
 
 
+@pytest.mark.backends
 def test_signals_fire_after_the_commit(installed: Harness, database_url: str) -> None:
     checkout_id, token = create_v2_checkout(installed)
     payload = paid_payload(installed, token)
@@ -500,6 +512,7 @@ def test_signals_fire_after_the_commit(installed: Harness, database_url: str) ->
     assert seen == [("PAID", "accepted")]
 
 
+@pytest.mark.backends
 def test_an_unexpected_error_is_logged_and_rolled_back(
     installed: Harness, received, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -20,6 +20,7 @@ def invoke(harness: Harness, *args: str):
     return harness.shop.test_cli_runner().invoke(args=["gateway", *args])
 
 
+@pytest.mark.backends
 def test_init_db_creates_only_the_gateway_tables(harness):
     db = harness.db
 
@@ -42,6 +43,7 @@ def test_init_db_creates_only_the_gateway_tables(harness):
     assert "All 6 gateway tables exist already" in again.output
 
 
+@pytest.mark.backends
 def test_reconcile_command(installed):
     checkout_id, token = new_checkout(installed)
     installed.emulator.control("faults", {"operation": "callback", "kind": "callback_fail"})
@@ -63,6 +65,7 @@ def test_reconcile_command(installed):
     assert "Polling" not in quiet.output
 
 
+@pytest.mark.backends
 def test_reconcile_command_limit_and_failure_exit_code(installed):
     for n in range(2):
         new_checkout(installed, sample_order(f"ORD-{n}"))
@@ -144,6 +147,7 @@ def test_callbacks_command_lists_the_newest_first_and_filters(installed):
     assert invoke(installed, "callbacks", "--outcome", "bogus").exit_code == 2
 
 
+@pytest.mark.backends
 def test_prune_callbacks_deletes_only_old_rows_and_keeps_the_history(installed):
     from datetime import timedelta
 

@@ -4,6 +4,7 @@ from flask_gateway.core.errors import NotFoundError
 from flask_gateway.state import get_state
 
 
+@pytest.mark.backends
 def test_install_stores_encrypted_keys_and_the_shop_can_sign(harness):
     harness.install()
     with harness.shop.app_context():

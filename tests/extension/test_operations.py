@@ -178,6 +178,7 @@ def test_shop_totals_and_fallback_urls(installed):
     assert "customer" not in body["payjustnow"]
 
 
+@pytest.mark.backends
 def test_request_id_is_committed_before_the_request_and_reused_after_a_5xx(installed, database_url):
     transport = spy(installed)
     seen_in_database: list[tuple[str, str]] = []
@@ -213,6 +214,7 @@ def test_request_id_is_committed_before_the_request_and_reused_after_a_5xx(insta
     assert seen_in_database == [("CREATING", first_request_id), ("CREATING", first_request_id)]
 
 
+@pytest.mark.backends
 def test_a_lost_answer_is_recovered_by_replay_without_a_second_checkout(installed):
     spy(installed)
     fault(installed, operation="create", kind="drop_response", count=1)
@@ -270,6 +272,7 @@ def test_invalid_orders_are_refused_before_anything_is_saved(installed):
         assert get_state().session.query(GatewayCheckout).count() == 0
 
 
+@pytest.mark.backends
 @pytest.mark.parametrize(
     ("reference", "problem"),
     [("R" * 256, "at most 255 characters"), ("ORD\x001", "must not contain U\\+0000")],
@@ -286,6 +289,7 @@ def test_a_reference_the_gateway_cannot_take_is_refused_before_anything_is_saved
     assert transport.paths() == []
 
 
+@pytest.mark.backends
 def test_concurrent_creates_for_one_order_make_one_checkout(installed):
     """A double click: PostgreSQL lets both see "no checkout yet" unless the create is serialised."""
     start = threading.Barrier(3)
@@ -475,6 +479,7 @@ def test_the_hint_matches_the_gateway_plan_and_its_payment_page(installed):
 # --- v1 ---------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.backends
 def test_v1_checkout_end_to_end(harness_v1):
     transport = spy(harness_v1)
     with harness_v1.shop.app_context(), recording(signals.checkout_created) as created:
@@ -702,6 +707,7 @@ def test_refund_amount_checks(installed, amount, message):
         assert get_state().session.query(RefundRecord).count() == 0
 
 
+@pytest.mark.backends
 @pytest.mark.parametrize(
     ("reason", "message"), [("x" * 1001, "at most 1000 characters"), ("oops\x00", "U\\+0000")]
 )
@@ -789,6 +795,7 @@ def test_refund_retry_reuses_the_request_id(installed):
     assert request_ids == [request_id, request_id]
 
 
+@pytest.mark.backends
 def test_refund_again_after_a_lost_answer_refunds_once(installed):
     checkout_id = paid(installed)
     spy(installed)

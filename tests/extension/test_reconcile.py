@@ -17,6 +17,9 @@ from flask_gateway.state import get_state
 from tests.extension.conftest import EMULATOR_URL, Harness, sample_order
 from tests.extension.operations_support import load, new_checkout, recording, spy
 
+# Claims under SKIP LOCKED, ages and leases compared in SQL, a run started inside another run.
+pytestmark = pytest.mark.backends
+
 
 @pytest.fixture
 def installed(harness: Harness) -> Harness:

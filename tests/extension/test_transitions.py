@@ -136,6 +136,7 @@ def test_unknown_status_is_recorded_without_change(shop):
     assert checkout.events[-1].to_status == "ON_HOLD"
 
 
+@pytest.mark.backends
 @pytest.mark.parametrize("status", ["ON_HOLD_" + "X" * 100, "ON\x00HOLD"])
 def test_an_unknown_status_that_does_not_fit_the_column_is_recorded_as_far_as_it_fits(shop, status):
     """PostgreSQL refuses a value over the column's length, or U+0000: the event is kept all the same."""

@@ -44,6 +44,7 @@ def outcome_url(h: Harness, checkout_id: int, kind: str, **params: str) -> str:
 # --- the gateway's calls, through the emulator -------------------------------------------------------
 
 
+@pytest.mark.backends
 def test_success_pays_once_and_answers_the_order_page(v1: Harness, received) -> None:
     checkout_id, token = create_v1_checkout(v1)
 
@@ -64,6 +65,7 @@ def test_success_pays_once_and_answers_the_order_page(v1: Harness, received) -> 
     assert len(received["payment_confirmed"]) == 1
 
 
+@pytest.mark.backends
 def test_cancelled_is_recorded_and_cancels_on_the_gateway(v1: Harness, received) -> None:
     checkout_id, token = create_v1_checkout(v1)
 
@@ -85,6 +87,7 @@ def test_cancelled_is_recorded_and_cancels_on_the_gateway(v1: Harness, received)
     assert len(received["checkout_cancelled"]) == 1
 
 
+@pytest.mark.backends
 def test_cancel_on_gateway_false_keeps_the_order_open_for_a_retry(
     databases: Databases, monkeypatch: pytest.MonkeyPatch, received
 ) -> None:
@@ -107,6 +110,7 @@ def test_cancel_on_gateway_false_keeps_the_order_open_for_a_retry(
     assert len(received["payment_confirmed"]) == 1
 
 
+@pytest.mark.backends
 def test_abandoned_and_cancelled_are_recorded_distinctly(v1: Harness, received) -> None:
     cancelled_id, cancelled_token = create_v1_checkout(v1, "ORD-C")
     abandoned_id, _ = create_v1_checkout(v1, "ORD-A")

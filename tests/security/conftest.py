@@ -54,7 +54,7 @@ def sqlite_harness(sqlite_databases: Databases, monkeypatch: pytest.MonkeyPatch)
 
 @pytest.fixture
 def harness(databases: Databases, monkeypatch: pytest.MonkeyPatch) -> Iterator[Harness]:
-    """As tests/extension/conftest.py's ``harness``: on SQLite and on PostgreSQL."""
+    """As tests/extension/conftest.py's ``harness``: on the test's backend (``database_backend``)."""
     found = build_harness(databases, monkeypatch)
     yield found
     with found.shop.app_context():

@@ -9,6 +9,7 @@ from tests.security.conftest import ShopWorld
 HUGE = "9" * 30
 
 
+@pytest.mark.backends
 @pytest.mark.parametrize(
     "path",
     [
@@ -26,6 +27,7 @@ def test_huge_numbers_in_admin_pages_never_answer_500(shop_world: ShopWorld, pat
     assert answer.status_code in (200, 404), (path, answer.status_code)
 
 
+@pytest.mark.backends
 def test_huge_ids_in_admin_posts_and_the_emulator_never_answer_500(shop_world: ShopWorld) -> None:
     from tests.shop.conftest import csrf_token
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 from typing import Any
 
+import pytest
 from sqlalchemy import create_engine, inspect
 from sqlalchemy.pool import NullPool
 
@@ -19,6 +20,9 @@ from flask_gateway.state import get_state
 from tests.conftest import Databases
 from tests.extension.conftest import API_KEY, Harness
 from tests.extension.inbound_support import create_v2_checkout, signing_key
+
+# Each backend's own data files (and PostgreSQL's COPY) are what is searched.
+pytestmark = pytest.mark.backends
 
 
 def _encodings(secret: str) -> list[bytes]:

@@ -209,7 +209,7 @@ def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 @pytest.fixture
 def shop(databases: Databases, monkeypatch: pytest.MonkeyPatch) -> ShopHarness:
-    """An installed shop (limits R 50.00 to R 50 000.00, the v2 flow), on SQLite and on PostgreSQL."""
+    """An installed shop (limits R 50.00 to R 50 000.00, the v2 flow), on the test's backend."""
     return make_harness(databases, monkeypatch)
 
 

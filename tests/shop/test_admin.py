@@ -78,6 +78,7 @@ def test_an_owner_already_logged_in_skips_the_form(shopper: Shopper) -> None:
     assert answer.headers["Location"] == "/gateway/admin/"
 
 
+@pytest.mark.backends
 def test_repeated_wrong_passwords_are_slowed_down(shopper: Shopper) -> None:
     for _ in range(login_guard.FREE_ATTEMPTS):
         assert shopper.log_in("wrong").status_code == 400
@@ -240,6 +241,7 @@ def test_cancel_an_open_checkout_from_the_order_page(shop: ShopHarness, shopper:
     assert shop.emulator.pay(token).status_code != 200  # the payment page is closed for good
 
 
+@pytest.mark.backends
 def test_unknown_or_malformed_references_are_404(shop: ShopHarness, shopper: Shopper) -> None:
     shopper.log_in()
     for reference in ("STP-00000000", "nope", "STP-\x00", "x" * 300):

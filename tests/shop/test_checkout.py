@@ -6,6 +6,7 @@ import re
 from html import unescape
 from urllib.parse import urlsplit
 
+import pytest
 from flask.sessions import SecureCookieSessionInterface
 
 from example_shop.forms import normalise_phone, parse_rand
@@ -66,6 +67,7 @@ def test_wrong_values_get_messages_saying_how_to_fix_them(shopper: Shopper) -> N
     assert 'value="thandi.example.com"' in answer.get_data(as_text=True)
 
 
+@pytest.mark.backends
 def test_control_characters_are_refused_not_stored(shop: ShopHarness, shopper: Shopper) -> None:
     shopper.add("enamel-kettle")
 

@@ -55,6 +55,7 @@ def _order_page(shopper: Shopper, reference: str) -> str:
     return answer.headers["Location"]
 
 
+@pytest.mark.backends
 def test_v2_pay_confirm_by_callback_then_return_paid_once(shop: ShopHarness, shopper: Shopper) -> None:
     shopper.add("enamel-kettle", 2)
 
@@ -232,6 +233,7 @@ def test_the_order_page_needs_the_signed_link(shop: ShopHarness, shopper: Shoppe
     assert stranger.get("/orders/view/STP-NOSUCH00").status_code == 404
 
 
+@pytest.mark.backends
 def test_a_failed_receiver_is_caught_up_from_the_gateway_record(shop: ShopHarness, shopper: Shopper) -> None:
     shopper.add("enamel-kettle", 1)
     redirect = shopper.checkout()
@@ -327,6 +329,7 @@ def v1_shop(databases, monkeypatch: pytest.MonkeyPatch) -> ShopHarness:
     return make_harness(databases, monkeypatch, GATEWAY_API_VERSION="v1")
 
 
+@pytest.mark.backends
 def test_v1_pay_and_return_paid_once(v1_shop: ShopHarness) -> None:
     shopper = v1_shop.shopper()
     shopper.add("brass-desk-lamp", 1)
@@ -349,6 +352,7 @@ def test_v1_pay_and_return_paid_once(v1_shop: ShopHarness) -> None:
     assert _cart_count(shopper) == 0
 
 
+@pytest.mark.backends
 def test_v1_cancel_keeps_the_cart(v1_shop: ShopHarness) -> None:
     shopper = v1_shop.shopper()
     shopper.add("brass-desk-lamp", 1)

@@ -23,6 +23,9 @@ from tests.shop.conftest import (
     shop_config,
 )
 
+# Counters and session versions in the database, locked rows, two workers on one database.
+pytestmark = pytest.mark.backends
+
 ATTACKER = {"REMOTE_ADDR": "203.0.113.66"}
 OWNER_ADDRESS = {"REMOTE_ADDR": "198.51.100.10"}
 

@@ -177,6 +177,7 @@ def test_an_account_installed_elsewhere_is_reported_not_reset(
         assert not is_available(10000)
 
 
+@pytest.mark.backends
 def test_a_sibling_process_installing_first_is_not_an_account_installed_elsewhere(
     shop: ShopHarness, monkeypatch: pytest.MonkeyPatch, caplog
 ) -> None:
