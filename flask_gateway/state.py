@@ -19,7 +19,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import wraps
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, ParamSpec, Protocol, TypeVar
 
 import requests
 from flask import Flask, current_app
@@ -39,9 +39,7 @@ from flask_gateway.secrets import SecretBox
 if TYPE_CHECKING:
     from flask_sqlalchemy import SQLAlchemy
 
-    from flask_gateway.ratelimit import RateLimit
-
-__all__ = ["EXTENSION_KEY", "AdminGuard", "GatewayState", "get_state", "leaves_no_transaction"]
+__all__ = ["EXTENSION_KEY", "AdminGuard", "GatewayState", "Limit", "get_state", "leaves_no_transaction"]
 
 #: ``app.extensions`` key of the state.
 EXTENSION_KEY = "gateway"
@@ -53,6 +51,16 @@ _INSTALLATION_KEY = (
     .order_by(Installation.id.desc())
     .limit(1)
 )
+
+
+class Limit(Protocol):
+    """A rate limit per client (``flask_gateway.ratelimit.RateLimit`` is the one the extension builds)."""
+
+    def retry_after(self, client: str) -> int | None:
+        """Seconds until ``client`` may go on, or None when it may now."""
+
+    def hit(self, client: str) -> None:
+        """Count one use by ``client``."""
 
 
 @dataclass
@@ -80,9 +88,9 @@ class GatewayState:
     box: SecretBox
     admin_guard: AdminGuard = field(default_factory=AdminGuard)
     #: Refused callbacks per client address (``GATEWAY_CALLBACK_RATE_LIMIT``); None: no limit.
-    callback_limit: RateLimit | None = None
+    callback_limit: Limit | None = None
     #: Payment-plan lookups per client address (``GATEWAY_PLAN_RATE_LIMIT``); None: no limit.
-    plan_limit: RateLimit | None = None
+    plan_limit: Limit | None = None
     #: Test seams: replace to inject a ``requests.Session`` or a fake sleep (``flask_gateway.testing``).
     client_options: dict[str, Any] = field(default_factory=dict)
     #: One ``requests.Session`` per thread, shared by every client this app makes in that thread: its

@@ -13,19 +13,22 @@ from typing import Any
 
 from flask import Flask, Response, request
 from flask_wtf.csrf import CSRFProtect
-from sqlalchemy.exc import IntegrityError
 
 from flask_gateway.core.sql import configure_sqlite, create_all_safely
+from flask_gateway.emulator.accounts import seed_accounts
 from flask_gateway.emulator.api import (
     MAX_BODY_BYTES,
     refuse_malformed_json,
     refuse_oversize,
     register_error_handlers,
 )
-from flask_gateway.emulator.models import Account, ClockState, db
+from flask_gateway.emulator.delivery import start_worker
+from flask_gateway.emulator.merchant import set_merchant_http
+from flask_gateway.emulator.models import db
 from flask_gateway.emulator.settings import EmulatorSettings, SettingsError
+from flask_gateway.emulator.views import control, dashboard, deliveries, hosted, v1, v2
 
-__all__ = ["EmulatorSettings", "SettingsError", "create_app"]
+__all__ = ["EmulatorSettings", "SettingsError", "create_app", "seed_accounts", "set_merchant_http"]
 
 
 def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
@@ -70,37 +73,11 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
         seed_accounts(settings)
 
     if settings.worker and not app.testing:
-        from flask_gateway.emulator.delivery import start_worker
-
         start_worker(app)
     return app
 
 
-def seed_accounts(settings: EmulatorSettings) -> None:
-    """Create the accounts of ``EMULATOR_ACCOUNTS`` that do not exist yet, and the clock row.
-
-    Every worker process of a server does this at start, at the same moment: a row another process inserted
-    after this one looked (a unique violation, at the commit or at an autoflush) means it is seeded. The
-    lookups do not autoflush, and a conflict is retried once, so whatever the other process left out is
-    still added.
-    """
-    for _ in range(2):
-        try:
-            with db.session.no_autoflush:
-                for account_id, api_key in settings.accounts.items():
-                    if db.session.get(Account, account_id) is None:
-                        db.session.add(Account(merchant_account_id=account_id, api_key=api_key))
-                if db.session.get(ClockState, 1) is None:
-                    db.session.add(ClockState(id=1, offset_seconds=0.0))
-            db.session.commit()
-            return
-        except IntegrityError:  # another worker process seeded some of them first
-            db.session.rollback()
-
-
 def _register_blueprints(app: Flask, csrf: CSRFProtect) -> None:
-    from flask_gateway.emulator.views import control, dashboard, deliveries, hosted, v1, v2
-
     json_apis = (v2.bp, v1.bp, control.bp, deliveries.bp)
     for json_api in json_apis:
         csrf.exempt(json_api)  # machine-to-machine JSON: authenticated by signature/Basic, or test-only

@@ -1,4 +1,8 @@
-"""Calls from the gateway to the merchant: the signed v2 callback (POST) and the v1 outcome URLs (GET)."""
+"""Calls from the gateway to the merchant: the signed v2 callback (POST) and the v1 outcome URLs (GET).
+
+They go through the ``requests.Session`` the emulator app was given (:func:`set_merchant_http`; a test
+wires it to a shop app in-process, ``flask_gateway.testing.connect``), else one of this process's own.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ from typing import Final
 from urllib.parse import urlencode, urlsplit, urlunsplit
 
 import requests
+from flask import Flask, current_app
 from pydantic import ValidationError
 
 from flask_gateway.core.auth import ACCOUNT_HEADER, SIGNATURE_HEADER
@@ -15,12 +20,33 @@ from flask_gateway.core.http import USER_AGENT
 from flask_gateway.core.signing import sign
 from flask_gateway.core.wire import V1FailReason, V1MerchantAnswer, V1OutcomeStatus
 
-__all__ = ["CALLBACK_TIMEOUT", "MerchantReply", "call_v1_outcome", "post_callback", "with_query"]
+__all__ = [
+    "CALLBACK_TIMEOUT",
+    "MerchantReply",
+    "call_v1_outcome",
+    "post_callback",
+    "set_merchant_http",
+    "with_query",
+]
 
 #: Only an HTTP 200 within this many seconds acknowledges a callback (DESIGN).
 CALLBACK_TIMEOUT: Final = 10.0
 
-_session = requests.Session()
+#: ``app.extensions`` key of the session an app was given.
+_HTTP_KEY: Final = "gateway_emulator_merchant_http"
+#: The process's own session, for an app that was given none (keep-alive to the merchant).
+_DEFAULT_HTTP: Final = requests.Session()
+
+
+def set_merchant_http(app: Flask, session: requests.Session) -> None:
+    """Send ``app``'s callbacks and v1 outcome calls through ``session`` (e.g. one whose adapter hands them to
+    a shop app in-process)."""
+    app.extensions[_HTTP_KEY] = session
+
+
+def _http() -> requests.Session:
+    session: requests.Session = current_app.extensions.get(_HTTP_KEY, _DEFAULT_HTTP)
+    return session
 
 
 @dataclass(frozen=True)
@@ -47,7 +73,7 @@ def post_callback(
     }
     started = time.perf_counter()
     try:
-        response = _session.post(url, data=body, headers=headers, timeout=timeout, allow_redirects=False)
+        response = _http().post(url, data=body, headers=headers, timeout=timeout, allow_redirects=False)
     except requests.Timeout:
         return MerchantReply(False, None, f"Timeout after {timeout:g} s", _ms(started))
     except requests.RequestException as exc:
@@ -78,7 +104,7 @@ def call_v1_outcome(
         params["reason"] = reason.value
     started = time.perf_counter()
     try:
-        response = _session.get(
+        response = _http().get(
             with_query(url, params),
             headers={"Accept": "application/json", "User-Agent": USER_AGENT},
             timeout=timeout,

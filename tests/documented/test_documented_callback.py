@@ -20,15 +20,15 @@ from flask_sqlalchemy import SQLAlchemy
 from flask_gateway import create_checkout, signals
 from flask_gateway.core.signing import sign
 from flask_gateway.core.wire import WIRE_NAME_SETS, WireNames
-from flask_gateway.emulator import merchant as emulator_merchant
 from flask_gateway.installation import InstallSettings, install
 from flask_gateway.models import CallbackLog, GatewayCheckout
 from flask_gateway.orders import OrderDraft, OrderLine
 from flask_gateway.state import get_state
+from flask_gateway.testing import EMULATOR_URL, SHOP_URL, connect
 from tests.documented.corpus import compact, load, respell, respell_text
 from tests.emulator.conftest import make_emulator
 from tests.emulator.support import Gateway as EmulatorDriver
-from tests.extension.conftest import EMULATOR_URL, SHOP_URL, connect, make_shop
+from tests.extension.conftest import make_shop
 
 DOCUMENTED = load("v2-getstatus")
 DOCUMENTED_TOKEN = DOCUMENTED.response_body["checkoutToken"]
@@ -48,7 +48,7 @@ class Shop:
         )
         self.emulator_app = emulator_app
         self.app, self.db, _ = make_shop(f"sqlite:///{folder / 'shop.sqlite3'}", GATEWAY_WIRE_NAMES=wire.key)
-        monkeypatch.setattr(emulator_merchant, "_session", connect(self.app, emulator_app))
+        connect(self.app, emulator_app)
         self.emulator = EmulatorDriver(emulator_app.test_client())
         with self.app.app_context():
             install(

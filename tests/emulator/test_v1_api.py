@@ -19,10 +19,10 @@ from flask_gateway.core import V1Client
 from flask_gateway.core.errors import AuthenticationError, FirewallRejectedError, V1RefundFailedError
 from flask_gateway.core.timestamps import format_v1_timestamp, parse_timestamp, parse_v1_timestamp
 from flask_gateway.core.wire import V1CheckoutRequest, V1RefundRequest, V1RefundResult
+from flask_gateway.testing import FlaskAdapter
 from tests.emulator.conftest import make_emulator
 from tests.emulator.support import ACCOUNT, API_KEY, Gateway, v1_checkout_body
 from tests.emulator.test_hosted import path_of
-from tests.wsgi_adapter import FlaskAdapter
 
 V1_TIME = re.compile(r"\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}\Z")
 SUCCESS_URL = "https://shop.example/gateway/v1/success"

@@ -12,23 +12,20 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-import requests
 from flask import Flask
 from flask_sqlalchemy import SQLAlchemy
 from flask_wtf.csrf import CSRFProtect
 
 from flask_gateway import Gateway
-from flask_gateway.emulator import merchant as emulator_merchant
 from flask_gateway.installation import InstallSettings, install
 from flask_gateway.orders import Address, Customer, OrderDraft, OrderLine
-from flask_gateway.state import get_state
+from flask_gateway.testing import EMULATOR_URL as EMULATOR_URL
+from flask_gateway.testing import SHOP_URL as SHOP_URL
+from flask_gateway.testing import connect
 from tests.conftest import Databases
 from tests.emulator.conftest import make_emulator
 from tests.emulator.support import Gateway as EmulatorDriver
-from tests.wsgi_adapter import FlaskAdapter
 
-EMULATOR_URL = "http://emulator.test"
-SHOP_URL = "https://shop.example"
 ACCOUNT = "demo-merchant"
 API_KEY = "demo-api-key"
 
@@ -124,18 +121,5 @@ def build_harness(databases: Databases, monkeypatch: pytest.MonkeyPatch, **confi
     """The ``harness`` fixture's wiring, with extra shop configuration (e.g. ``GATEWAY_API_VERSION="v1"``)."""
     emulator_app = make_emulator(databases.url("emulator"), public_url=EMULATOR_URL)
     shop, db, gateway = make_shop(databases.url("main"), **config)
-    to_shop = connect(shop, emulator_app)
-    monkeypatch.setattr(emulator_merchant, "_session", to_shop)
+    connect(shop, emulator_app)
     return Harness(shop=shop, db=db, gateway=gateway, emulator=EmulatorDriver(emulator_app.test_client()))
-
-
-def connect(shop: Flask, emulator_app: Flask) -> requests.Session:
-    """Route the shop's gateway clients to ``emulator_app`` in-process (no retry pauses); returns the
-    session through which the emulator reaches the shop (the caller installs it as
-    ``flask_gateway.emulator.merchant._session``)."""
-    to_emulator = requests.Session()
-    to_emulator.mount(EMULATOR_URL, FlaskAdapter(emulator_app.test_client()))
-    get_state(shop).client_options.update(session=to_emulator, sleep=lambda seconds: None)
-    to_shop = requests.Session()
-    to_shop.mount(SHOP_URL, FlaskAdapter(shop.test_client()))
-    return to_shop

@@ -9,16 +9,14 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-import requests
 from blinker import Signal
 
 from flask_gateway import create_checkout
-from flask_gateway.emulator.problems import ResponseDropped
 from flask_gateway.models import GatewayCheckout
 from flask_gateway.orders import OrderDraft
 from flask_gateway.state import get_state
+from flask_gateway.testing import FlaskAdapter
 from tests.extension.conftest import ACCOUNT, EMULATOR_URL, Harness, sample_order
-from tests.wsgi_adapter import FlaskAdapter
 
 
 @dataclass
@@ -42,10 +40,7 @@ class SpyAdapter(FlaskAdapter):
         self.sent.append(sent)
         for hook in self.before_send:
             hook(sent)
-        try:
-            return super().send(request, stream, timeout, verify, cert, proxies)
-        except ResponseDropped as exc:
-            raise requests.ConnectionError("connection reset by peer (injected drop_response)") from exc
+        return super().send(request, stream, timeout, verify, cert, proxies)
 
     def paths(self) -> list[str]:
         return [s.path for s in self.sent]

@@ -12,12 +12,12 @@ import pytest
 
 from flask_gateway import signals
 from flask_gateway.config import DEFAULTS
-from flask_gateway.emulator import merchant as emulator_merchant
 from flask_gateway.installation import InstallSettings, install
+from flask_gateway.testing import EMULATOR_URL, SHOP_URL, connect
 from tests.conftest import Databases
 from tests.emulator.conftest import make_emulator
 from tests.emulator.support import Gateway as EmulatorDriver
-from tests.extension.conftest import ACCOUNT, API_KEY, EMULATOR_URL, SHOP_URL, connect
+from tests.extension.conftest import ACCOUNT, API_KEY
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 
@@ -76,7 +76,7 @@ def test_the_quickstart_example_shop_takes_a_payment(
             }
         )
         emulator = make_emulator(databases.url("emulator"), public_url=EMULATOR_URL)
-        monkeypatch.setattr(emulator_merchant, "_session", connect(app, emulator))
+        connect(app, emulator)
         driver = EmulatorDriver(emulator.test_client())
 
         db = module.db

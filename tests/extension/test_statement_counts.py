@@ -22,24 +22,16 @@ from flask_gateway import create_checkout
 from flask_gateway.core.signing import sign
 from flask_gateway.core.timestamps import utcnow
 from flask_gateway.core.wire import CheckoutStatusPayload
-from flask_gateway.emulator import merchant as emulator_merchant
 from flask_gateway.emulator.models import ApiVersion, Checkout
 from flask_gateway.emulator.models import db as emulator_db
 from flask_gateway.models import CheckoutEvent, GatewayCheckout
 from flask_gateway.polling import refresh
 from flask_gateway.state import get_state
+from flask_gateway.testing import EMULATOR_URL, SHOP_URL, connect
 from tests.conftest import Databases
 from tests.emulator.conftest import make_emulator
 from tests.emulator.support import Gateway as EmulatorDriver
-from tests.extension.conftest import (
-    ACCOUNT,
-    EMULATOR_URL,
-    SHOP_URL,
-    Harness,
-    connect,
-    make_shop,
-    sample_order,
-)
+from tests.extension.conftest import ACCOUNT, Harness, make_shop, sample_order
 
 # Statements counted on each backend's engine (SQLite's BEGIN IMMEDIATE included).
 pytestmark = pytest.mark.backends
@@ -59,8 +51,7 @@ def build_harness(shop_url: str, emulator_url: str) -> Harness:
     """The shop and the emulator on the given databases, wired in-process (as the ``harness`` fixture)."""
     emulator_app = make_emulator(emulator_url, public_url=EMULATOR_URL)
     shop, db, gateway = make_shop(shop_url)
-    # The emulator's callbacks reach the shop in-process (set directly: the benchmark runs outside pytest).
-    emulator_merchant._session = connect(shop, emulator_app)
+    connect(shop, emulator_app)
     return Harness(shop=shop, db=db, gateway=gateway, emulator=EmulatorDriver(emulator_app.test_client()))
 
 
@@ -221,7 +212,6 @@ def test_statement_counts_do_not_grow_with_the_tables(
 ) -> None:
     counts = {}
     for rows in (10, 1_000):
-        monkeypatch.setattr(emulator_merchant, "_session", emulator_merchant._session)
         h = build_harness(databases.url(f"shop-{rows}"), databases.url(f"emulator-{rows}"))
         h.install()
         seed(h, rows)

@@ -27,13 +27,12 @@ from example_shop.extensions import db
 from example_shop.models import Order, OrderEvent
 from example_shop.setup import auto_install
 from flask_gateway import clear_payment_plan_cache
-from flask_gateway.emulator import merchant as emulator_merchant
+from flask_gateway.testing import connect
 from tests.conftest import Databases
 from tests.emulator.conftest import make_emulator
 from tests.emulator.support import Gateway as EmulatorDriver
 from tests.extension.conftest import EMULATOR_URL as EMULATOR_URL
 from tests.extension.conftest import SHOP_URL as SHOP_URL
-from tests.extension.conftest import connect
 
 OWNER_PASSWORD = "correct horse battery staple"
 #: Fast to check in tests; production hashes use werkzeug's default (scrypt).
@@ -188,7 +187,7 @@ def make_harness(
     emulator_app = make_emulator(databases.url(f"{name}-emulator"), public_url=EMULATOR_URL)
     app = create_app(shop_config(databases.url(name), **config))
 
-    monkeypatch.setattr(emulator_merchant, "_session", connect(app, emulator_app))
+    connect(app, emulator_app)
 
     harness = ShopHarness(app=app, emulator=EmulatorDriver(emulator_app.test_client()))
     if install:

@@ -18,6 +18,7 @@ from flask_gateway.core.timestamps import format_timestamp
 from flask_gateway.core.wire import WireModel
 from flask_gateway.emulator import checkouts, clock, consumer, delivery, faults
 from flask_gateway.emulator.access import check_access
+from flask_gateway.emulator.accounts import seed_accounts
 from flask_gateway.emulator.api import base_url, json_response, parse, read_json, settings
 from flask_gateway.emulator.models import (
     Account,
@@ -86,8 +87,6 @@ def reset() -> Response:
     db.session.execute(delete(Account))
     db.session.execute(delete(ClockState))
     db.session.commit()
-    from flask_gateway.emulator import seed_accounts
-
     seed_accounts(settings())
     return json_response({"reset": True})
 

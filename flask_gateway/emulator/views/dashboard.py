@@ -27,6 +27,7 @@ from flask_gateway.emulator.access import (
     visible_url,
 )
 from flask_gateway.emulator.api import base_url, settings
+from flask_gateway.emulator.delivery import redeliver as queue_again
 from flask_gateway.emulator.models import (
     Account,
     Checkout,
@@ -173,9 +174,6 @@ def dead_letters() -> str:
 @bp.post("/_emulator/dashboard/dead-letters/<int:delivery_id>/redeliver")
 def redeliver(delivery_id: int) -> WerkzeugResponse:
     """The redeliver button (CSRF-protected form): queue the dead letter again, then back to the list."""
-    # Imported when the button is pressed: the delivery module owns redelivery (404/409 as ApiProblem).
-    from flask_gateway.emulator.delivery import redeliver as queue_again
-
     try:
         queue_again(delivery_id)
     except ApiProblem as problem:

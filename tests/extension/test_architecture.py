@@ -1,0 +1,171 @@
+"""The floors of docs/architecture.md, read from the code's own imports (``ast``, nothing is imported)."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from functools import cache
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[2] / "flask_gateway"
+
+#: Floor of each top-level module of the extension (docs/architecture.md); the core is 0.
+FLOORS = {
+    "__init__": 6,
+    "testing": 6,
+    "extension": 5,
+    "views": 4,
+    "cli": 4,
+    "forms": 4,
+    **dict.fromkeys(
+        [
+            "checkouts",
+            "refunds",
+            "plans",
+            "availability",
+            "mapping",
+            "inbound",
+            "polling",
+            "reconciliation",
+            "installation",
+            "drift",
+            "checks",
+            "ratelimit",
+            "urls",
+            "transitions",
+        ],
+        3,
+    ),
+    "state": 2,
+    **dict.fromkeys(
+        ["config", "errors", "models", "secrets", "signals", "labels", "orders", "signing", "_version"], 1
+    ),
+    "core": 0,
+}
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _imports(path: Path) -> Iterator[tuple[str, int, bool]]:
+    """(imported module, line, at module level) for every ``flask_gateway`` import of ``path``."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    top_level = {id(node) for node in tree.body}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("flask_gateway"):
+            # ``from flask_gateway import signals`` imports the submodule; ``from x import name`` imports x.
+            submodules = [f"{node.module}.{alias.name}" for alias in node.names]
+            modules = _modules()
+            targets = [name for name in submodules if name in modules] or [node.module]
+            for name in targets:
+                yield name, node.lineno, id(node) in top_level or _in_type_checking(tree, node)
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("flask_gateway"):
+                    yield alias.name, node.lineno, id(node) in top_level
+
+
+def _in_type_checking(tree: ast.Module, target: ast.AST) -> bool:
+    return any(
+        isinstance(node, ast.If)
+        and isinstance(node.test, ast.Name)
+        and node.test.id == "TYPE_CHECKING"
+        and any(child is target for child in ast.walk(node))
+        for node in tree.body
+    )
+
+
+@cache
+def _modules() -> dict[str, Path]:
+    return {_module_name(path): path for path in PACKAGE.rglob("*.py")}
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        for imported, _line, _top in _imports(path):
+            if imported in modules and imported != name:
+                graph[name].add(imported)
+    return graph
+
+
+def _floor(module: str) -> int | None:
+    parts = module.split(".")
+    if len(parts) == 1:
+        return FLOORS["__init__"]
+    if parts[1] == "emulator":
+        return None
+    return FLOORS.get(parts[1])
+
+
+def test_every_module_of_the_extension_has_a_floor():
+    unplaced = [m for m in _modules() if m.split(".")[1:2] != ["emulator"] and _floor(m) is None]
+    assert unplaced == [], "add them to FLOORS and to docs/architecture.md"
+
+
+def test_no_import_circle():
+    graph = _graph()
+    state: dict[str, int] = {}
+    circles: list[list[str]] = []
+
+    def visit(node: str, trail: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                circles.append([*trail[trail.index(nxt) :], nxt] if nxt in trail else [node, nxt])
+            elif nxt not in state:
+                visit(nxt, [*trail, nxt])
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
+    assert circles == []
+
+
+def test_nothing_imports_upward():
+    upward = []
+    for module, imported in ((m, i) for m, targets in _graph().items() for i in targets):
+        low, high = _floor(module), _floor(imported)
+        if module.startswith("flask_gateway.emulator"):
+            ok = imported.startswith(
+                ("flask_gateway.core", "flask_gateway.emulator", "flask_gateway._version")
+            )
+        elif module.startswith("flask_gateway.core"):
+            ok = imported.startswith(("flask_gateway.core", "flask_gateway._version"))
+        else:
+            ok = module == "flask_gateway.testing" or (low is not None and high is not None and high <= low)
+        if not ok:
+            upward.append(f"{module} -> {imported}")
+    assert upward == []
+
+
+def test_the_extension_and_the_emulator_never_import_each_other():
+    crossing = [
+        f"{module} -> {imported}"
+        for module, targets in _graph().items()
+        for imported in targets
+        if module != "flask_gateway.testing"
+        and module != "flask_gateway"
+        and module.startswith("flask_gateway.emulator") != imported.startswith("flask_gateway.emulator")
+        and not imported.startswith(("flask_gateway.core", "flask_gateway._version"))
+    ]
+    assert crossing == []
+
+
+def test_a_function_level_import_says_why():
+    unexplained = []
+    for name, path in _modules().items():
+        lines = path.read_text(encoding="utf-8").splitlines()
+        for _imported, line, top in _imports(path):
+            if top:
+                continue
+            here, before = lines[line - 1], lines[line - 2] if line > 1 else ""
+            if "#" not in here and not before.strip().startswith("#"):
+                unexplained.append(f"{name}:{line}")
+    assert sorted(set(unexplained)) == []
