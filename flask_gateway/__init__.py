@@ -46,6 +46,7 @@ from flask_gateway.core.wire import (
     OPEN_STATUSES,
     PAID_STATUSES,
     PAYMENT_STATUSES,
+    REFUNDABLE_STATUSES,
     CheckoutStatus,
 )
 
@@ -147,6 +148,7 @@ __all__ = [
     "OPEN_STATUSES",
     "PAID_STATUSES",
     "PAYMENT_STATUSES",
+    "REFUNDABLE_STATUSES",
     "Address",
     "AlreadyInstalledError",
     "AuthenticationError",

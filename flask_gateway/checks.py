@@ -19,13 +19,12 @@ with :func:`setup_warnings`.
 
 from __future__ import annotations
 
-import ipaddress
 from dataclasses import dataclass
 from typing import Literal
-from urllib.parse import urlsplit
 
 from flask import has_request_context, request
 
+from flask_gateway.core.hosts import local_host_kind
 from flask_gateway.state import get_state, leaves_no_transaction
 from flask_gateway.urls import callback_url
 
@@ -57,19 +56,7 @@ class SetupWarning:
 
 def local_kind(url: str | None) -> str | None:
     """``"localhost"`` or ``"an IP address"`` when ``url``'s host is one, else None."""
-    try:
-        host = (urlsplit(url or "").hostname or "").rstrip(".").lower()
-    except ValueError:
-        return None
-    if not host:
-        return None
-    if host == "localhost" or host.endswith(".localhost"):
-        return "localhost"
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return None
-    return "an IP address"
+    return local_host_kind(url)
 
 
 def _gateway_is_local() -> bool:

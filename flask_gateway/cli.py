@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+from contextlib import ExitStack
 from datetime import timedelta
 from typing import Any
 
@@ -66,24 +67,21 @@ def init_db() -> None:
 @click.option("--quiet", is_flag=True, help="No progress bar; only the summary.")
 def reconcile_command(limit: int | None, older_than: float | None, quiet: bool) -> None:
     """Ask the gateway about checkouts that are not final and apply the answers."""
-    bar: Any = None
+    with ExitStack() as stack:
+        bar: Any = None
 
-    def progress(done: int, total: int) -> None:
-        nonlocal bar
-        if quiet:
-            return
-        if bar is None:
-            if total == 0:
+        def progress(done: int, total: int) -> None:
+            # The bar starts once the number of checkouts is known (none: no bar at all).
+            nonlocal bar
+            if quiet or (bar is None and total == 0):
                 return
-            bar = click.progressbar(length=total, label="Polling checkouts", show_pos=True)
-            bar.__enter__()
-        bar.update(done - bar.pos)
+            if bar is None:
+                bar = stack.enter_context(
+                    click.progressbar(length=total, label="Polling checkouts", show_pos=True)
+                )
+            bar.update(done - bar.pos)
 
-    try:
         report = reconcile(limit=limit, older_than_seconds=older_than, progress=progress)
-    finally:
-        if bar is not None:
-            bar.__exit__(None, None, None)
     click.echo(report.summary())
     if report.errors:
         raise SystemExit(1)

@@ -17,6 +17,7 @@ from wtforms import BooleanField, IntegerField, PasswordField, StringField
 from wtforms.validators import InputRequired, Length, NumberRange, Optional, ValidationError
 
 from flask_gateway.core.money import format_money, format_plain
+from flask_gateway.core.wire import EMAIL_PATTERN
 from flask_gateway.errors import ConfigurationError
 from flask_gateway.state import get_state
 
@@ -36,7 +37,6 @@ __all__ = [
 MAX_CENTS: Final = 10**12
 _SEPARATORS: Final = dict.fromkeys(map(ord, " \t\u00a0\u2009\u202f_"), None)
 _AMOUNT: Final = re.compile(r"([0-9]*)(?:\.([0-9]*))?")
-_EMAIL: Final = re.compile(r"[^@\s]+@[^@\s]+\.[^@\s]+\Z")
 
 
 def parse_amount(text: str, *, symbol: str = "") -> int:
@@ -96,7 +96,7 @@ def _absolute_url(form: Any, field: Any) -> None:
 
 
 def _email(form: Any, field: Any) -> None:
-    if field.data and _EMAIL.match(field.data) is None:
+    if field.data and EMAIL_PATTERN.match(field.data) is None:
         raise ValidationError("Enter an e-mail address such as owner@shop.example, or leave it empty.")
 
 

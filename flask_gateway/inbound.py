@@ -81,7 +81,7 @@ from flask_gateway import signals
 from flask_gateway.core.auth import ACCOUNT_HEADER, SIGNATURE_HEADER
 from flask_gateway.core.errors import GatewayError, NotFoundError
 from flask_gateway.core.http import describe_validation_error
-from flask_gateway.core.sql import commit_keeping_loaded
+from flask_gateway.core.sql import commit_keeping_loaded, storable_text
 from flask_gateway.core.timestamps import utcnow
 from flask_gateway.core.wire import (
     OPERATOR,
@@ -184,11 +184,6 @@ class CallbackResult:
 # --- the callback log --------------------------------------------------------------------------------
 
 
-def _printable(text: str) -> str:
-    # PostgreSQL refuses NUL in text columns: one stray byte must not cost the log row.
-    return text.replace("\x00", "\ufffd")
-
-
 def loggable_headers(headers: Iterable[tuple[str, str]]) -> dict[str, str]:
     """The headers worth keeping, without any that may carry a secret (signature, credentials, cookies)."""
     kept: dict[str, str] = {}
@@ -197,14 +192,14 @@ def loggable_headers(headers: Iterable[tuple[str, str]]) -> dict[str, str]:
             continue
         if name not in kept and len(kept) >= _MAX_HEADERS:
             continue
-        value = _printable(value)[:_MAX_HEADER_VALUE]
+        value = storable_text(value, _MAX_HEADER_VALUE)
         kept[name] = f"{kept[name]}, {value}" if name in kept else value
     return kept
 
 
 def _claimed_account(headers: Headers) -> str | None:
     claimed = headers.get(ACCOUNT_HEADER)
-    return _printable(claimed)[:255] if claimed else None
+    return storable_text(claimed, 255) if claimed else None
 
 
 def _new_log(headers: Headers, body: bytes, client: str | None) -> CallbackLog:
@@ -213,7 +208,7 @@ def _new_log(headers: Headers, body: bytes, client: str | None) -> CallbackLog:
         received_at=utcnow(),
         merchant_account_id=_claimed_account(headers),
         headers=loggable_headers(headers),
-        body=_printable(body[:MAX_CALLBACK_BYTES].decode("utf-8", errors="replace")),
+        body=storable_text(body[:MAX_CALLBACK_BYTES].decode("utf-8", errors="replace")),
         verified=True,
         outcome=CallbackOutcome.RECEIVED.value,
         http_status=0,
@@ -249,11 +244,11 @@ def _refuse_unverified(
         received_at=utcnow(),
         merchant_account_id=_claimed_account(headers),
         headers={
-            name: _printable(value)[:_EXCERPT_HEADER_VALUE]
+            name: storable_text(value, _EXCERPT_HEADER_VALUE)
             for name in _EXCERPT_HEADERS
             if (value := headers.get(name)) is not None
         },
-        body=_printable(excerpt),
+        body=storable_text(excerpt),
         verified=False,
         outcome=error.outcome,
         http_status=error.code or 400,
@@ -432,7 +427,8 @@ def _disagreement(claim: CheckoutStatusPayload, answer: CheckoutStatusPayload) -
         return "getstatus answered about another checkoutToken"
     # The two statuses of one payment: a claim of either agrees with an answer of either.
     if claimed != confirmed and not {claimed, confirmed} <= PAYMENT_STATUSES:
-        return f"the callback says {_printable(claimed)[:40]}, getstatus says {_printable(confirmed)[:40]}"
+        said, answered = storable_text(claimed, 40), storable_text(confirmed, 40)
+        return f"the callback says {said}, getstatus says {answered}"
     if answer.checkoutTotalCents != claim.checkoutTotalCents:
         return (
             f"the callback says a total of {claim.checkoutTotalCents} cents, getstatus "
@@ -484,7 +480,7 @@ def _process(
     state = get_state()
     session = state.session
     # Goes into the event and the log row as text: U+0000 (never in a real status) must not cost them.
-    status = _printable(str(payload.checkoutPaymentStatus))
+    status = storable_text(str(payload.checkoutPaymentStatus))
     confirming = state.config.confirm_callbacks
     acted_on = status in _APPLIED_FROM_CALLBACK or (confirming and status in _APPLIED_WHEN_CONFIRMED)
     found, before = checkout.id, checkout.status
@@ -507,9 +503,8 @@ def _process(
         )
     else:
         # Agreed (the same status, or both payment statuses): the claim's status; else the gateway's.
-        told = (
-            _recorded_status(status) if unconfirmed is None else _printable(str(truth.checkoutPaymentStatus))
-        )
+        answered = storable_text(str(truth.checkoutPaymentStatus))
+        told = _recorded_status(status) if unconfirmed is None else answered
         if truth is payload:
             note = f"callback #{log.id}: {status}"
         elif unconfirmed is None:

@@ -22,6 +22,7 @@ from flask_gateway.core.errors import (
 from flask_gateway.core.sql import commit_keeping_loaded
 from flask_gateway.core.timestamps import utcnow
 from flask_gateway.core.wire import (
+    REFUNDABLE_STATUSES,
     CheckoutStatus,
     RefundRequest,
     V1RefundRequest,
@@ -44,7 +45,6 @@ S = CheckoutStatus
 
 #: ``refundDescription`` (v2) and the v1 refund ``reason``.
 _REFUND_REASON_MAX: Final = 1000
-_REFUNDABLE: Final = frozenset({S.PAID.value, S.PAID_PENDING_CALLBACK.value, S.PARTIALLY_REFUNDED.value})
 
 
 def _check_refund_amount(amount_cents: object) -> int:
@@ -90,7 +90,7 @@ def refund(checkout: GatewayCheckout, amount_cents: int, reason: str = "") -> Re
             session.commit()
             return retry_refund(record)
     try:
-        if locked.status not in _REFUNDABLE:
+        if locked.status not in REFUNDABLE_STATUSES:
             raise RefundNotAllowedError(
                 f"checkout #{locked.id} is {locked.status}: only a paid checkout (PAID, "
                 "PAID_PENDING_CALLBACK or PARTIALLY_REFUNDED) can be refunded."

@@ -14,6 +14,7 @@ from typing import Any
 from flask import Flask, Response, request
 from flask_wtf.csrf import CSRFProtect
 
+from flask_gateway.core.framing import never_framed
 from flask_gateway.core.sql import configure_sqlite, create_all_safely
 from flask_gateway.emulator.accounts import seed_accounts
 from flask_gateway.emulator.api import (
@@ -60,11 +61,8 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     @app.after_request
     def _no_framing(response: Response) -> Response:
         # The hosted payment page must never be framed; the same holds for every other page here.
-        response.headers.setdefault("X-Frame-Options", "DENY")
-        response.headers.setdefault("Content-Security-Policy", "frame-ancestors 'none'")
-        response.headers.setdefault("X-Content-Type-Options", "nosniff")
         # Hosted pages carry checkout tokens in their URLs: never sent on as a Referer.
-        response.headers.setdefault("Referrer-Policy", "no-referrer")
+        never_framed(response.headers, no_referrer=True)
         return response
 
     with app.app_context():

@@ -11,17 +11,17 @@ import secrets
 import uuid
 from collections.abc import Iterable
 from datetime import datetime, timedelta
-from ipaddress import ip_address
 from typing import Any, Final
-from urllib.parse import urlsplit
 
 from sqlalchemy import or_, select
 
+from flask_gateway.core.hosts import is_local_host
 from flask_gateway.core.sql import begin_writing
 from flask_gateway.core.wire import (
     CHANGEABLE_STATUSES,
     OPEN_STATUSES,
     PAID_STATUSES,
+    REFUNDABLE_STATUSES,
     CheckoutResponse,
     CheckoutStatus,
     CheckoutStatusPayload,
@@ -88,25 +88,9 @@ S = CheckoutStatus
 OPEN: Final = tuple(sorted(OPEN_STATUSES))
 #: Where the consumer can pay or cancel on the payment page.
 _PAYABLE: Final = (S.PENDING_ORDER.value, S.PENDING_PAYMENT.value)
-REFUNDABLE: Final = (S.PAID.value, S.PAID_PENDING_CALLBACK.value, S.PARTIALLY_REFUNDED.value)
 
 
 # --- firewall and limits -------------------------------------------------------------------------
-
-
-def is_local_host(url: str) -> bool:
-    """True for URLs on ``localhost``, ``*.localhost`` or an IP literal (what the real firewall refuses)."""
-    try:
-        host = (urlsplit(url).hostname or "").rstrip(".").lower()
-    except ValueError:  # "https://shop.example[": not a URL at all; validation refuses it (400), not a 500
-        return False
-    if host == "localhost" or host.endswith(".localhost"):
-        return True
-    try:
-        ip_address(host)
-    except ValueError:
-        return False
-    return True
 
 
 def check_firewall(urls: Iterable[object], *, strict: bool) -> None:
@@ -365,7 +349,7 @@ def reopen_v1(checkout: Checkout) -> None:
 def _apply_refund(
     checkout: Checkout, amount: int, reference: str, description: str, request_id: str | None
 ) -> None:
-    if checkout.status not in REFUNDABLE:
+    if checkout.status not in REFUNDABLE_STATUSES:
         raise _refuse(checkout, "refund")
     remaining = checkout.total_cents - checkout.refunded_cents
     if amount > remaining:

@@ -6,6 +6,8 @@ from typing import Final, TypeVar
 
 from werkzeug.wrappers import Response
 
+from flask_gateway.core.framing import never_framed
+
 __all__ = ["POLICY", "deny_framing"]
 
 R = TypeVar("R", bound=Response)
@@ -24,19 +26,5 @@ def deny_framing(response: R) -> R:
     A policy the response already has (the app's) is kept, with ``frame-ancestors 'none'`` replacing any
     looser one and ``script-src 'self'`` added when it restricts scripts nowhere: no page of the extension
     is ever framed, nor runs a script from another origin or an inline one."""
-    response.headers["X-Frame-Options"] = "DENY"
-    policy = response.headers.get("Content-Security-Policy")
-    if not policy:
-        response.headers["Content-Security-Policy"] = POLICY
-    else:  # keep the app's policy, but these pages are never framed, by anyone
-        directives = [
-            d.strip()
-            for d in policy.split(";")
-            if d.strip() and not d.strip().lower().startswith("frame-ancestors")
-        ]
-        names = {d.split()[0].lower() for d in directives}
-        if not names & {"script-src", "default-src"}:
-            directives.append("script-src 'self'")
-        response.headers["Content-Security-Policy"] = "; ".join([*directives, "frame-ancestors 'none'"])
-    response.headers.setdefault("X-Content-Type-Options", "nosniff")
+    never_framed(response.headers, policy=POLICY)
     return response

@@ -31,7 +31,7 @@ from flask_gateway.core.errors import (
     GatewayError,
     GatewayServerError,
 )
-from flask_gateway.core.wire import CHANGEABLE_STATUSES, CheckoutStatus
+from flask_gateway.core.wire import CHANGEABLE_STATUSES, REFUNDABLE_STATUSES, CheckoutStatus
 from flask_gateway.drift import check_settings, last_report
 from flask_gateway.errors import NotInstalledError, SecretUnreadable
 from flask_gateway.forms import (
@@ -82,9 +82,6 @@ STATUSES: Final = (
 )
 #: The outcomes a callback log row can have, for the callback log's filter.
 CALLBACK_OUTCOMES: Final = tuple(o.value for o in CallbackOutcome)
-_REFUNDABLE: Final = frozenset(
-    {CheckoutStatus.PAID, CheckoutStatus.PAID_PENDING_CALLBACK, CheckoutStatus.PARTIALLY_REFUNDED}
-)
 #: What an action can raise that the owner should read (anything else is a bug: a 500 and a log line).
 _EXPECTED: Final = (GatewayError, ValueError, NotInstalledError, SecretUnreadable)
 
@@ -497,7 +494,7 @@ def _render_detail(
         refund_form=refund_form or RefundForm(formdata=None),
         confirm=confirm,
         remaining=remaining,
-        can_refund=checkout.status in _REFUNDABLE and remaining > 0,
+        can_refund=checkout.status in REFUNDABLE_STATUSES and remaining > 0,
         can_cancel=checkout.status in CHANGEABLE_STATUSES,
         can_refresh=checkout.api_version == "v2" and bool(checkout.token),
         order=_order_summary(checkout.order),

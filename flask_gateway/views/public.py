@@ -31,7 +31,6 @@ from flask import (
 from werkzeug.exceptions import RequestEntityTooLarge
 from werkzeug.wrappers import Response as BaseResponse
 
-from flask_gateway.core.money import format_money
 from flask_gateway.core.wire import CheckoutStatus
 from flask_gateway.inbound import (
     MAX_CALLBACK_BYTES,
@@ -129,7 +128,7 @@ def return_page(kind: str) -> BaseResponse:
             checkout=checkout,
             kind=which,
             state=shopper_state(checkout),
-            amount=format_amount(checkout.total_cents),
+            amount=get_state().money(checkout.total_cents),
         )
     )
 
@@ -147,7 +146,3 @@ def shopper_state(checkout: GatewayCheckout) -> str:
     if checkout.status == LocalStatus.FAILED:
         return "failed"
     return "processing"
-
-
-def format_amount(cents: int) -> str:
-    return format_money(cents, get_state().config.currency_symbol)

@@ -2,9 +2,11 @@
 
 from flask_gateway.core.wire.common import (
     CHANGEABLE_STATUSES,
+    EMAIL_PATTERN,
     OPEN_STATUSES,
     PAID_STATUSES,
     PAYMENT_STATUSES,
+    REFUNDABLE_STATUSES,
     AbsoluteUrl,
     Cents,
     CheckoutStatus,
@@ -73,12 +75,14 @@ from flask_gateway.core.wire.v2 import (
 
 __all__ = [
     "CHANGEABLE_STATUSES",
+    "EMAIL_PATTERN",
     "MAX_EXPIRY_MINUTES",
     "MIN_EXPIRY_MINUTES",
     "OPEN_STATUSES",
     "OPERATOR",
     "PAID_STATUSES",
     "PAYMENT_STATUSES",
+    "REFUNDABLE_STATUSES",
     "SPEC",
     "STATUS_PAYLOAD_KEYS",
     "WIRE_NAME_SETS",

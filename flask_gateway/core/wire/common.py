@@ -34,9 +34,11 @@ from flask_gateway.core.wire.names import OPERATOR, Role, WireNames
 
 __all__ = [
     "CHANGEABLE_STATUSES",
+    "EMAIL_PATTERN",
     "OPEN_STATUSES",
     "PAID_STATUSES",
     "PAYMENT_STATUSES",
+    "REFUNDABLE_STATUSES",
     "TEXT_MAX_LENGTH",
     "AbsoluteUrl",
     "Cents",
@@ -113,6 +115,10 @@ PAID_STATUSES: Final = frozenset(
         CheckoutStatus.FULLY_REFUNDED,
     }
 )
+#: Money was taken and some of it is not yet given back: a refund may be asked for.
+REFUNDABLE_STATUSES: Final = frozenset(
+    {CheckoutStatus.PAID, CheckoutStatus.PAID_PENDING_CALLBACK, CheckoutStatus.PARTIALLY_REFUNDED}
+)
 
 #: A status as parsed from the wire: a known ``CheckoutStatus`` or, for a value this version does not
 #: know yet, the plain string (kept, never a crash).
@@ -159,11 +165,12 @@ AbsoluteUrl = Annotated[
     WithJsonSchema({"type": "string", "format": "uri", "maxLength": 2048}),
 ]
 
-_EMAIL: Final = re.compile(r"[^@\s]+@[^@\s]+\.[^@\s]+\Z")
+#: What passes for an e-mail address: something, an @, a domain with a dot; no spaces.
+EMAIL_PATTERN: Final = re.compile(r"[^@\s]+@[^@\s]+\.[^@\s]+\Z")
 
 
 def _check_email(value: str) -> str:
-    if _EMAIL.match(value) is None:
+    if EMAIL_PATTERN.match(value) is None:
         raise ValueError("must be an e-mail address such as owner@shop.example")
     return value
 

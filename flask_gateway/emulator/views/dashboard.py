@@ -18,7 +18,7 @@ from werkzeug.wrappers import Response as WerkzeugResponse
 from flask_gateway.core.money import format_money
 from flask_gateway.core.timestamps import format_timestamp
 from flask_gateway.core.wire import WireNames
-from flask_gateway.emulator import checkouts, clock, faults
+from flask_gateway.emulator import checkouts, clock, delivery, faults
 from flask_gateway.emulator.access import (
     check_access,
     mask_v1_urls,
@@ -27,7 +27,6 @@ from flask_gateway.emulator.access import (
     visible_url,
 )
 from flask_gateway.emulator.api import base_url, settings
-from flask_gateway.emulator.delivery import redeliver as queue_again
 from flask_gateway.emulator.models import (
     Account,
     Checkout,
@@ -175,7 +174,7 @@ def dead_letters() -> str:
 def redeliver(delivery_id: int) -> WerkzeugResponse:
     """The redeliver button (CSRF-protected form): queue the dead letter again, then back to the list."""
     try:
-        queue_again(delivery_id)
+        delivery.redeliver(delivery_id)
     except ApiProblem as problem:
         db.session.rollback()
         flash(f"Dead letter #{delivery_id} was not redelivered: {problem.message}", "error")
