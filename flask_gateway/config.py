@@ -13,9 +13,9 @@ from urllib.parse import urlsplit
 from flask_gateway.core.wire.names import OPERATOR, WireNames, wire_names
 from flask_gateway.errors import ConfigurationError
 
-__all__ = ["DEFAULTS", "ENVIRONMENT_URLS", "GatewayConfig"]
+__all__ = ["DEFAULTS", "EMBEDDED_ORIGIN", "ENVIRONMENT_URLS", "GatewayConfig"]
 
-Environment = Literal["sandbox", "production", "emulator"]
+Environment = Literal["sandbox", "production", "emulator", "embedded"]
 ApiVersion = Literal["v2", "v1"]
 Waf = Literal["strict", "allow-local"]
 
@@ -26,6 +26,8 @@ Waf = Literal["strict", "allow-local"]
 #:   the create, installation and v1 checkout pages).
 #: - ``emulator``: the emulator running locally as in the demo (``flask --app flask_gateway.emulator run
 #:   --port 5050``).
+#: - ``embedded``: none here; the emulator is mounted in the shop's own app, so its addresses are the shop's
+#:   ``GATEWAY_PUBLIC_URL`` (or ``http://localhost``, reached in-process) plus ``GATEWAY_EMBEDDED_PREFIX``.
 #: - ``production``: none; the documentation states no production address (it sends merchants to their
 #:   account manager), so the three keys must be set (``ConfigurationError`` says so).
 ENVIRONMENT_URLS: Final[Mapping[str, Mapping[str, str]]] = {
@@ -41,6 +43,10 @@ ENVIRONMENT_URLS: Final[Mapping[str, Mapping[str, str]]] = {
     },
 }
 
+#: The embedded emulator's origin when ``GATEWAY_PUBLIC_URL`` is not set: the extension reaches it
+#: in-process, on the address of the request being served (so ``paymentUrl`` is the one the shopper used).
+EMBEDDED_ORIGIN: Final = "http://localhost"
+
 #: Every key with its default (``None``: no default).
 DEFAULTS: Final[Mapping[str, Any]] = {
     "GATEWAY_ENVIRONMENT": "emulator",
@@ -52,6 +58,7 @@ DEFAULTS: Final[Mapping[str, Any]] = {
     "GATEWAY_TIMEOUT": (5.0, 30.0),
     "GATEWAY_MAX_RETRIES": 2,
     "GATEWAY_URL_PREFIX": "/gateway",
+    "GATEWAY_EMBEDDED_PREFIX": "/_gateway",
     "GATEWAY_ORDER_ENDPOINT": None,
     "GATEWAY_ORDER_EXPIRY_MINUTES": 60,
     "GATEWAY_V1_CANCEL_ON_FAIL": True,
@@ -95,6 +102,8 @@ class GatewayConfig:
     waf: Waf = "strict"
     #: How requests and the v1 replies spell the operator-named fields (answers are read in either set).
     wire_names: WireNames = OPERATOR
+    #: Where ``GATEWAY_ENVIRONMENT="embedded"`` mounts the emulator in the shop's app.
+    embedded_prefix: str = "/_gateway"
     #: Put a SQLite database file in WAL mode (a setting of the file: the shop's connections use it too).
     sqlite_wal: bool = False
 
@@ -107,15 +116,35 @@ class GatewayConfig:
     @classmethod
     def from_mapping(cls, config: MutableMapping[str, Any]) -> GatewayConfig:
         """Fill in defaults (``setdefault``, so the app sees them) and validate every key."""
+        waf_given = "GATEWAY_WAF" in config
         for key, default in DEFAULTS.items():
             config.setdefault(key, default)
         environment = config["GATEWAY_ENVIRONMENT"]
-        if environment not in ("sandbox", "production", "emulator"):
+        if environment not in ("sandbox", "production", "emulator", "embedded"):
             raise ConfigurationError(
-                f"GATEWAY_ENVIRONMENT={environment!r}: use 'sandbox', 'production' or 'emulator'."
+                f"GATEWAY_ENVIRONMENT={environment!r}: use 'sandbox', 'production', 'emulator' or 'embedded'."
+            )
+        embedded_prefix = str(config["GATEWAY_EMBEDDED_PREFIX"]).rstrip("/")
+        if not embedded_prefix.startswith("/"):
+            raise ConfigurationError(
+                f"GATEWAY_EMBEDDED_PREFIX={config['GATEWAY_EMBEDDED_PREFIX']!r} must be a path such as "
+                "'/_gateway'."
             )
         urls = dict(ENVIRONMENT_URLS.get(environment, {}))
+        if environment == "embedded":
+            embedded = f"{str(config['GATEWAY_PUBLIC_URL'] or EMBEDDED_ORIGIN).rstrip('/')}{embedded_prefix}"
+            urls = {
+                "GATEWAY_BASE_URL": embedded,
+                "GATEWAY_INSTALL_URL": f"{embedded}/install",
+                "GATEWAY_V1_BASE_URL": embedded,
+            }
         for key in ("GATEWAY_BASE_URL", "GATEWAY_INSTALL_URL", "GATEWAY_V1_BASE_URL"):
+            if config[key] and environment == "embedded":
+                raise ConfigurationError(
+                    f"{key} is set with GATEWAY_ENVIRONMENT='embedded': the embedded emulator answers in "
+                    "this app (GATEWAY_EMBEDDED_PREFIX), so remove it; for an emulator of its own "
+                    "elsewhere use GATEWAY_ENVIRONMENT='emulator'."
+                )
             if config[key]:
                 urls[key] = str(config[key])
             if key not in urls:
@@ -166,9 +195,11 @@ class GatewayConfig:
         if not prefix.startswith("/"):
             raise ConfigurationError(f"GATEWAY_URL_PREFIX={prefix!r} must start with '/', e.g. '/gateway'.")
         waf = config["GATEWAY_WAF"]
+        if environment == "embedded" and not waf_given:
+            waf = config["GATEWAY_WAF"] = "allow-local"  # the embedded emulator allows local addresses
         if waf not in ("strict", "allow-local"):
             raise ConfigurationError(f"GATEWAY_WAF={waf!r}: use 'strict' (default) or 'allow-local'.")
-        if waf == "allow-local" and environment != "emulator":
+        if waf == "allow-local" and environment not in ("emulator", "embedded"):
             raise ConfigurationError(
                 f"GATEWAY_WAF='allow-local' with GATEWAY_ENVIRONMENT={environment!r}: the real gateway's "
                 "firewall always refuses redirect URLs on localhost or an IP address. Remove GATEWAY_WAF "
@@ -184,6 +215,7 @@ class GatewayConfig:
             timeout=_timeout(config["GATEWAY_TIMEOUT"]),
             max_retries=retries,
             url_prefix=prefix,
+            embedded_prefix=embedded_prefix,
             order_endpoint=config["GATEWAY_ORDER_ENDPOINT"],
             order_expiry_minutes=expiry,
             v1_cancel_on_fail=bool(config["GATEWAY_V1_CANCEL_ON_FAIL"]),

@@ -10,10 +10,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from flask import Blueprint, Flask, request
+import requests
+from flask import Blueprint, Flask, has_request_context, request
 
 from flask_gateway.cli import gateway_cli
 from flask_gateway.config import GatewayConfig
+from flask_gateway.core.sql import copy_tables_as_stored
+from flask_gateway.core.wsgi import WSGIAdapter
+from flask_gateway.emulator import mount
 from flask_gateway.errors import ConfigurationError
 from flask_gateway.models import GatewayBase
 from flask_gateway.ratelimit import RateLimit, make_storage
@@ -89,10 +93,12 @@ class Gateway:
         )
         app.extensions[EXTENSION_KEY] = state
         app.teardown_appcontext(lambda _error: state.remove_session())
-        for table in GatewayBase.metadata.sorted_tables:
-            if table.name not in database.metadata.tables:
-                table.to_metadata(database.metadata)
+        # Copies with the types the database stores, so that Flask-Migrate's scripts run as written
+        # (docs/migrations.md); the extension reads and writes through GatewayBase's own tables.
+        copy_tables_as_stored(GatewayBase.metadata, database.metadata)
         self._register(app, config)
+        if config.environment == "embedded":
+            _embed_emulator(app, config, state)
 
     @staticmethod
     def _register(app: Flask, config: GatewayConfig) -> None:
@@ -102,6 +108,24 @@ class Gateway:
         # they are exempt from CSRF whether CSRFProtect was set up before Gateway or after it.
         _exempt_from_csrf(app, public.bp)
         app.cli.add_command(gateway_cli)
+
+
+def _embed_emulator(app: Flask, config: GatewayConfig, state: GatewayState) -> None:
+    """``GATEWAY_ENVIRONMENT="embedded"``: mount the emulator in ``app`` and point the clients at it.
+
+    The clients reach it in-process (``WSGIAdapter``), never over the network: a server that handles one
+    request at a time would otherwise wait for itself. Without ``GATEWAY_PUBLIC_URL`` each call is made on
+    the address of the request being served, so the emulator's ``paymentUrl`` is the one the shopper used.
+    """
+    mount(app, config.embedded_prefix)
+    session = requests.Session()
+    origin = None if config.public_url else _request_origin
+    session.mount(config.base_url, WSGIAdapter(app, origin=origin))
+    state.client_options.setdefault("session", session)
+
+
+def _request_origin() -> str | None:
+    return request.host_url if has_request_context() else None
 
 
 def _exempt_from_csrf(app: Flask, blueprint: Blueprint) -> None:

@@ -47,7 +47,7 @@ def settings() -> EmulatorSettings:
 
 def base_url() -> str:
     """Where consumers reach this emulator (for ``paymentUrl`` and ``redirect_to``)."""
-    return settings().public_url or request.host_url.rstrip("/")
+    return settings().public_url or request.url_root.rstrip("/")
 
 
 def raw_body() -> bytes:

@@ -119,7 +119,7 @@ def base_url() -> str:
     if public:
         return public
     if has_request_context():
-        return request.host_url.rstrip("/")
+        return request.url_root.rstrip("/")
     remembered: str | None = current_app.extensions.get(_BASE_URL_KEY)
     return remembered or FALLBACK_BASE_URL
 

@@ -12,11 +12,11 @@ from flask_gateway.core.wire.names import OPERATOR, ROLES, WireNames
 __all__ = ["ApiProblem", "ResponseDropped", "field_path", "validation_problem"]
 
 
-class ResponseDropped(Exception):
-    """An injected fault dropped the answer where no socket could be reset (the in-process test client).
+class ResponseDropped(ConnectionResetError):
+    """An injected fault dropped the answer where no socket could be reset (an in-process caller).
 
     It propagates out of the app on purpose: the test client sees an exception, as a real client sees a
-    reset connection.
+    reset connection (``flask_gateway.core.wsgi.WSGIAdapter`` turns it into ``requests.ConnectionError``).
     """
 
 

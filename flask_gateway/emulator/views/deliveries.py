@@ -49,7 +49,7 @@ def _equals(column: InstrumentedAttribute[str], value: str) -> ColumnElement[boo
 @bp.before_app_request
 def _remember_base_url() -> None:
     # Callbacks built by the worker thread (outside any request) use the address this app was reached at.
-    delivery.remember_base_url(request.host_url)
+    delivery.remember_base_url(request.url_root)
 
 
 @bp.post("/deliver")
