@@ -61,7 +61,8 @@ def local_kind(url: str | None) -> str | None:
 
 def _gateway_is_local() -> bool:
     """The gateway runs on this machine or network (the emulator): it can reach a local callback URL."""
-    return local_kind(get_state().config.base_url) is not None
+    config = get_state().config
+    return config.environment == "embedded" or local_kind(config.base_url) is not None
 
 
 @leaves_no_transaction

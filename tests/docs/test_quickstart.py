@@ -1,0 +1,147 @@
+"""docs/extension.md's quickstart, followed as a newcomer would: from an empty folder to a paid order.
+
+The page's files are saved to an empty folder and its commands typed into a shell there, in order, in a
+fresh virtualenv holding only the built wheel (``wheel_venv``: the page's ``python -m venv``, ``source
+.venv/bin/activate`` and ``pip install flask-gateway`` steps); the server the page starts runs in the
+background (on a free port: ``FLASK_RUN_PORT``, as ``flask run`` reads it). Then the page's walk: the
+owner signs in and installs, a shopper buys and pays on the gateway's page, the order says paid. Nothing
+the page does not show is done, and nothing of the repository is on the path.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests import secret_watch
+from tests.docs.browse import Browser
+from tests.docs.steps import Command, File, section, steps
+from tests.processes import free_port, wait_for
+
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+
+#: The page's setup steps that ``wheel_venv`` has done already (a fresh venv with the built wheel).
+VENV_STEPS = ("python -m venv .venv", "source .venv/bin/activate", "pip install flask-gateway")
+
+
+def quickstart() -> list[File | Command]:
+    page = (DOCS / "extension.md").read_text(encoding="utf-8")
+    return steps(section(page, "Quickstart: a paid order in one process"))
+
+
+def test_the_quickstart_has_the_steps_this_test_follows() -> None:
+    found = quickstart()
+    assert [s.name for s in found if isinstance(s, File)] == ["shop.py"]
+    commands = [s.line for s in found if isinstance(s, Command)]
+    assert tuple(commands[:3]) == VENV_STEPS
+    assert [c for c in commands if c not in VENV_STEPS] == [
+        "flask --app shop init-db",
+        "flask --app shop run",
+    ]
+
+
+@pytest.fixture
+def newcomer(tmp_path: Path, wheel_venv: Path) -> Iterator[dict[str, object]]:
+    folder = tmp_path / "newcomer"
+    folder.mkdir()
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith(("FLASK_", "GATEWAY_", "EMULATOR_", "PYTHON", "VIRTUAL_ENV"))
+    }
+    env.update(PATH=f"{wheel_venv}{os.pathsep}{env.get('PATH', '')}", VIRTUAL_ENV=str(wheel_venv.parent))
+    env["FLASK_RUN_PORT"] = str(free_port())
+    servers: list[subprocess.Popen[bytes]] = []
+    state: dict[str, object] = {"folder": folder, "env": env, "servers": servers}
+    yield state
+    for server in servers:
+        server.terminate()
+        try:
+            server.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait(timeout=10)
+
+
+def test_a_newcomer_takes_a_paid_order_in_one_process(newcomer: dict[str, object]) -> None:
+    started = time.monotonic()
+    folder: Path = newcomer["folder"]  # type: ignore[assignment]
+    env: dict[str, str] = newcomer["env"]  # type: ignore[assignment]
+    servers: list[subprocess.Popen[bytes]] = newcomer["servers"]  # type: ignore[assignment]
+    assert list(folder.iterdir()) == []
+    log = folder.parent / "server.log"
+    secret_watch.watch_file(log)
+
+    for step in quickstart():
+        if isinstance(step, File):
+            (folder / step.name).write_text(step.text, encoding="utf-8")
+        elif step.line in VENV_STEPS:
+            continue  # done by wheel_venv: a fresh virtualenv with the wheel installed
+        elif step.is_server:
+            with log.open("ab") as out:
+                servers.append(
+                    subprocess.Popen(step.argv, cwd=folder, env=env, stdout=out, stderr=subprocess.STDOUT)
+                )
+        else:
+            done = subprocess.run(step.argv, cwd=folder, env=env, capture_output=True, text=True, timeout=120)
+            assert done.returncode == 0, f"$ {step.line}\n{done.stdout}\n{done.stderr}"
+
+    shop = f"http://127.0.0.1:{env['FLASK_RUN_PORT']}"
+    browser = Browser()
+
+    def up() -> bool:
+        assert servers[0].poll() is None, log.read_text(errors="replace")
+        try:
+            return browser.get(shop + "/").status == 200
+        except OSError:
+            return False
+
+    wait_for(up, timeout=30, what="the shop to answer")
+
+    # 1. The owner signs in and installs the gateway with the emulator's account.
+    install = browser.submit(browser.get(shop + "/login"), "Sign in", password="owner")
+    assert install.url == shop + "/gateway/admin/install", install.text[:500]
+    installed = browser.submit(
+        install,
+        "Install",
+        merchant_account_id="demo-merchant",
+        api_key="demo-api-key",
+        minimum_amount="1.00",
+        maximum_amount="10000.00",
+    )
+    assert installed.status == 200, installed.text[:2000]
+    assert "installed" in installed.text.lower(), installed.text[:2000]
+
+    # 2. A shopper buys, and pays on the gateway's page (the embedded emulator, on the shop's address).
+    shopper = Browser()
+    order = shopper.submit(shopper.get(shop + "/"), "Buy")
+    assert "awaiting payment" in order.text, order.text
+    payment_page = shopper.submit(order, "Pay in 3 instalments")
+    assert payment_page.url.startswith(shop + "/_gateway/api/v2/app/checkout/v2.demo-merchant."), (
+        payment_page.url
+    )
+    assert "R 499.00" in payment_page.text
+    back = shopper.submit(payment_page, "Pay")
+
+    # 3. Back on the order page: paid.
+    reference = re.search(r"Order ([0-9A-F]{8})", order.text)
+    assert reference is not None
+    assert back.url == f"{shop}/orders/{reference.group(1)}", back.url
+    assert f"Order {reference.group(1)}: paid" in back.text, back.text
+    elapsed = time.monotonic() - started
+
+    # The gateway's signed callback arrives too (the emulator's worker, in-process), verified and confirmed,
+    # and pays nothing twice: the order was paid already, so it is "already recorded" or the first record.
+    def callback_outcomes() -> list[str]:
+        page = browser.get(shop + "/gateway/admin/callbacks")
+        return re.findall(r'data-callback-outcome="([a-z-]+)"', page.text)
+
+    outcomes = wait_for(callback_outcomes, timeout=20, what="the gateway's callback")
+    assert outcomes in (["duplicate"], ["accepted"]), outcomes
+    print(f"\nquickstart: empty folder to paid order in {elapsed:.1f} s")  # noqa: T201 - the figure it measures

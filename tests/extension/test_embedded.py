@@ -1,0 +1,161 @@
+"""``GATEWAY_ENVIRONMENT="embedded"``: the extension mounts the emulator in the shop's app and uses it.
+
+The emulator's own side (routes under the prefix, tables, in-process callbacks, a host left as it was) is
+tests/emulator/test_embedded.py; here: the configuration, the refusals, and a payment taken by a shop whose
+only gateway is the one inside it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from flask import Flask
+from flask_sqlalchemy import SQLAlchemy
+
+from flask_gateway import (
+    ConfigurationError,
+    Customer,
+    Gateway,
+    InstallSettings,
+    OrderDraft,
+    OrderLine,
+    create_checkout,
+    install,
+    payment_confirmed,
+    setup_warnings,
+)
+from flask_gateway.emulator import EmbeddingRefused, embedded_emulator, mount
+from flask_gateway.emulator.models import db as emulator_db
+from flask_gateway.state import get_state
+
+
+def make_shop(tmp_path: Path, **config: Any) -> Flask:
+    app = Flask("embedded_shop", instance_path=str(tmp_path / "instance"))
+    app.config.update(
+        SECRET_KEY="embedded-shop-secret-key-0123456789",
+        SQLALCHEMY_DATABASE_URI=f"sqlite:///{tmp_path / 'shop.db'}",
+        GATEWAY_ENVIRONMENT="embedded",
+        TESTING=True,
+        GATEWAY_MAX_RETRIES=0,
+    )
+    app.config.update(config)
+    db = SQLAlchemy()
+    db.init_app(app)
+    Gateway(app, db=db)
+    with app.app_context():
+        db.create_all()
+    app.extensions["shop_db"] = db
+    return app
+
+
+def close(app: Flask) -> None:
+    embedded = embedded_emulator(app)
+    if embedded is not None:
+        with embedded.app.app_context():
+            emulator_db.engine.dispose()
+    with app.app_context():
+        get_state(app).dispose()
+        app.extensions["shop_db"].engine.dispose()
+
+
+@pytest.fixture
+def shop(tmp_path: Path) -> Iterator[Flask]:
+    app = make_shop(tmp_path)
+    yield app
+    close(app)
+
+
+def test_the_extension_points_at_the_emulator_it_mounted(shop: Flask) -> None:
+    config = get_state(shop).config
+    assert (config.base_url, config.install_url, config.v1_base_url) == (
+        "http://localhost/_gateway",
+        "http://localhost/_gateway/install",
+        "http://localhost/_gateway",
+    )
+    assert config.waf == "allow-local"
+    embedded = embedded_emulator(shop)
+    assert embedded is not None
+    assert embedded.prefix == "/_gateway"
+    assert shop.test_client().get("/_gateway/_emulator/clock").status_code == 200
+
+
+def test_the_prefix_and_the_public_address_are_the_shops(tmp_path: Path) -> None:
+    app = make_shop(tmp_path, GATEWAY_EMBEDDED_PREFIX="/pay/", GATEWAY_PUBLIC_URL="https://shop.example")
+    config = get_state(app).config
+    assert config.base_url == "https://shop.example/pay"
+    assert app.test_client().get("/pay/_emulator/clock").status_code == 200
+    assert app.test_client().get("/_gateway/_emulator/clock").status_code == 404
+    close(app)
+
+
+@pytest.mark.parametrize("key", ["GATEWAY_BASE_URL", "GATEWAY_INSTALL_URL", "GATEWAY_V1_BASE_URL"])
+def test_an_address_of_another_gateway_is_refused(tmp_path: Path, key: str) -> None:
+    with pytest.raises(ConfigurationError, match=f"{key} is set with GATEWAY_ENVIRONMENT='embedded'"):
+        make_shop(tmp_path, **{key: "http://127.0.0.1:5050"})
+
+
+def test_a_prefix_that_is_no_path_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigurationError, match="GATEWAY_EMBEDDED_PREFIX"):
+        make_shop(tmp_path, GATEWAY_EMBEDDED_PREFIX="_gateway")
+
+
+@pytest.mark.parametrize("environment", ["sandbox", "production"])
+def test_a_shop_on_the_real_gateway_never_mounts_it(tmp_path: Path, environment: str) -> None:
+    urls = {
+        "GATEWAY_BASE_URL": "https://gateway.example",
+        "GATEWAY_INSTALL_URL": "https://install.gateway.example",
+        "GATEWAY_V1_BASE_URL": "https://v1.gateway.example",
+        "GATEWAY_PUBLIC_URL": "https://shop.example",
+    }
+    app = make_shop(tmp_path, GATEWAY_ENVIRONMENT=environment, **urls)
+    assert embedded_emulator(app) is None
+    assert app.test_client().get("/_gateway/_emulator/clock").status_code == 404
+    with pytest.raises(EmbeddingRefused, match=environment):
+        mount(app)
+    close(app)
+
+
+def test_a_payment_taken_with_the_gateway_inside_the_shop(shop: Flask) -> None:
+    confirmed: list[tuple[str, str]] = []
+
+    def receiver(sender: Any, checkout: Any, source: str, **extra: Any) -> None:
+        confirmed.append((checkout.order_reference, source))
+
+    payment_confirmed.connect(receiver)
+    try:
+        with shop.test_request_context(base_url="http://127.0.0.1:5000"):
+            install(
+                InstallSettings(
+                    merchant_account_id="demo-merchant",
+                    api_key="demo-api-key",
+                    callback_url="http://127.0.0.1:5000/gateway/callback",
+                    callback_failures_email=None,
+                    minimum_cents=100,
+                    maximum_cents=10_000_000,
+                )
+            )
+            assert setup_warnings() == []  # a local address is fine: the gateway is inside the shop
+            checkout = create_checkout(
+                OrderDraft(
+                    reference="E-1",
+                    lines=(OrderLine(name="Kettle", sku="K-1", quantity=1, unit_price_cents=49900),),
+                    customer=Customer(first_name="Thandi", last_name="Mokoena", email="thandi@example.com"),
+                )
+            )
+        # The shopper's paymentUrl is on the address the shopper used, under the prefix.
+        assert checkout.payment_url.startswith("http://127.0.0.1:5000/_gateway/api/v2/app/checkout/v2.")
+        client = shop.test_client()
+        paid = client.post(f"/_gateway/_emulator/checkouts/{checkout.token}/pay", json={})
+        assert paid.json["checkoutPaymentStatus"] == "PAID_PENDING_CALLBACK"
+        assert confirmed == []  # nothing is believed before proof
+        assert client.post("/_gateway/_emulator/deliver", json={}).json == {"attempts": 1}
+        assert confirmed == [("E-1", "callback")]  # the signed callback, confirmed with getstatus
+        status = client.get(f"/_gateway/_emulator/checkouts/{checkout.token}").json
+        assert status["checkoutPaymentStatus"] == "PAID"  # the shop answered the callback with 200
+        client.post("/_gateway/_emulator/deliver", json={})
+        assert confirmed == [("E-1", "callback")]
+    finally:
+        payment_confirmed.disconnect(receiver)
