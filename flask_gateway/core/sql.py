@@ -1,6 +1,10 @@
 """SQLAlchemy helpers shared by the emulator and the extension (no Flask here).
 
 - ``UTCDateTime`` stores aware UTC datetimes on every backend (SQLite has no time zones).
+- ``copy_tables_as_stored`` puts a copy of some tables into another ``MetaData`` (the extension's into the
+  shop's) with the types the database stores: Alembic's autogenerate writes those as ``sa.DateTime(...)``,
+  a migration script that runs with no import of ours. ``alembic_render_item`` does the same for a shop's
+  own ``UTCDateTime`` columns (``Migrate(app, db, render_item=alembic_render_item)``; docs/migrations.md).
 - ``storable_text`` makes outside text fit a text column on every backend (PostgreSQL refuses U+0000 and
   enforces ``VARCHAR`` lengths; SQLite takes anything).
 - ``configure_sqlite`` makes SQLite safe under a threaded server: WAL (synchronous=NORMAL), a busy timeout,
@@ -17,18 +21,20 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import Any, Final, Literal
 
-from sqlalchemy import DateTime, MetaData, event
+from sqlalchemy import DateTime, MetaData, Table, event
 from sqlalchemy.engine import Dialect, Engine
 from sqlalchemy.orm import Session
-from sqlalchemy.types import TypeDecorator
+from sqlalchemy.types import TypeDecorator, TypeEngine
 
 __all__ = [
     "UTCDateTime",
+    "alembic_render_item",
     "begin_writing",
     "commit_keeping_loaded",
     "configure_sqlite",
+    "copy_tables_as_stored",
     "create_all_safely",
     "sqlite_read_transactions",
     "storable_text",
@@ -61,6 +67,48 @@ class UTCDateTime(TypeDecorator[datetime]):
         if not isinstance(moment, datetime):
             raise TypeError(f"expected a datetime from the database, got {type(moment).__name__}")
         return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+
+
+def stored_type(type_: TypeEngine[Any]) -> TypeEngine[Any]:
+    """The type as the database stores it: ``DateTime(timezone=True)`` for a ``UTCDateTime`` (its DDL on
+    every backend), any other type as it is."""
+    return DateTime(timezone=True) if isinstance(type_, UTCDateTime) else type_
+
+
+def copy_tables_as_stored(source: MetaData, target: MetaData) -> list[Table]:
+    """Copy each table of ``source`` that ``target`` lacks into ``target``, with the types the database
+    stores (``stored_type``); returns the copies.
+
+    The copies describe the schema: ``create_all`` on ``target`` creates the same tables, and Alembic's
+    autogenerate (Flask-Migrate) writes their columns as ``sa.DateTime(timezone=True)``, which a migration
+    script runs without importing anything of ours (a ``UTCDateTime`` it would write as
+    ``flask_gateway.core.sql.UTCDateTime(...)`` without the import: a ``NameError`` at ``upgrade``). Read
+    and write the rows through ``source``'s tables (the models mapped to them), which convert the values.
+    """
+    copies = []
+    for table in source.sorted_tables:
+        if table.key in target.tables:
+            continue
+        copy = table.to_metadata(target)
+        for column in copy.columns:
+            column.type = stored_type(column.type)
+        copies.append(copy)
+    return copies
+
+
+def alembic_render_item(type_: str, obj: Any, autogen_context: Any) -> str | Literal[False]:
+    """An Alembic ``render_item`` hook: a shop's own ``UTCDateTime`` column is written into migration
+    scripts as ``sa.DateTime(timezone=True)`` (what the database stores), so the script needs no import.
+
+    Pass it once: ``Migrate(app, db, render_item=alembic_render_item)`` (Flask-Migrate hands it to
+    Alembic's ``context.configure``). Everything else is left to Alembic (``False``). The extension's own
+    tables need no hook (``copy_tables_as_stored``). Alembic is not imported here: it calls the hook with
+    its ``AutogenContext``, whose ``opts["sqlalchemy_module_prefix"]`` is the ``sa.`` of the scripts.
+    """
+    if type_ != "type" or not isinstance(obj, UTCDateTime):
+        return False
+    prefix = autogen_context.opts.get("sqlalchemy_module_prefix") or ""
+    return f"{prefix}{stored_type(obj)!r}"
 
 
 def storable_text(value: str, max_length: int | None = None) -> str:

@@ -1,0 +1,297 @@
+"""Migrations that just work (issue 14; docs/migrations.md): a shop's Flask-Migrate handles the ``gateway_*``
+tables with no change to its ``env.py``.
+
+The extension's tables join the shop's metadata as copies with the types the database stores
+(``copy_tables_as_stored``): autogenerate writes ``sa.DateTime(timezone=True)``, never
+``flask_gateway.core.sql.UTCDateTime(...)`` without its import (the ``NameError`` at ``flask db upgrade``
+this used to be). Each test writes a minimal shop in a fresh folder and runs ``flask db ...`` there in
+subprocesses, as a shop developer would, on SQLite and on PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from sqlalchemy import DateTime, MetaData, Table, create_engine, insert, inspect, select
+from sqlalchemy.orm import Session
+from sqlalchemy.pool import NullPool
+
+from flask_gateway import UTCDateTime, alembic_render_item
+from flask_gateway.core.sql import copy_tables_as_stored
+from flask_gateway.models import GatewayBase, GatewayCheckout
+from tests.conftest import Databases, fetch_all, new_connection
+
+FLASK = Path(sys.executable).with_name("flask")
+NO_CHANGES = "No changes in schema detected."
+
+SHOP = '''"""shop.py: a minimal shop whose schema Flask-Migrate manages (tests/packaging/test_migrations.py)."""
+
+import os
+
+import sqlalchemy as sa
+from flask import Flask
+from flask_migrate import Migrate
+from flask_sqlalchemy import SQLAlchemy
+
+from flask_gateway import Gateway, UTCDateTime, alembic_render_item
+from flask_gateway.models import GatewayBase
+
+db = SQLAlchemy()
+migrate = Migrate()
+
+
+class Order(db.Model):
+    __tablename__ = "shop_orders"
+    id = db.Column(db.Integer, primary_key=True)
+    reference = db.Column(db.String(40), unique=True, nullable=False)
+    total_cents = db.Column(db.Integer, nullable=False)
+    placed_at = db.Column(PLACED_AT_TYPE, nullable=True)
+
+
+def previous_gateway_schema(metadata):
+    """The gateway_* tables as an earlier Flask-Gateway had them: gateway_checkouts without the column
+    fail_reason and the index ix_gateway_checkouts_reference, no table gateway_rate_limits."""
+    current = GatewayBase.metadata.tables["gateway_checkouts"]
+    sa.Table(
+        current.name,
+        metadata,
+        *(
+            sa.Column(
+                column.name,
+                sa.DateTime(timezone=True) if isinstance(column.type, UTCDateTime) else column.type,
+                primary_key=column.primary_key,
+                autoincrement=column.autoincrement,
+                nullable=column.nullable,
+                unique=column.unique,
+            )
+            for column in current.columns
+            if column.name != "fail_reason"
+        ),
+        sa.Index("ix_gateway_checkouts_status_updated", "status", "updated_at"),
+    )
+
+
+def create_app():
+    app = Flask(__name__)
+    app.config.update(
+        SECRET_KEY="a secret for the migration tests only",
+        SQLALCHEMY_DATABASE_URI=os.environ["SHOP_DATABASE_URL"],
+    )
+    db.init_app(app)
+    previous = os.environ.get("SHOP_GATEWAY_SCHEMA") == "previous"
+    if previous:
+        previous_gateway_schema(db.metadata)
+    Gateway(app, db=db)
+    if previous:
+        db.metadata.remove(db.metadata.tables["gateway_rate_limits"])
+    migrate.init_app(app, db, MIGRATE_ARGUMENTS)
+    return app
+'''
+
+
+def write_shop(folder: Path, *, own_utc_column: bool = False) -> Path:
+    """``shop.py`` in ``folder``: ``placed_at`` a ``UTCDateTime`` with the render hook, or a plain ``DateTime``
+    with ``Migrate(app, db)`` as it comes."""
+    source = SHOP.replace(
+        "PLACED_AT_TYPE", "UTCDateTime()" if own_utc_column else "sa.DateTime(timezone=True)"
+    ).replace(", MIGRATE_ARGUMENTS", ", render_item=alembic_render_item" if own_utc_column else "")
+    (folder / "shop.py").write_text(source, encoding="utf-8")
+    return folder
+
+
+def flask_db(folder: Path, url: str, *args: str, previous: bool = False) -> str:
+    """``flask db ARGS`` in ``folder`` (FLASK_APP=shop); its output (standard output and error)."""
+    env = {
+        **os.environ,
+        "FLASK_APP": "shop",
+        "SHOP_DATABASE_URL": url,
+        "SHOP_GATEWAY_SCHEMA": "previous" if previous else "current",
+    }
+    env.pop("FLASK_DEBUG", None)
+    result = subprocess.run(
+        [str(FLASK), "db", *args],
+        cwd=folder,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, f"flask db {' '.join(args)} failed:\n{output}"
+    return output
+
+
+def scripts(folder: Path) -> list[Path]:
+    return sorted((folder / "migrations" / "versions").glob("*.py"), key=lambda path: path.stat().st_mtime)
+
+
+def migrate(folder: Path, url: str, message: str, *, previous: bool = False) -> str:
+    """``flask db migrate -m MESSAGE``: the text of the script it wrote."""
+    before = set(scripts(folder))
+    output = flask_db(folder, url, "migrate", "-m", message, previous=previous)
+    written = [path for path in scripts(folder) if path not in before]
+    assert len(written) == 1, output
+    return written[0].read_text(encoding="utf-8")
+
+
+def assert_no_changes(folder: Path, url: str) -> None:
+    before = set(scripts(folder))
+    output = flask_db(folder, url, "migrate", "-m", "nothing")
+    assert NO_CHANGES in output, output
+    assert set(scripts(folder)) == before
+
+
+def assert_runs_without_imports(script: str) -> None:
+    """The script names no type that it does not import: only ``sa.`` and ``op.`` (and the dialect modules
+    Alembic imports itself)."""
+    assert "flask_gateway" not in script, script
+    assert "UTCDateTime" not in script, script
+    imports = {line for line in script.splitlines() if line.startswith(("import ", "from "))}
+    assert imports <= {"from alembic import op", "import sqlalchemy as sa"} | {
+        line for line in imports if line.startswith("from sqlalchemy.dialects import ")
+    }, imports
+
+
+def table_names(url: str) -> set[str]:
+    with new_connection(url) as connection:
+        return set(inspect(connection).get_table_names())
+
+
+def column_names(url: str, table: str) -> set[str]:
+    with new_connection(url) as connection:
+        return {column["name"] for column in inspect(connection).get_columns(table)}
+
+
+GATEWAY_TABLES = set(GatewayBase.metadata.tables)
+
+
+@pytest.mark.backends
+def test_autogenerate_writes_a_migration_of_the_gateway_tables_that_runs(
+    tmp_path: Path, databases: Databases
+):
+    url = databases.url("shop")
+    shop = write_shop(tmp_path)
+    flask_db(shop, url, "init")
+    script = migrate(shop, url, "initial")
+    assert_runs_without_imports(script)
+    assert "sa.DateTime(timezone=True)" in script
+    for name in [*GATEWAY_TABLES, "shop_orders"]:
+        assert f"op.create_table('{name}'" in script, name
+
+    flask_db(shop, url, "upgrade")
+    assert table_names(url) == {*GATEWAY_TABLES, "shop_orders", "alembic_version"}
+    for name, table in GatewayBase.metadata.tables.items():
+        assert column_names(url, name) == set(table.columns.keys()), name
+
+    assert_no_changes(shop, url)
+
+
+@pytest.mark.backends
+def test_upgrading_from_an_earlier_gateway_schema_keeps_the_rows(tmp_path: Path, databases: Databases):
+    """The shop's history began with an earlier extension; the next version adds a column, an index and a
+    table: ``flask db migrate`` finds exactly those, the upgrade keeps every row."""
+    url = databases.url("shop")
+    shop = write_shop(tmp_path)
+    flask_db(shop, url, "init")
+    first = migrate(shop, url, "initial", previous=True)
+    assert "gateway_rate_limits" not in first and "fail_reason" not in first
+    flask_db(shop, url, "upgrade", previous=True)
+    assert "gateway_rate_limits" not in table_names(url)
+    assert "fail_reason" not in column_names(url, "gateway_checkouts")
+
+    created = datetime(2026, 3, 1, 9, 30, 15, 123456, tzinfo=UTC)
+    with new_connection(url) as connection:
+        checkouts = Table("gateway_checkouts", MetaData(), autoload_with=connection)
+        connection.execute(
+            insert(checkouts),
+            {
+                "api_version": "v2",
+                "order_reference": "ORDER-1",
+                "request_id": "request-1",
+                "token": "v2.demo-merchant.token-1",
+                "merchant_account_id": "demo-merchant",
+                "status": "PAID",
+                "total_cents": 12_345,
+                "paid_cents": 12_345,
+                "refunded_cents": 0,
+                "order": {"lines": [{"name": "Enamel kettle"}]},
+                "created_at": created,
+                "updated_at": created,
+                "flagged": False,
+            },
+        )
+        orders = Table("shop_orders", MetaData(), autoload_with=connection)
+        connection.execute(insert(orders), {"reference": "ORDER-1", "total_cents": 12_345})
+
+    upgrade = migrate(shop, url, "flask-gateway upgrade")
+    assert_runs_without_imports(upgrade)
+    assert re.search(r"op\.create_table\('gateway_rate_limits'", upgrade), upgrade
+    assert re.search(r"add_column\(sa\.Column\('fail_reason'", upgrade), upgrade
+    assert "ix_gateway_checkouts_reference" in upgrade
+    assert "shop_orders" not in upgrade, "the shop's own table did not change"
+    flask_db(shop, url, "upgrade")
+
+    assert table_names(url) == {*GATEWAY_TABLES, "shop_orders", "alembic_version"}
+    assert fetch_all(url, "SELECT reference, total_cents FROM shop_orders") == [("ORDER-1", 12_345)]
+    engine = create_engine(url, poolclass=NullPool)
+    try:
+        with Session(engine) as session:
+            checkout = session.scalars(select(GatewayCheckout)).one()
+            assert (checkout.order_reference, checkout.status, checkout.total_cents) == (
+                "ORDER-1",
+                "PAID",
+                12_345,
+            )
+            assert checkout.created_at == created and checkout.created_at.tzinfo is UTC
+            assert checkout.order == {"lines": [{"name": "Enamel kettle"}]}
+            assert checkout.fail_reason is None
+    finally:
+        engine.dispose()
+    with new_connection(url) as connection:
+        indexes = {index["name"] for index in inspect(connection).get_indexes("gateway_checkouts")}
+    assert "ix_gateway_checkouts_reference" in indexes
+
+    assert_no_changes(shop, url)
+
+
+@pytest.mark.backends
+def test_a_shops_own_utc_column_needs_the_render_hook_only(tmp_path: Path, databases: Databases):
+    """A shop that uses ``flask_gateway.UTCDateTime`` in its own models passes
+    ``render_item=alembic_render_item`` to ``Migrate``: its column is written as ``sa.DateTime(timezone=True)``."""
+    url = databases.url("shop")
+    shop = write_shop(tmp_path, own_utc_column=True)
+    flask_db(shop, url, "init")
+    script = migrate(shop, url, "initial")
+    assert_runs_without_imports(script)
+    assert "sa.Column('placed_at', sa.DateTime(timezone=True), nullable=True)" in script
+    flask_db(shop, url, "upgrade")
+    assert "placed_at" in column_names(url, "shop_orders")
+    assert_no_changes(shop, url)
+
+
+def test_the_shops_metadata_holds_the_gateway_tables_in_sqlalchemys_own_types():
+    """What autogenerate renders without an import: every column type of the copies is SQLAlchemy's."""
+    metadata = MetaData()
+    copies = copy_tables_as_stored(GatewayBase.metadata, metadata)
+    assert {table.name for table in copies} == GATEWAY_TABLES
+    for table in copies:
+        for column in table.columns:
+            assert type(column.type).__module__.startswith("sqlalchemy."), f"{table.name}.{column.name}"
+    # The extension's own tables keep their UTCDateTime; a second copy adds nothing.
+    assert isinstance(GatewayBase.metadata.tables["gateway_checkouts"].c.created_at.type, UTCDateTime)
+    assert copy_tables_as_stored(GatewayBase.metadata, metadata) == []
+
+
+def test_the_render_hook_renders_utc_datetime_only():
+    context = SimpleNamespace(opts={"sqlalchemy_module_prefix": "sa."})  # Alembic's AutogenContext
+    assert alembic_render_item("type", UTCDateTime(), context) == "sa.DateTime(timezone=True)"
+    assert alembic_render_item("type", DateTime(timezone=True), context) is False
+    assert alembic_render_item("column", UTCDateTime(), context) is False
