@@ -258,3 +258,33 @@ def databases(database_backend: str, request: pytest.FixtureRequest, tmp_path: P
 def database_url(databases: Databases) -> str:
     """The test's main database: a SQLite file in ``tmp_path`` or a fresh PostgreSQL database."""
     return databases.url("main")
+
+
+# Flask-Gateway as a package index serves it, and a Python with nothing of the repository
+# (tests/packaging/wheel.py). Built on first use, once per session.
+
+from tests.packaging.wheel import Distributions, build_distributions, fresh_venv  # noqa: E402 (appended)
+
+
+@pytest.fixture(scope="session")
+def flask_gateway_distributions(tmp_path_factory: pytest.TempPathFactory) -> Distributions:
+    """The checkout's sdist and wheel (``.sdist``, ``.wheel``): ``python -m build`` on a copy of its files,
+    the wheel built from the sdist."""
+    return build_distributions(tmp_path_factory.mktemp("flask-gateway-dist"))
+
+
+@pytest.fixture(scope="session")
+def flask_gateway_wheel(flask_gateway_distributions: Distributions) -> Path:
+    """The path of the checkout's wheel (``flask_gateway-<version>-py3-none-any.whl``)."""
+    return flask_gateway_distributions.wheel
+
+
+@pytest.fixture(scope="session")
+def wheel_venv(flask_gateway_wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The bin folder of a fresh virtual environment that has the wheel installed, with its dependencies
+    from the package index, and nothing of the repository: ``wheel_venv / "python"``, ``wheel_venv /
+    "flask"``, ``wheel_venv / "pip"``. Shared by the whole session: a test that installs more into it
+    (``pip install flask-migrate``) does so for the tests after it. Run things there from a folder outside
+    the repository (``tmp_path``), and with ``python -I`` where ``PYTHONPATH`` might lead back to it."""
+    python = fresh_venv(tmp_path_factory.mktemp("wheel-venv") / "venv", str(flask_gateway_wheel))
+    return python.parent
