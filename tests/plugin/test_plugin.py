@@ -1,0 +1,552 @@
+"""The pytest plugin for shop developers (docs/testing.md): the docs' example runs, and every helper does
+what it says (each test fails if its helper broke)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+from flask import Flask
+from sqlalchemy import select
+
+from flask_gateway import GatewayCheckout, payment_confirmed, refresh
+from flask_gateway.models import CallbackLog, Installation
+from flask_gateway.state import get_state
+from flask_gateway.testing import (
+    EmulatorPool,
+    GatewayEmulator,
+    GatewayEmulatorError,
+    SignalRecord,
+    connect_configured,
+    emulator_settings_for,
+    make_emulator,
+    token_of,
+)
+from tests.plugin.conftest import close_shop, make_shop, place_order, shipments
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = ROOT / "docs" / "testing.md"
+
+
+# --- the docs' example, in a pytest of its own ---------------------------------------------------------
+
+
+def example_files() -> dict[str, str]:
+    """docs/testing.md's example: every python block whose first line names its file (``# shop.py``)."""
+    files = {}
+    for block in re.findall(r"```python\n(.*?)```", DOCS.read_text(), flags=re.DOTALL):
+        first, _, rest = block.partition("\n")
+        if re.fullmatch(r"# \w+\.py", first):
+            files[first[2:]] = rest
+    return files
+
+
+def test_the_docs_example_has_a_shop_a_conftest_and_its_tests() -> None:
+    files = example_files()
+    assert sorted(files) == ["conftest.py", "shop.py", "test_payment.py"]
+    assert "start_checkout(draft)" in files["shop.py"]
+    assert "@payment_confirmed.connect" in files["shop.py"]
+    assert "def test_create_pay_callback_fulfilled_once(app, gateway_emulator):" in files["test_payment.py"]
+
+
+@pytest.mark.parametrize("database", ["file", "memory"])
+def test_the_docs_example_passes_with_the_installed_plugin(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, database: str
+) -> None:
+    files = example_files()
+    if database == "memory":
+        configured = "f\"sqlite:///{tmp_path / 'shop.sqlite3'}\""
+        assert configured in files["conftest.py"]
+        files["conftest.py"] = files["conftest.py"].replace(configured, '"sqlite://"')
+    for name, source in files.items():
+        pytester.path.joinpath(name).write_text(source)
+    # The same strictness as ours; the plugin comes from the package's entry point, nothing else loads it.
+    pytester.makeini("[pytest]\nfilterwarnings = error\naddopts = --strict-markers\n")
+    monkeypatch.delenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", raising=False)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-v")
+    result.assert_outcomes(passed=6)
+    result.stdout.fnmatch_lines(["*test_create_pay_callback_fulfilled_once PASSED*"])
+
+
+MISUSES = """
+import pytest
+
+from shop import create_app, db
+
+
+@pytest.fixture
+def shop_app(tmp_path):
+    app = create_app({"TESTING": True, "SQLALCHEMY_DATABASE_URI": f"sqlite:///{tmp_path / 's.db'}",
+                      "GATEWAY_PUBLIC_URL": "https://shop.example"})
+    with app.app_context():
+        db.create_all()
+    yield app
+    with app.app_context():
+        db.engine.dispose()
+
+
+def test_the_app_fixture_named_in_the_ini(gateway_emulator, shop_app):
+    assert gateway_emulator.shop is shop_app
+
+
+@pytest.mark.gateway_emulator(instal=False)
+def test_a_misspelt_option(gateway_emulator):
+    pass
+
+
+@pytest.mark.gateway_emulator(False)
+def test_a_positional_option(gateway_emulator):
+    pass
+"""
+
+
+def test_the_ini_option_names_the_app_fixture_and_misuses_are_explained(pytester: pytest.Pytester) -> None:
+    pytester.path.joinpath("shop.py").write_text(example_files()["shop.py"])
+    pytester.makepyfile(test_misuses=MISUSES)
+    pytester.makeini("[pytest]\nfilterwarnings = error\ngateway_app_fixture = shop_app\n")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1, errors=2)
+    result.stdout.fnmatch_lines(
+        [
+            "*@pytest.mark.gateway_emulator: unknown option(s) instal (known: install, minimum_cents,*",
+            "*@pytest.mark.gateway_emulator takes keyword arguments only*",
+        ]
+    )
+
+    pytester.makeini("[pytest]\nfilterwarnings = error\n")  # the default name, app: the shop has none
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-k", "in_the_ini")
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(
+        ["*needs the shop's Flask app from a fixture named 'app', and there is none*gateway_app_fixture*"]
+    )
+
+
+def test_the_plugin_is_registered_and_imports_nothing_heavy() -> None:
+    code = (
+        "import importlib.metadata as m, sys\n"
+        "[entry] = [e for e in m.entry_points(group='pytest11') if e.name == 'flask_gateway']\n"
+        "assert entry.value == 'flask_gateway.pytest_plugin', entry\n"
+        "entry.load()\n"
+        "heavy = sorted(n for n in ('flask', 'sqlalchemy', 'flask_gateway.emulator', 'flask_gateway.testing')"
+        " if n in sys.modules)\n"
+        "assert not heavy, heavy\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, env={**os.environ})
+
+
+# --- the fixture ---------------------------------------------------------------------------------------
+
+
+def test_the_fixture_wires_installs_and_records_for_this_shop_only(app: Flask, gateway_emulator) -> None:
+    assert gateway_emulator.shop is app
+    with app.app_context():
+        installation = get_state().require_installation()
+        assert installation.merchant_account_id == gateway_emulator.account == "demo-merchant"
+        assert installation.callback_url == "https://shop.example/gateway/callback"
+        assert (installation.minimum_cents, installation.maximum_cents) == (100, 10_000_000)
+    # The default emulator address (GATEWAY_ENVIRONMENT="emulator") is wired, in-process.
+    assert get_state(app).config.base_url == "http://127.0.0.1:5050"
+    assert gateway_emulator.control("accounts", method="GET")["accounts"][0]["installed"] is True
+
+    other = make_shop("sqlite://")
+    try:
+        place_order(other, "R-OTHER")
+        with other.app_context():
+            payment_confirmed.send(other, checkout=_Fake("v2.x.other", "R-OTHER"), source="callback")
+    finally:
+        close_shop(other)
+    assert gateway_emulator.signals == []
+
+
+class _Fake:
+    def __init__(self, token: str, order_reference: str) -> None:
+        self.token, self.order_reference = token, order_reference
+
+
+@pytest.mark.gateway_emulator(install=False)
+def test_the_marker_can_leave_the_shop_uninstalled(app: Flask, gateway_emulator) -> None:
+    with app.app_context():
+        assert get_state().installation() is None
+    gateway_emulator.install(
+        minimum_cents=5000, maximum_cents=60000, callback_failures_email="ops@shop.example"
+    )
+    with app.app_context():
+        installation = get_state().require_installation()
+        assert (installation.minimum_cents, installation.maximum_cents) == (5000, 60000)
+        assert installation.callback_failures_email == "ops@shop.example"
+
+
+@pytest.mark.gateway_emulator(minimum_cents=5000, maximum_cents=60000, callback_retry_delays=(0, 0))
+def test_the_marker_sets_the_limits_and_the_retry_delays(app: Flask, gateway_emulator) -> None:
+    with app.app_context():
+        installation = get_state().require_installation()
+        assert (installation.minimum_cents, installation.maximum_cents) == (5000, 60000)
+    assert gateway_emulator.app.extensions["gateway_emulator"].callback_retry_delays == (0.0, 0.0)
+    place_order(app)
+    gateway_emulator.pay(app.test_client().post("/orders/R-1/pay"))
+    gateway_emulator.fail_next_callback()
+    assert gateway_emulator.deliver() == 1
+    assert gateway_emulator.deliver() == 1  # no delay: the retry is due at once
+    gateway_emulator.assert_fulfilled_once("R-1")
+
+
+def test_the_emulator_matches_the_shop(app: Flask) -> None:
+    settings = emulator_settings_for(app)
+    assert settings.worker is False
+    assert settings.public_url == "http://127.0.0.1:5050"
+    assert settings.waf_strict is True
+    assert settings.callback_retry_delays == (2.0, 10.0)
+    loose = make_shop("sqlite://", GATEWAY_WAF="allow-local", GATEWAY_WIRE_NAMES="spec")
+    try:
+        settings = emulator_settings_for(loose, accounts={"shop-42": "k"})
+        assert settings.waf_strict is False
+        assert settings.wire_names.key == "spec"
+        assert dict(settings.accounts) == {"shop-42": "k"}
+    finally:
+        close_shop(loose)
+
+
+def test_closing_gives_the_shop_its_http_back_and_stops_recording(app: Flask, tmp_path: Path) -> None:
+    state = get_state(app)
+    state.client_options["sleep"] = own_sleep = time.sleep
+    gateway = GatewayEmulator.start(app, database_url=f"sqlite:///{tmp_path / 'e.sqlite3'}")
+    assert "session" in state.client_options
+    assert state.client_options["sleep"] is not own_sleep
+    gateway.close()
+    assert state.client_options == {"sleep": own_sleep}
+    place_order(app)  # for the shop's own receiver
+    with app.app_context():
+        payment_confirmed.send(app, checkout=_Fake("v2.x.y", "R-1"), source="callback")
+    assert gateway.signals == []
+
+
+def test_the_pool_hands_out_one_emulator_reset_for_each_use(app: Flask, tmp_path: Path) -> None:
+    pool = EmulatorPool(tmp_path)
+    try:
+        with GatewayEmulator.start(app, database_url=pool.database_url, pool=pool) as first:
+            place_order(app)
+            first.pay(app.test_client().post("/orders/R-1/pay"))
+            first.fail_next_callback(times=5)
+            first.advance_clock(60)
+        with GatewayEmulator.start(app, database_url=pool.database_url, pool=pool) as second:
+            assert second.app is first.app
+            assert second.control("checkouts", method="GET")["checkouts"] == []
+            assert second.control("faults", method="GET")["faults"] == []
+            assert second.control("clock", method="GET")["offsetSeconds"] == 0
+        other = emulator_settings_for(app, callback_retry_delays=(1.0,))
+        with GatewayEmulator.start(app, database_url=pool.database_url, settings=other, pool=pool) as third:
+            assert third.app is not first.app
+    finally:
+        pool.close()
+
+
+# --- the wiring --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("config", "shop_url"),
+    [
+        pytest.param({"GATEWAY_ENVIRONMENT": "sandbox"}, "https://shop.example", id="sandbox"),
+        pytest.param(
+            {"GATEWAY_PUBLIC_URL": "https://shop.example/store"}, "https://shop.example/store", id="path"
+        ),
+        pytest.param(
+            {"GATEWAY_PUBLIC_URL": None, "GATEWAY_WAF": "allow-local"}, "http://localhost", id="no-public-url"
+        ),
+    ],
+)
+def test_the_shop_is_wired_on_the_addresses_it_is_configured_with(
+    tmp_path: Path, config: dict[str, Any], shop_url: str
+) -> None:
+    shop = make_shop(f"sqlite:///{tmp_path / 'shop.sqlite3'}", **config)
+    try:
+        with GatewayEmulator.start(shop, database_url=f"sqlite:///{tmp_path / 'e.sqlite3'}") as gateway:
+            place_order(shop)
+            answer = shop.test_client().post("/orders/R-1/pay")
+            assert answer.headers["Location"].startswith(get_state(shop).config.base_url + "/api/v2/app/")
+            outcome = gateway.pay(answer)
+            assert outcome.redirect_url and outcome.redirect_url.startswith(shop_url + "/gateway/return/")
+            assert gateway.deliver() == 1
+            [attempt] = gateway.callbacks(answer)
+            assert (attempt["url"], attempt["ok"]) == (shop_url + "/gateway/callback", True)
+            gateway.assert_fulfilled_once("R-1")
+            assert shipments(shop) == 1
+    finally:
+        close_shop(shop)
+
+
+def test_nothing_unwired_leaves_the_process(app: Flask, tmp_path: Path) -> None:
+    emulator = make_emulator(f"sqlite:///{tmp_path / 'e.sqlite3'}", emulator_settings_for(app))
+    wiring = connect_configured(app, emulator)
+    with pytest.raises(requests.ConnectionError, match="not wired in-process"):
+        wiring.to_emulator.get("https://example.com/")
+    with pytest.raises(requests.ConnectionError, match="not wired in-process"):
+        wiring.to_shop.post("http://127.0.0.1:5050/v2/create")  # the shop's side knows only the shop
+    assert wiring.to_emulator.post("http://127.0.0.1:5050/v2/getstatus", json={}).status_code == 401
+
+
+def test_a_production_shop_is_refused(tmp_path: Path) -> None:
+    production = {
+        "GATEWAY_ENVIRONMENT": "production",
+        "GATEWAY_BASE_URL": "https://gateway.example",
+        "GATEWAY_INSTALL_URL": "https://install.gateway.example",
+        "GATEWAY_V1_BASE_URL": "https://gateway.example",
+    }
+    shop = make_shop("sqlite://", **production)
+    try:
+        with pytest.raises(ValueError, match="production"):
+            GatewayEmulator.start(shop, database_url=f"sqlite:///{tmp_path / 'e.sqlite3'}")
+    finally:
+        close_shop(shop)
+
+
+# --- the helpers -------------------------------------------------------------------------------------
+
+
+def pay_button(app: Flask, reference: str = "R-1") -> Any:
+    place_order(app, reference)
+    answer = app.test_client().post(f"/orders/{reference}/pay")
+    assert answer.status_code == 303, answer.get_data(as_text=True)
+    return answer
+
+
+def shop_checkout(app: Flask, reference: str = "R-1") -> GatewayCheckout:
+    with app.app_context():
+        session = get_state().session
+        checkout = session.scalars(select(GatewayCheckout).filter_by(order_reference=reference)).one()
+        session.expunge(checkout)
+        return checkout
+
+
+def test_a_checkout_is_named_by_its_row_token_url_or_redirect(app: Flask, gateway_emulator) -> None:
+    answer = pay_button(app)
+    checkout = shop_checkout(app)
+    assert checkout.token and checkout.payment_url
+    assert (
+        token_of(answer) == token_of(checkout) == token_of(checkout.payment_url) == token_of(checkout.token)
+    )
+    assert checkout.token.startswith("v2.demo-merchant.")
+    with pytest.raises(GatewayEmulatorError, match="HTTP 404 without a Location"):
+        token_of(app.test_client().post("/orders/NOPE/pay"))
+    with pytest.raises(GatewayEmulatorError, match="not a payment page URL"):
+        token_of("https://shop.example/orders/R-1")
+
+
+def test_pay(app: Flask, gateway_emulator) -> None:
+    answer = pay_button(app)
+    outcome = gateway_emulator.pay(answer)
+    assert outcome.status == "PAID_PENDING_CALLBACK"
+    assert outcome.redirect_url and outcome.redirect_url.startswith(
+        "https://shop.example/gateway/return/confirm"
+    )
+    assert gateway_emulator.status(answer) == "PAID_PENDING_CALLBACK"
+    gateway_emulator.assert_not_fulfilled("R-1")  # the shop has heard nothing yet
+    with pytest.raises(GatewayEmulatorError, match="HTTP 409: Cannot pay a checkout in status PAID_PENDING"):
+        gateway_emulator.pay(answer)
+
+
+def test_cancel_as_consumer(app: Flask, gateway_emulator) -> None:
+    answer = pay_button(app)
+    outcome = gateway_emulator.cancel_as_consumer(shop_checkout(app))
+    assert outcome.status == "CANCELLED_BY_CONSUMER"
+    assert outcome.redirect_url and outcome.redirect_url.startswith(
+        "https://shop.example/gateway/return/cancel"
+    )
+    assert gateway_emulator.status(answer) == "CANCELLED_BY_CONSUMER"
+    assert app.test_client().get(outcome.redirect_url).status_code == 303  # the shop's return page asks
+    assert [(s.signal, s.order_reference) for s in gateway_emulator.signals] == [
+        ("checkout_cancelled", "R-1")
+    ]
+
+
+def test_expire(app: Flask, gateway_emulator) -> None:
+    answer = pay_button(app)
+    clock = gateway_emulator.expire(answer)
+    assert clock["expired"] == 1
+    assert clock["offsetSeconds"] >= 59 * 60  # the shop's checkouts last GATEWAY_ORDER_EXPIRY_MINUTES (60)
+    assert gateway_emulator.status(answer) == "EXPIRED"
+    with app.app_context():
+        assert refresh(shop_checkout(app)).checkout.status == "EXPIRED"
+    assert [s.signal for s in gateway_emulator.signals] == ["checkout_expired"]
+
+    paid = pay_button(app, "R-2")
+    gateway_emulator.pay(paid)
+    with pytest.raises(GatewayEmulatorError, match="is PAID_PENDING_CALLBACK at the gateway: only an open"):
+        gateway_emulator.expire(paid)
+    assert gateway_emulator.status(paid) == "PAID_PENDING_CALLBACK"  # the clock did not move
+
+
+def test_advance_clock(app: Flask, gateway_emulator) -> None:
+    start = gateway_emulator.control("clock", method="GET")["offsetSeconds"]
+    assert gateway_emulator.advance_clock(90)["offsetSeconds"] == start + 90
+    answer = pay_button(app)
+    gateway_emulator.pay(answer)
+    gateway_emulator.fail_next_callback()
+    assert gateway_emulator.deliver() == 1
+    assert gateway_emulator.advance_clock(1)["deliveryAttempts"] == 0  # the retry is due 2 s after
+    assert gateway_emulator.advance_clock(1.5)["deliveryAttempts"] == 1
+    gateway_emulator.assert_fulfilled_once(answer)
+
+
+def test_deliver(app: Flask, gateway_emulator) -> None:
+    assert gateway_emulator.deliver() == 0
+    answer = pay_button(app)
+    gateway_emulator.pay(answer)
+    assert shipments(app) == 0
+    assert gateway_emulator.deliver() == 1
+    assert shipments(app) == 1
+    assert gateway_emulator.status(answer) == "PAID"
+    assert gateway_emulator.deliver() == 0
+
+
+@pytest.mark.parametrize(
+    ("fault", "message"),
+    [("fail_next_callback", "HTTP 500"), ("time_out_next_callback", "Timeout after 10 s")],
+)
+def test_a_callback_fault_reaches_nothing_then_the_retry_does(
+    app: Flask, gateway_emulator, fault: str, message: str
+) -> None:
+    answer = pay_button(app)
+    gateway_emulator.pay(answer)
+    getattr(gateway_emulator, fault)()
+    gateway_emulator.deliver()
+    assert [(a["message"], a["ok"]) for a in gateway_emulator.callbacks(answer)] == [(message, False)]
+    assert _callback_logs(app) == 0  # the shop never saw it
+    gateway_emulator.assert_not_fulfilled("R-1")
+    gateway_emulator.advance_clock(2)
+    assert [a["ok"] for a in gateway_emulator.callbacks(answer)] == [False, True]
+    gateway_emulator.assert_fulfilled_once("R-1")
+
+
+def test_failing_every_attempt_makes_a_dead_letter_which_redeliver_sends(
+    app: Flask, gateway_emulator
+) -> None:
+    answer = pay_button(app)
+    gateway_emulator.pay(answer)
+    with pytest.raises(GatewayEmulatorError, match="has no dead letter"):
+        gateway_emulator.redeliver(answer)
+    gateway_emulator.fail_next_callback(times=3)
+    gateway_emulator.deliver()
+    gateway_emulator.advance_clock(2)
+    gateway_emulator.advance_clock(10)
+    [dead] = gateway_emulator.control("dead-letters", method="GET")["deadLetters"]
+    assert dead["checkoutToken"] == token_of(answer)
+    gateway_emulator.assert_not_fulfilled("R-1")
+
+    reply = gateway_emulator.redeliver(answer)
+    assert (reply.ok, reply.http_status, reply.message) == (True, 200, "OK")
+    gateway_emulator.assert_fulfilled_once("R-1")
+
+
+def _callback_logs(app: Flask) -> int:
+    with app.app_context():
+        return len(get_state().session.scalars(select(CallbackLog)).all())
+
+
+def test_replay_callback(app: Flask, gateway_emulator) -> None:
+    answer = pay_button(app)
+    gateway_emulator.pay(answer)
+    with pytest.raises(GatewayEmulatorError, match=r"No callback was sent for checkout .* yet"):
+        gateway_emulator.replay_callback(answer)
+    gateway_emulator.deliver()
+    [sent] = gateway_emulator.callbacks(answer)
+
+    reply = gateway_emulator.replay_callback(answer)
+
+    assert (reply.ok, reply.http_status, reply.message) == (True, 200, "OK")
+    with app.app_context():
+        logs = get_state().session.scalars(select(CallbackLog).order_by(CallbackLog.id)).all()
+        assert [(log.outcome, log.verified) for log in logs] == [("accepted", True), ("duplicate", True)]
+        assert logs[1].body == sent["requestBody"]  # the same bytes, signed again
+    gateway_emulator.assert_fulfilled_once("R-1")
+    assert shipments(app) == 1
+
+
+def test_a_replay_the_shop_refuses_is_reported(app: Flask, gateway_emulator) -> None:
+    answer = pay_button(app)
+    gateway_emulator.pay(answer)
+    gateway_emulator.deliver()
+    with app.app_context():  # the shop was re-installed meanwhile: the gateway's old key no longer signs
+        session = get_state().session
+        installation = session.scalars(select(Installation)).one()
+        installation.signing_key_encrypted = get_state().box.encrypt("another-key")
+        session.commit()
+    reply = gateway_emulator.replay_callback(answer)
+    assert (reply.ok, reply.http_status, reply.message) == (False, 401, "HTTP 401")
+
+
+def test_assert_fulfilled_once(app: Flask, gateway_emulator) -> None:
+    answer = pay_button(app)
+    gateway_emulator.pay(answer)
+    token = token_of(answer)
+    with pytest.raises(AssertionError) as never:
+        gateway_emulator.assert_fulfilled_once("R-1")
+    assert str(never.value).splitlines() == [
+        f"Expected order R-1 (checkout {token}) to be fulfilled exactly once, but payment_confirmed was "
+        "never sent for it.",
+        "At the gateway it is PAID_PENDING_CALLBACK; callback attempts: none.",
+        "A callback for it waits in the gateway's outbox, due now: deliver() sends it.",
+    ]
+
+    gateway_emulator.deliver()
+    record = gateway_emulator.assert_fulfilled_once("R-1")
+    assert record == SignalRecord("payment_confirmed", token, "R-1", source="callback")
+    assert gateway_emulator.assert_fulfilled_once(answer) == gateway_emulator.assert_fulfilled_once(token)
+    assert gateway_emulator.confirmations(shop_checkout(app)) == [record]
+
+    with app.app_context():  # a second confirmation, as a broken extension would send it
+        payment_confirmed.send(app, checkout=_Fake(token, "R-1"), source="return")
+    with pytest.raises(AssertionError) as twice:
+        gateway_emulator.assert_fulfilled_once("R-1")
+    assert str(twice.value).startswith(
+        f"Expected order R-1 (checkout {token}) to be fulfilled exactly once, but payment_confirmed was sent "
+        "2 times (sources: callback, return).\nAt the gateway it is PAID; callback attempts: #1 OK."
+    )
+
+    with pytest.raises(
+        AssertionError, match=r"Expected the order or checkout 'R-9' .* never sent"
+    ) as unknown:
+        gateway_emulator.assert_fulfilled_once("R-9")
+    assert "The gateway has no checkout by that token or order reference" in str(unknown.value)
+
+
+def test_assert_not_fulfilled(app: Flask, gateway_emulator) -> None:
+    answer = pay_button(app)
+    gateway_emulator.assert_not_fulfilled(answer)
+    gateway_emulator.pay(answer)
+    gateway_emulator.fail_next_callback()
+    gateway_emulator.deliver()
+    gateway_emulator.assert_not_fulfilled("R-1")
+    gateway_emulator.advance_clock(2)
+    with pytest.raises(AssertionError) as fulfilled:
+        gateway_emulator.assert_not_fulfilled("R-1")
+    assert str(fulfilled.value).splitlines()[:2] == [
+        f"Expected order R-1 (checkout {token_of(answer)}) not to be fulfilled, but payment_confirmed was "
+        "sent 1 time(s) (sources: callback).",
+        "At the gateway it is PAID; callback attempts: #1 HTTP 500 (not acknowledged); #2 OK.",
+    ]
+
+
+def test_a_failed_callback_is_explained_with_the_retry_to_wait_for(app: Flask, gateway_emulator) -> None:
+    gateway_emulator.pay(pay_button(app))
+    gateway_emulator.fail_next_callback()
+    gateway_emulator.deliver()
+    with pytest.raises(AssertionError) as failed:
+        gateway_emulator.assert_fulfilled_once("R-1")
+    assert re.search(
+        r"waits in the gateway's outbox, due in [12]\.\d s of the gateway's clock: advance_clock\(2\) sends it",
+        str(failed.value),
+    )
+
+
+def test_the_control_api_answers_and_refusals_carry_the_emulators_message(gateway_emulator) -> None:
+    assert gateway_emulator.control("emails", method="GET") == {"emails": []}
+    with pytest.raises(GatewayEmulatorError, match=r"POST /_emulator/checkouts/v2\.nope/pay: HTTP 404"):
+        gateway_emulator.pay("v2.nope")
