@@ -54,7 +54,13 @@ if TYPE_CHECKING:
     from flask_gateway.availability import PaymentLimits, is_available, payment_limits
     from flask_gateway.checkouts import cancel_checkout, create_checkout, start_checkout, update_checkout
     from flask_gateway.checks import SetupWarning, setup_warnings
-    from flask_gateway.core.sql import UTCDateTime, alembic_render_item, configure_sqlite, create_all_safely
+    from flask_gateway.core.sql import (
+        UTCDateTime,
+        alembic_include_name,
+        alembic_render_item,
+        configure_sqlite,
+        create_all_safely,
+    )
     from flask_gateway.errors import (
         CallbackRejected,
         CheckoutStateError,
@@ -97,7 +103,13 @@ if TYPE_CHECKING:
 
 #: The extension's names, by module: loaded on first use (they import Flask).
 _LAZY: dict[str, tuple[str, ...]] = {
-    "flask_gateway.core.sql": ("UTCDateTime", "alembic_render_item", "configure_sqlite", "create_all_safely"),
+    "flask_gateway.core.sql": (
+        "UTCDateTime",
+        "alembic_include_name",
+        "alembic_render_item",
+        "configure_sqlite",
+        "create_all_safely",
+    ),
     "flask_gateway.extension": ("Gateway",),
     "flask_gateway.orders": ("Address", "Customer", "OrderDraft", "OrderLine"),
     "flask_gateway.models": ("GatewayCheckout", "LocalStatus", "RefundRecord", "RefundState"),
@@ -201,6 +213,7 @@ __all__ = [
     "V1OutcomeRejected",
     "V1RefundFailedError",
     "__version__",
+    "alembic_include_name",
     "alembic_render_item",
     "callback_outcome_label",
     "callback_rejected",

@@ -29,7 +29,9 @@ from sqlalchemy.orm import Session
 from sqlalchemy.types import TypeDecorator, TypeEngine
 
 __all__ = [
+    "EMULATOR_TABLE_PREFIX",
     "UTCDateTime",
+    "alembic_include_name",
     "alembic_render_item",
     "begin_writing",
     "commit_keeping_loaded",
@@ -109,6 +111,22 @@ def alembic_render_item(type_: str, obj: Any, autogen_context: Any) -> str | Lit
         return False
     prefix = autogen_context.opts.get("sqlalchemy_module_prefix") or ""
     return f"{prefix}{stored_type(obj)!r}"
+
+
+#: The gateway emulator's tables. They are in a shop's database only with the embedded emulator (development
+#: and tests), and are never the shop's to migrate.
+EMULATOR_TABLE_PREFIX: Final = "emulator_"
+
+
+def alembic_include_name(name: str | None, type_: str, parent_names: Any) -> bool:
+    """An Alembic ``include_name`` hook: autogenerate leaves the embedded emulator's tables alone.
+
+    With ``GATEWAY_ENVIRONMENT="embedded"`` the emulator keeps its ``emulator_*`` tables in the shop's
+    database; they are not in the shop's metadata, so autogenerate would write ``op.drop_table`` for each.
+    Pass it once: ``Migrate(app, db, include_name=alembic_include_name)`` (docs/migrations.md). Every other
+    name is included, so it is harmless where no emulator is embedded.
+    """
+    return not (type_ == "table" and name is not None and name.startswith(EMULATOR_TABLE_PREFIX))
 
 
 def storable_text(value: str, max_length: int | None = None) -> str:

@@ -1,7 +1,8 @@
 """The steps a page of the docs asks a reader to take, in order: files to save and commands to type.
 
 - a fenced block whose info string names a file (```` ```python title="shop.py" ````) is a file to save;
-- a ```` ```console ```` block holds commands, each line starting with ``$ `` (other lines are output);
+- a ```` ```console ```` block holds commands, each line starting with ``$ ``; the lines under a command are
+  its output, as the page shows it;
 - every other block is illustration and is not a step.
 
 Tests run the steps as a newcomer would: the files written to an empty folder, the commands typed into a
@@ -30,6 +31,8 @@ class File:
 @dataclass(frozen=True)
 class Command:
     line: str
+    #: The lines the page shows under the command (its output, as a reader expects to see it).
+    output: tuple[str, ...] = ()
 
     @property
     def argv(self) -> list[str]:
@@ -64,5 +67,16 @@ def steps(text: str) -> list[File | Command]:
         if title:
             found.append(File(Path(title.group(1)).as_posix(), body))
         elif info.strip().split(" ")[0] == "console":
-            found.extend(Command(line[2:].strip()) for line in body.splitlines() if line.startswith("$ "))
+            found.extend(_commands(body))
     return found
+
+
+def _commands(block: str) -> list[Command]:
+    commands: list[Command] = []
+    for line in block.splitlines():
+        if line.startswith("$ "):
+            commands.append(Command(line[2:].strip()))
+        elif commands and line.strip():
+            last = commands[-1]
+            commands[-1] = Command(last.line, (*last.output, line.strip()))
+    return commands

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import sqlite3
 import subprocess
 import sys
 import time
@@ -31,9 +32,20 @@ DOCS = Path(__file__).resolve().parents[2] / "docs"
 VENV_STEPS = ("python -m venv .venv", "source .venv/bin/activate", "pip install flask-gateway")
 
 
-def quickstart() -> list[File | Command]:
+def _quickstart_page() -> list[str]:
+    """The quickstart's own text, then each of its ``###`` subsections."""
     page = (DOCS / "extension.md").read_text(encoding="utf-8")
-    return steps(section(page, "Quickstart: a paid order in one process"))
+    return section(page, "Quickstart: a paid order in one process").split("\n### ")
+
+
+def quickstart() -> list[File | Command]:
+    return steps(_quickstart_page()[0])
+
+
+def with_flask_migrate() -> list[File | Command]:
+    """ "The same tables with Flask-Migrate": the steps that replace ``init-db``."""
+    [subsection] = [s for s in _quickstart_page()[1:] if s.startswith("The same tables with Flask-Migrate")]
+    return steps(subsection)
 
 
 def test_the_quickstart_has_the_steps_this_test_follows() -> None:
@@ -41,10 +53,7 @@ def test_the_quickstart_has_the_steps_this_test_follows() -> None:
     assert [s.name for s in found if isinstance(s, File)] == ["shop.py"]
     commands = [s.line for s in found if isinstance(s, Command)]
     assert tuple(commands[:3]) == VENV_STEPS
-    assert [c for c in commands if c not in VENV_STEPS] == [
-        "flask --app shop init-db",
-        "flask --app shop run",
-    ]
+    assert commands[3:] == ["flask --app shop init-db", "flask --app shop run"]
 
 
 @pytest.fixture
@@ -176,3 +185,39 @@ def walk(shop: str, server: subprocess.Popen[bytes], log: Path, started: float) 
     outcomes = wait_for(callback_outcomes, timeout=20, what="the gateway's callback")
     assert outcomes in (["duplicate"], ["accepted"]), outcomes
     return elapsed
+
+
+def test_the_quickstarts_tables_with_flask_migrate(newcomer: dict[str, object]) -> None:
+    """The quickstart's shop with the page's Flask-Migrate steps instead of ``init-db``: one migration for
+    the shop's and the gateway's tables that runs as written, the embedded emulator's tables left alone,
+    and a second ``migrate`` that finds nothing new (the output the page shows)."""
+    folder: Path = newcomer["folder"]  # type: ignore[assignment]
+    env: dict[str, str] = newcomer["env"]  # type: ignore[assignment]
+    shop_py = next(s for s in quickstart() if isinstance(s, File))
+    (folder / shop_py.name).write_text(shop_py.text, encoding="utf-8")
+    migrate_steps = with_flask_migrate()
+    assert [s.name for s in migrate_steps if isinstance(s, File)] == ["manage.py"]
+    ran = []
+    for step in migrate_steps:
+        if isinstance(step, File):
+            (folder / step.name).write_text(step.text, encoding="utf-8")
+            continue
+        done = subprocess.run(step.argv, cwd=folder, env=env, capture_output=True, text=True, timeout=300)
+        output = done.stdout + done.stderr
+        assert done.returncode == 0, f"$ {step.line}\n{output}"
+        for line in step.output:
+            assert line in output, f"$ {step.line}: the page shows {line!r}, the command said:\n{output}"
+        ran.append(step.line)
+    assert ran[-1] == 'flask --app manage db migrate -m "nothing new"'
+
+    [script] = (folder / "migrations" / "versions").glob("*.py")
+    text = script.read_text(encoding="utf-8")
+    assert "op.create_table('orders'" in text
+    assert "op.create_table('gateway_checkouts'" in text
+    assert "emulator_" not in text  # the embedded emulator's tables are not the shop's to create or drop
+    assert "flask_gateway" not in text  # nothing to import: sa.DateTime(timezone=True)
+    database = sqlite3.connect(folder / "instance" / "shop.db")
+    tables = {name for (name,) in database.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    database.close()
+    assert {"orders", "gateway_checkouts", "gateway_installations", "alembic_version"} <= tables
+    assert "emulator_checkouts" in tables  # the embedded emulator's own, beside them and untouched

@@ -21,6 +21,7 @@ from flask_sqlalchemy import SQLAlchemy
 from sqlalchemy import inspect
 
 from flask_gateway.core.signing import sign, verify
+from flask_gateway.core.sql import EMULATOR_TABLE_PREFIX, alembic_include_name
 from flask_gateway.core.wire import CheckoutStatus
 from flask_gateway.core.wsgi import WSGIAdapter
 from flask_gateway.emulator import (
@@ -56,8 +57,8 @@ class Prefixed:
         return self.open(path, method="DELETE", **kwargs)
 
 
-def make_host(database_url: str, **config: Any) -> tuple[Flask, SQLAlchemy]:
-    host = Flask("shop")
+def make_host(database_url: str, instance: Path, **config: Any) -> tuple[Flask, SQLAlchemy]:
+    host = Flask("shop", instance_path=str(instance))  # the test's own folder, never the working directory
     host.config.update(
         SECRET_KEY="host-secret-" + "x" * 20, SQLALCHEMY_DATABASE_URI=database_url, TESTING=True
     )
@@ -84,8 +85,8 @@ def settings(**changes: Any) -> EmulatorSettings:
 
 
 @pytest.fixture
-def host(database_url: str) -> Iterator[Flask]:
-    app, _ = make_host(database_url)
+def host(database_url: str, tmp_path: Path) -> Iterator[Flask]:
+    app, _ = make_host(database_url, tmp_path / "instance")
     mount(app, settings=settings())
     yield app
     embedded = embedded_emulator(app)
@@ -101,7 +102,7 @@ def gateway(host: Flask) -> Gateway:
 
 @pytest.mark.parametrize("environment", ["sandbox", "production"])
 def test_never_mounted_beside_the_real_gateway(tmp_path: Path, environment: str) -> None:
-    app, _ = make_host(f"sqlite:///{tmp_path / 'shop.db'}", GATEWAY_ENVIRONMENT=environment)
+    app, _ = make_host(f"sqlite:///{tmp_path / 'shop.db'}", tmp_path, GATEWAY_ENVIRONMENT=environment)
     with pytest.raises(EmbeddingRefused, match=f"GATEWAY_ENVIRONMENT is '{environment}'"):
         mount(app, settings=settings())
     assert embedded_emulator(app) is None
@@ -109,7 +110,7 @@ def test_never_mounted_beside_the_real_gateway(tmp_path: Path, environment: str)
 
 
 def test_mounted_once_under_a_path(tmp_path: Path) -> None:
-    app, _ = make_host(f"sqlite:///{tmp_path / 'shop.db'}")
+    app, _ = make_host(f"sqlite:///{tmp_path / 'shop.db'}", tmp_path)
     for bad in ("", "/", "_gateway", "/a?b"):
         with pytest.raises(EmbeddingRefused, match="must be a path"):
             mount(app, bad, settings=settings())
@@ -121,8 +122,8 @@ def test_mounted_once_under_a_path(tmp_path: Path) -> None:
     assert client.get("/_gateway/_emulator/clock").status_code == 404
 
 
-def test_the_host_is_left_as_it_was(database_url: str) -> None:
-    app, _ = make_host(database_url)
+def test_the_host_is_left_as_it_was(database_url: str, tmp_path: Path) -> None:
+    app, _ = make_host(database_url, tmp_path)
     config = dict(app.config)
     hooks = {name: dict(getattr(app, name)) for name in ("before_request_funcs", "after_request_funcs")}
     handlers = dict(app.error_handler_spec)
@@ -218,6 +219,15 @@ def test_a_dropped_answer_reaches_an_in_process_client_as_a_reset_connection(
     # The work was committed before the answer was dropped, as the fault promises.
     listed = gateway.control("checkouts", method="GET").json
     assert len(listed["checkouts"]) == 1
+
+
+def test_every_emulator_table_has_the_prefix_migrations_leave_alone() -> None:
+    names = set(emulator_db.metadata.tables)
+    assert names
+    assert all(name.startswith(EMULATOR_TABLE_PREFIX) for name in names), names
+    assert not any(alembic_include_name(name, "table", {}) for name in names)
+    assert alembic_include_name("orders", "table", {})
+    assert alembic_include_name("emulator_like_column", "column", {"table_name": "orders"})
 
 
 def test_the_separate_emulator_still_answers_on_its_own_root(emulator_client: Any) -> None:
