@@ -53,7 +53,7 @@ from flask_gateway.emulator import EmulatorSettings, create_app, set_merchant_ht
 from flask_gateway.emulator import models as emulator_models
 from flask_gateway.emulator.merchant import post_callback
 from flask_gateway.emulator.problems import ResponseDropped
-from flask_gateway.installation import InstallSettings, install
+from flask_gateway.installation import InstallSettings, install, update_settings
 from flask_gateway.plans import clear_payment_plan_cache
 from flask_gateway.signals import (
     callback_rejected,
@@ -572,8 +572,20 @@ class GatewayEmulator:
         callback_failures_email: str | None = None,
     ) -> None:
         """Install the gateway on the shop with the emulator's account (what the owner's install screen
-        does), the callback URL on the shop's public address."""
+        does), the callback URL on the shop's public address. Once the account is installed, the same
+        call changes the installed settings instead (the settings screen's update: the gateway installs
+        an account only once)."""
+        accounts = self.control("accounts", method="GET")["accounts"]
+        installed = any(a["merchantAccountId"] == self.account and a["installed"] for a in accounts)
         with self.shop.test_request_context(base_url=shop_base_url(self.shop)):
+            if installed:
+                update_settings(
+                    callback_url=callback_url(),
+                    callback_failures_email=callback_failures_email,
+                    minimum_cents=minimum_cents,
+                    maximum_cents=maximum_cents,
+                )
+                return
             install(
                 InstallSettings(
                     merchant_account_id=self.account,

@@ -21,7 +21,7 @@ from flask_gateway.installation import InstallSettings, install
 from flask_gateway.orders import Address, Customer, OrderDraft, OrderLine
 from flask_gateway.testing import EMULATOR_URL as EMULATOR_URL
 from flask_gateway.testing import SHOP_URL as SHOP_URL
-from flask_gateway.testing import connect
+from flask_gateway.testing import GatewayEmulator, connect
 from tests.conftest import Databases
 from tests.emulator.conftest import make_emulator
 from tests.emulator.support import Gateway as EmulatorDriver
@@ -123,3 +123,33 @@ def build_harness(databases: Databases, monkeypatch: pytest.MonkeyPatch, **confi
     shop, db, gateway = make_shop(databases.url("main"), **config)
     connect(shop, emulator_app)
     return Harness(shop=shop, db=db, gateway=gateway, emulator=EmulatorDriver(emulator_app.test_client()))
+
+
+# --- the same shop through the pytest plugin (docs/testing.md) ----------------------------------------
+
+
+@pytest.fixture
+def plugin_parts(databases: Databases) -> tuple[Flask, SQLAlchemy, Gateway]:
+    """The shop of ``harness`` (``make_shop`` on the test's backend), for the plugin to wire."""
+    return make_shop(databases.url("main"))
+
+
+@pytest.fixture
+def gateway_app(plugin_parts: tuple[Flask, SQLAlchemy, Gateway]) -> Flask:
+    """The plugin's shop (its ``gateway_emulator`` wires it to an emulator and installs it)."""
+    return plugin_parts[0]
+
+
+@pytest.fixture
+def gateway_emulator_database_url(databases: Databases) -> str:
+    """The plugin's emulator on the test's backend, beside the shop (where ``build_harness`` puts it)."""
+    return databases.url("emulator")
+
+
+@pytest.fixture
+def plugin_harness(
+    gateway_emulator: GatewayEmulator, plugin_parts: tuple[Flask, SQLAlchemy, Gateway]
+) -> Harness:
+    """``harness``, installed, built by the plugin: its helpers work on it unchanged."""
+    shop, db, gateway = plugin_parts
+    return Harness(shop=shop, db=db, gateway=gateway, emulator=EmulatorDriver(gateway_emulator.client))

@@ -13,6 +13,7 @@ from flask_gateway.core.signing import sign
 from flask_gateway.errors import CallbackRejected
 from flask_gateway.models import GatewayCheckout
 from flask_gateway.state import get_state
+from flask_gateway.testing import GatewayEmulator
 from tests.conftest import fetch_all
 from tests.extension.conftest import ACCOUNT, API_KEY, Harness
 from tests.extension.inbound_support import (
@@ -52,11 +53,14 @@ def outcomes(h: Harness) -> list[tuple[str, int]]:
 
 
 @pytest.mark.backends
-def test_emulator_callback_is_verified_applied_and_logged(installed: Harness, received) -> None:
+def test_emulator_callback_is_verified_applied_and_logged(
+    gateway_emulator: GatewayEmulator, plugin_harness: Harness, received
+) -> None:
+    installed = plugin_harness
     checkout_id, token = create_v2_checkout(installed)
-    assert installed.emulator.pay(token).status_code == 200
+    assert gateway_emulator.pay(token).status == "PAID_PENDING_CALLBACK"
 
-    assert installed.emulator.control("deliver").status_code == 200
+    assert gateway_emulator.deliver() == 1
 
     state = snapshot(installed, checkout_id)
     # The callback said PAID_PENDING_CALLBACK; the shop answers it with 200, which makes it PAID at the
@@ -68,6 +72,7 @@ def test_emulator_callback_is_verified_applied_and_logged(installed: Harness, re
     assert [(e[0], e[2], e[3]) for e in state["events"]][-1] == ("callback", "PAID", True)
     assert "callback #1: PAID_PENDING_CALLBACK" in state["events"][-1][4]
     assert [kw["source"] for kw in received["payment_confirmed"]] == ["callback"]
+    assert gateway_emulator.assert_fulfilled_once(token).source == "callback"
     assert received["callback_rejected"] == []
     # Our 200 acknowledged it: the gateway moved to PAID and recorded "OK".
     status = gateway_status(installed, token)
@@ -127,19 +132,23 @@ def test_replayed_identical_callback_is_a_200_no_op(installed: Harness, received
 
 
 @pytest.mark.backends
-def test_emulator_retry_after_a_failed_attempt_confirms_once(installed: Harness, received) -> None:
+def test_emulator_retry_after_a_failed_attempt_confirms_once(
+    gateway_emulator: GatewayEmulator, plugin_harness: Harness, received
+) -> None:
+    installed = plugin_harness
     checkout_id, token = create_v2_checkout(installed)
-    installed.emulator.pay(token)
+    gateway_emulator.pay(token)
     # The first attempt is lost on the way (the shop never sees it); the gateway retries later.
-    fault = {"operation": "callback", "kind": "callback_timeout", "count": 1}
-    assert installed.emulator.control("faults", fault).status_code == 201
-    installed.emulator.control("deliver")
+    gateway_emulator.time_out_next_callback()
+    gateway_emulator.deliver()
     assert callback_logs(installed) == []
-    installed.emulator.advance(3)
+    gateway_emulator.assert_not_fulfilled(token)
+    gateway_emulator.advance_clock(3)
 
     assert snapshot(installed, checkout_id)["status"] == "PAID"
     assert gateway_status(installed, token)["checkoutPaymentStatus"] == "PAID"
     assert len(received["payment_confirmed"]) == 1
+    gateway_emulator.assert_fulfilled_once(token)
     assert outcomes(installed) == [("accepted", 200)]
 
 
@@ -147,10 +156,13 @@ def test_emulator_retry_after_a_failed_attempt_confirms_once(installed: Harness,
 
 
 @pytest.mark.backends
-def test_callback_before_the_return_page_confirms_once(installed: Harness, received) -> None:
+def test_callback_before_the_return_page_confirms_once(
+    gateway_emulator: GatewayEmulator, plugin_harness: Harness, received
+) -> None:
+    installed = plugin_harness
     checkout_id, token = create_v2_checkout(installed)
-    installed.emulator.pay(token)
-    installed.emulator.control("deliver")
+    gateway_emulator.pay(token)
+    gateway_emulator.deliver()
     assert gateway_status(installed, token)["checkoutPaymentStatus"] == "PAID"
 
     answer = installed.client.get(return_path(installed, checkout_id, "confirm"))
@@ -158,21 +170,26 @@ def test_callback_before_the_return_page_confirms_once(installed: Harness, recei
     assert answer.status_code == 303
     assert snapshot(installed, checkout_id)["status"] == "PAID"
     assert [kw["source"] for kw in received["payment_confirmed"]] == ["callback"]
+    assert gateway_emulator.assert_fulfilled_once(token).source == "callback"
 
 
 @pytest.mark.backends
-def test_callback_after_the_return_page_confirms_once(installed: Harness, received) -> None:
+def test_callback_after_the_return_page_confirms_once(
+    gateway_emulator: GatewayEmulator, plugin_harness: Harness, received
+) -> None:
+    installed = plugin_harness
     checkout_id, token = create_v2_checkout(installed)
-    installed.emulator.pay(token)
+    gateway_emulator.pay(token)
     assert installed.client.get(return_path(installed, checkout_id, "confirm")).status_code == 303
     assert snapshot(installed, checkout_id)["status"] == "PAID_PENDING_CALLBACK"
 
-    installed.emulator.control("deliver")
+    gateway_emulator.deliver()
 
     # The payment was known (no second confirmation); acknowledging the callback makes it PAID on both
     # sides.
     assert snapshot(installed, checkout_id)["status"] == "PAID"
     assert [kw["source"] for kw in received["payment_confirmed"]] == ["return"]
+    assert gateway_emulator.assert_fulfilled_once(token).source == "return"
     assert outcomes(installed) == [("accepted", 200)]
     assert callback_logs(installed)[0]["detail"] == "PAID_PENDING_CALLBACK -> PAID"
     assert gateway_status(installed, token)["checkoutPaymentStatus"] == "PAID"

@@ -181,6 +181,12 @@ def test_the_marker_can_leave_the_shop_uninstalled(app: Flask, gateway_emulator)
         installation = get_state().require_installation()
         assert (installation.minimum_cents, installation.maximum_cents) == (5000, 60000)
         assert installation.callback_failures_email == "ops@shop.example"
+    gateway_emulator.install(minimum_cents=7000, maximum_cents=80000)  # installed: the settings change
+    with app.app_context():
+        installation = get_state().require_installation()
+        assert (installation.minimum_cents, installation.maximum_cents) == (7000, 80000)
+    [account] = gateway_emulator.control("accounts", method="GET")["accounts"]
+    assert (account["minimumCheckoutAmountCents"], account["maximumCheckoutAmountCents"]) == (7000, 80000)
 
 
 @pytest.mark.gateway_emulator(minimum_cents=5000, maximum_cents=60000, callback_retry_delays=(0, 0))

@@ -27,7 +27,7 @@ from example_shop.extensions import db
 from example_shop.models import Order, OrderEvent
 from example_shop.setup import auto_install
 from flask_gateway import clear_payment_plan_cache
-from flask_gateway.testing import connect
+from flask_gateway.testing import GatewayEmulator, connect
 from tests.conftest import Databases
 from tests.emulator.conftest import make_emulator
 from tests.emulator.support import Gateway as EmulatorDriver
@@ -215,3 +215,28 @@ def shop(databases: Databases, monkeypatch: pytest.MonkeyPatch) -> ShopHarness:
 @pytest.fixture
 def shopper(shop: ShopHarness) -> Shopper:
     return shop.shopper()
+
+
+# --- the same shop through the pytest plugin (docs/testing.md) ----------------------------------------
+
+
+@pytest.fixture
+def gateway_app(databases: Databases) -> Flask:
+    """The plugin's shop: the example shop configured as ``shop`` is, not yet installed (the plugin's
+    ``gateway_emulator`` wires it to an emulator and installs it)."""
+    return create_app(shop_config(databases.url("shop")))
+
+
+@pytest.fixture
+def gateway_emulator_database_url(databases: Databases) -> str:
+    """The plugin's emulator on the test's backend, beside the shop (where ``make_harness`` puts it)."""
+    return databases.url("shop-emulator")
+
+
+@pytest.fixture
+def plugin_shop(gateway_emulator: GatewayEmulator) -> ShopHarness:
+    """``shop`` built by the plugin: the example shop, its emulator in-process, the gateway installed
+    with the example shop's limits (R 50.00 to R 50 000.00), as ``shop`` has them."""
+    config = gateway_emulator.shop.config
+    gateway_emulator.install(minimum_cents=config["SHOP_MIN_CENTS"], maximum_cents=config["SHOP_MAX_CENTS"])
+    return ShopHarness(app=gateway_emulator.shop, emulator=EmulatorDriver(gateway_emulator.client))

@@ -19,6 +19,7 @@ from example_shop.models import (
 )
 from flask_gateway.signals import checkout_cancelled, payment_confirmed
 from flask_gateway.state import get_state
+from flask_gateway.testing import GatewayEmulator
 from tests.shop.conftest import (
     CUSTOMER,
     EMULATOR_URL,
@@ -56,7 +57,10 @@ def _order_page(shopper: Shopper, reference: str) -> str:
 
 
 @pytest.mark.backends
-def test_v2_pay_confirm_by_callback_then_return_paid_once(shop: ShopHarness, shopper: Shopper) -> None:
+def test_v2_pay_confirm_by_callback_then_return_paid_once(
+    gateway_emulator: GatewayEmulator, plugin_shop: ShopHarness
+) -> None:
+    shop, shopper = plugin_shop, plugin_shop.shopper()
     shopper.add("enamel-kettle", 2)
 
     redirect = shopper.checkout()
@@ -74,21 +78,23 @@ def test_v2_pay_confirm_by_callback_then_return_paid_once(shop: ShopHarness, sho
     assert f'data-status-url="{order_page}/status.json"' in page  # the page polls while processing
     assert '<noscript><meta http-equiv="refresh"' in page
 
-    outcome = shop.pay_on_gateway(redirect.headers["Location"])
+    outcome = gateway_emulator.pay(redirect)
     assert _status(shopper, order_page)["status"] == "processing"  # paid, but not proven yet
+    gateway_emulator.assert_not_fulfilled(reference)
 
     # The gateway's signed callback arrives: the order is paid (the page's next poll sees it).
-    assert shop.emulator.control("deliver").status_code == 200
+    assert gateway_emulator.deliver() == 1
     status = _status(shopper, order_page)
     assert status["status"] == "paid"
     assert status["final"] is True
     assert 'data-payment-status="paid">Paid<' in status["html"]
     assert status["cart_count"] == 0  # the cart went with the paid order (the page updates its header)
-    callbacks = shop.emulator.control("callbacks", method="GET").json
-    assert any(attempt.get("httpStatus") == 200 for attempt in callbacks["callbacks"]), callbacks
+    callbacks = gateway_emulator.callbacks(redirect)
+    assert any(attempt.get("httpStatus") == 200 for attempt in callbacks), callbacks
 
     # The shopper comes back through the return page (which asks getstatus: already known).
-    back = shopper.get(outcome["redirectUrl"])
+    assert outcome.redirect_url is not None
+    back = shopper.get(outcome.redirect_url)
     assert back.status_code == 303
     assert back.headers["Location"] == f"/orders/{reference}"
     landing = shopper.follow(back)
@@ -104,6 +110,7 @@ def test_v2_pay_confirm_by_callback_then_return_paid_once(shop: ShopHarness, sho
     assert order.status == "paid"
     assert order.paid_at is not None and order.fulfilled_at is not None
     assert shop.events(reference, "paid") == 1  # fulfilled exactly once
+    assert gateway_emulator.assert_fulfilled_once(reference).source == "callback"
     # The cart belonged to the paid order: it is empty now.
     assert _cart_count(shopper) == 0
     with shop.app.app_context():  # a late, repeated signal changes nothing
@@ -130,14 +137,18 @@ def test_what_the_gateway_receives(shop: ShopHarness, shopper: Shopper) -> None:
     assert sent["billing_address"]["province"] == "Western Cape"
 
 
-def test_cancel_on_the_gateway_keeps_the_cart(shop: ShopHarness, shopper: Shopper) -> None:
+def test_cancel_on_the_gateway_keeps_the_cart(
+    gateway_emulator: GatewayEmulator, plugin_shop: ShopHarness
+) -> None:
+    shop, shopper = plugin_shop, plugin_shop.shopper()
     shopper.add("ilala-basket", 1)
     shopper.add("enamel-kettle", 1)
     redirect = shopper.checkout()
     reference = shop.latest_reference()
 
-    outcome = shop.cancel_on_gateway(redirect.headers["Location"])
-    landing = shopper.follow(shopper.get(outcome["redirectUrl"]))
+    outcome = gateway_emulator.cancel_as_consumer(redirect)
+    assert outcome.status == "CANCELLED_BY_CONSUMER" and outcome.redirect_url is not None
+    landing = shopper.follow(shopper.get(outcome.redirect_url))
 
     html = unescape(landing.get_data(as_text=True))
     assert landing.status_code == 200
@@ -154,10 +165,14 @@ def test_cancel_on_the_gateway_keeps_the_cart(shop: ShopHarness, shopper: Shoppe
     assert again.headers["Location"] != redirect.headers["Location"]
     second = shop.latest_reference()
     assert second != reference
-    shopper.follow(shopper.get(shop.pay_on_gateway(again.headers["Location"])["redirectUrl"]))
+    paid = gateway_emulator.pay(again)
+    assert paid.redirect_url is not None
+    shopper.follow(shopper.get(paid.redirect_url))
     assert shop.order(second).status == "paid"
     assert shop.order(reference).status == "cancelled"
     assert _cart_count(shopper) == 0
+    gateway_emulator.assert_fulfilled_once(second)  # on the shopper's return, before any callback
+    gateway_emulator.assert_not_fulfilled(reference)
 
 
 def test_a_second_submit_reuses_the_order_and_the_checkout(shop: ShopHarness, shopper: Shopper) -> None:
@@ -275,13 +290,14 @@ def test_a_cancellation_caught_up_from_the_gateway_record_is_told_in_words(
 
 
 def test_an_expired_checkout_expires_the_order_and_keeps_the_cart(
-    shop: ShopHarness, shopper: Shopper
+    gateway_emulator: GatewayEmulator, plugin_shop: ShopHarness
 ) -> None:
+    shop, shopper = plugin_shop, plugin_shop.shopper()
     shopper.add("enamel-kettle", 1)
-    shopper.checkout()
+    redirect = shopper.checkout()
     reference = shop.latest_reference()
 
-    shop.emulator.advance(61 * 60)  # past the 60-minute payment window
+    gateway_emulator.expire(redirect)  # past the 60-minute payment window
     # The gateway sends no callback for an expiry: the shop's reconciliation (cron) asks for it.
     result = shop.app.test_cli_runner().invoke(args=["gateway", "reconcile", "--older-than", "0"])
     assert result.exit_code == 0, result.output
@@ -290,6 +306,8 @@ def test_an_expired_checkout_expires_the_order_and_keeps_the_cart(
     page = unescape(shopper.get(_order_page(shopper, reference)).get_data(as_text=True))
     assert 'data-payment-status="expired">Expired<' in page
     assert "Your cart is still here" in page
+    assert [(s.signal, s.source) for s in gateway_emulator.signals] == [("checkout_expired", "reconcile")]
+    gateway_emulator.assert_not_fulfilled(reference)
 
 
 class _Unreachable(BaseAdapter):
