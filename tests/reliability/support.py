@@ -138,13 +138,17 @@ class Shopper:
         """POST the checkout form, not following the 303 to the payment page."""
         return self.post("/checkout", form, allow_redirects=False)
 
-    def pay_or_cancel(self, payment_url: str, action: str, *, follow: bool = True) -> requests.Response:
+    def pay_or_cancel(
+        self, payment_url: str, action: str, *, follow: bool = True, page: requests.Response | None = None
+    ) -> requests.Response:
         """On the emulator's payment page, submit its Pay or Cancel form (``action``: pay or cancel).
 
         ``follow``: come back to the shop (the return page asks the gateway, then the order page);
-        otherwise the shopper closes the browser after the gateway's answer.
+        otherwise the shopper closes the browser after the gateway's answer. ``page``: the payment page as
+        the shopper opened it earlier (the click submits that page's form, as a browser does, whatever
+        happened to the checkout since); without it the page is loaded now.
         """
-        page = self.session.get(payment_url, timeout=30)
+        page = page or self.session.get(payment_url, timeout=30)
         assert page.status_code == 200, (page.status_code, payment_url)
         path = urlsplit(payment_url).path
         target = f"{path}/{action}"

@@ -149,15 +149,16 @@ def test_owner_cancel_racing_the_consumer_payment_settles_one_way(
         racers = []
         for _ in range(ORDERS_PER_ROUND):
             shopper, payment_url = place_order(stack, {"mohair-throw": 1}, recorder)
-            shopper.session.get(payment_url, timeout=30)  # the page is open, Pay about to be clicked
+            page = shopper.session.get(payment_url, timeout=30)  # the page is open, Pay about to be clicked
             reference = order_reference(stack, token_of(payment_url))
             references.append(reference)
-            racers.append((shopper.fresh_connections(), payment_url, reference, clone(owner, recorder)))
+            racers.append((shopper.fresh_connections(), payment_url, page, reference, clone(owner, recorder)))
 
         def race(index: int, racers: list = racers) -> int:  # type: ignore[type-arg]
-            shopper, payment_url, reference, admin = racers[index // 2]
+            shopper, payment_url, page, reference, admin = racers[index // 2]
             if index % 2 == 0:
-                return shopper.pay_or_cancel(payment_url, "pay").status_code
+                # The click on the page opened before the race (a reload could already show the cancel).
+                return shopper.pay_or_cancel(payment_url, "pay", page=page).status_code
             answer = admin.post(
                 f"{stack.shop.url}/admin/orders/{reference}/cancel",
                 data={"csrf_token": token_for_forms},
