@@ -12,6 +12,8 @@ One line per figure (baseline, measurement, ratio, target) on stdout; everything
    on SQLite (target >= 0.5x throughput).
 5. SQL statements per create, status poll and callback with 1,000 and 100,000 rows (must be equal).
 6. Reconciliation of 10,000 pending checkouts against the emulator: requests, peak memory, time.
+7. A shop's "create, pay, callback, fulfilled" test with the pytest plugin (docs/testing.md's example),
+   in-process on SQLite, vs the same shop answering one plain request (target: under 50 ms).
 
 The load generator of 3 and 4 is wrk (Debian's package; ``make bench`` installs it) with
 ``benchmarks/wrk/requests.lua`` sending pre-built requests over keep-alive connections. Client and servers
@@ -797,6 +799,119 @@ def figure_reconcile(args: argparse.Namespace, folder: Path) -> None:
     }
 
 
+# --- 7. a shop's test with the pytest plugin --------------------------------------------------------
+
+
+def figure_plugin_test(args: argparse.Namespace, folder: Path) -> None:
+    """docs/testing.md's first test as pytest runs it, fixture included: ``gateway_emulator``'s setup (an
+    emulator from the session's pool, reset, wired to a fresh shop, installed), the test's body (place
+    the order, Pay, the shopper pays, the callback, ``assert_fulfilled_once``) and the teardown. The shop
+    (the docs' ``shop.py``, a SQLite file as the docs' ``conftest.py`` has it) is built fresh for each
+    round, untimed, as the shop's own ``app`` fixture does; the yardstick is one plain request to another
+    fresh shop of the same kind (its order page), interleaved with the test round by round."""
+    import importlib.util
+    import re as regex
+
+    from flask_gateway.testing import EmulatorPool, GatewayEmulator
+
+    blocks = regex.findall(
+        r"```python\n# shop\.py\n(.*?)```", (ROOT / "docs" / "testing.md").read_text(), regex.S
+    )
+    source = folder / "plugin_docs_shop.py"
+    source.write_text(blocks[0])
+    spec = importlib.util.spec_from_file_location("plugin_docs_shop", source)
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"cannot load {source}")
+    shop = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(shop)
+
+    def fresh_shop(name: str) -> Any:
+        app = shop.create_app(
+            {
+                "TESTING": True,
+                "SQLALCHEMY_DATABASE_URI": f"sqlite:///{folder / f'plugin-{name}.sqlite3'}",
+                "WTF_CSRF_ENABLED": False,
+                "GATEWAY_PUBLIC_URL": "https://shop.example",
+            }
+        )
+        with app.app_context():
+            shop.db.create_all()
+        return app
+
+    def close_shop(app: Any) -> None:
+        with app.app_context():
+            shop.db.engine.dispose()
+
+    pool = EmulatorPool(folder)
+    times: dict[str, list[float]] = {"plain": [], "setup": [], "body": [], "teardown": [], "test": []}
+    for index in range(args.plugin_rounds):
+        plain_app, app = fresh_shop(f"plain-{index}"), fresh_shop(f"test-{index}")
+        with plain_app.app_context():
+            shop.db.session.add(shop.Order(reference="R-1", total_cents=49900))
+            shop.db.session.commit()
+        started = time.perf_counter()
+        answer = plain_app.test_client().get("/orders/R-1")
+        times["plain"].append(time.perf_counter() - started)
+        if answer.status_code != 200:
+            raise SystemExit(f"the shop's order page answered {answer.status}")
+
+        started = time.perf_counter()
+        gateway = GatewayEmulator.start(app, database_url=pool.database_url, pool=pool)
+        set_up = time.perf_counter()
+        with app.app_context():
+            shop.db.session.add(shop.Order(reference="R-1", total_cents=49900))
+            shop.db.session.commit()
+        redirect = app.test_client().post("/orders/R-1/pay")
+        gateway.pay(redirect)
+        attempts = gateway.deliver()
+        gateway.assert_fulfilled_once("R-1")
+        with app.app_context():
+            shipments = shop.db.session.execute(shop.db.select(shop.Order.shipments)).scalar_one()
+        if (redirect.status_code, attempts, shipments) != (303, 1, 1):
+            raise SystemExit(
+                f"the plugin test did not pass: {redirect.status}, {attempts} callback(s), {shipments}"
+            )
+        body = time.perf_counter()
+        gateway.close()
+        ended = time.perf_counter()
+        for key, seconds in (
+            ("setup", set_up - started),
+            ("body", body - set_up),
+            ("teardown", ended - body),
+            ("test", ended - started),
+        ):
+            times[key].append(seconds)
+        close_shop(plain_app)
+        close_shop(app)
+    pool.close()
+    shop.payment_confirmed.disconnect(shop.fulfil)
+    ms = {key: round(statistics.median(values) * 1000, 1) for key, values in times.items()}
+    first = round(times["test"][0] * 1000, 1)
+    ratio = ms["test"] / ms["plain"]
+    report(
+        "7",
+        "plugin test: create, pay, callback",
+        f"{ms['plain']} ms",
+        f"{ms['test']} ms",
+        ratio,
+        "< 50 ms",
+        ms["test"] < 50,
+    )
+    print(
+        f"[7] p50 over {args.plugin_rounds} tests: setup {ms['setup']} ms, body {ms['body']} ms, teardown "
+        f"{ms['teardown']} ms; the session's first test (the pooled emulator built) {first} ms",
+        flush=True,
+    )
+    results["figures"]["7_plugin_test"] = {
+        "rounds": args.plugin_rounds,
+        "p50_ms": ms,
+        "first_test_ms": first,
+        "ratio": round(ratio, 2),
+        "target_ms": 50,
+        "met": ms["test"] < 50,
+    }
+
+
 # --- the run -----------------------------------------------------------------------------------------
 
 
@@ -823,7 +938,7 @@ def main(argv: list[str] | None = None) -> int:
         _stub_server_main(int(sys.argv[2]), sys.argv[3])
         return 0
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--only", default="1,2,3,4,5,6", help="figures to run, by number (all)")
+    parser.add_argument("--only", default="1,2,3,4,5,6,7", help="figures to run, by number (all)")
     parser.add_argument(
         "--duration", type=float, default=12.0, help="timed seconds per load, all rounds (12)"
     )
@@ -840,6 +955,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--client-rounds", type=int, default=31)
     parser.add_argument("--statement-rows", type=int, nargs=2, default=[1_000, 100_000])
     parser.add_argument("--reconcile-rows", type=int, default=10_000)
+    parser.add_argument("--plugin-rounds", type=int, default=30, help="tests timed for figure 7 (30)")
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     wanted = {part.strip() for part in args.only.split(",")}
@@ -871,6 +987,8 @@ def main(argv: list[str] | None = None) -> int:
             figure_statements(args, folder)
         if "6" in wanted:
             figure_reconcile(args, folder)
+        if "7" in wanted:
+            figure_plugin_test(args, folder)
         log = folder / "servers.log"
         if log.exists() and log.read_text().strip():
             print(

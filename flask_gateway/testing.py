@@ -47,6 +47,7 @@ from requests.adapters import BaseAdapter
 from requests.structures import CaseInsensitiveDict
 from sqlalchemy import select
 
+from flask_gateway.core.errors import AlreadyInstalledError
 from flask_gateway.core.timestamps import parse_timestamp
 from flask_gateway.core.wire import OPEN_STATUSES
 from flask_gateway.emulator import EmulatorSettings, create_app, set_merchant_http
@@ -575,27 +576,26 @@ class GatewayEmulator:
         does), the callback URL on the shop's public address. Once the account is installed, the same
         call changes the installed settings instead (the settings screen's update: the gateway installs
         an account only once)."""
-        accounts = self.control("accounts", method="GET")["accounts"]
-        installed = any(a["merchantAccountId"] == self.account and a["installed"] for a in accounts)
         with self.shop.test_request_context(base_url=shop_base_url(self.shop)):
-            if installed:
+            url = callback_url()
+            try:
+                install(
+                    InstallSettings(
+                        merchant_account_id=self.account,
+                        api_key=self.api_key,
+                        callback_url=url,
+                        callback_failures_email=callback_failures_email,
+                        minimum_cents=minimum_cents,
+                        maximum_cents=maximum_cents,
+                    )
+                )
+            except AlreadyInstalledError:
                 update_settings(
-                    callback_url=callback_url(),
+                    callback_url=url,
                     callback_failures_email=callback_failures_email,
                     minimum_cents=minimum_cents,
                     maximum_cents=maximum_cents,
                 )
-                return
-            install(
-                InstallSettings(
-                    merchant_account_id=self.account,
-                    api_key=self.api_key,
-                    callback_url=callback_url(),
-                    callback_failures_email=callback_failures_email,
-                    minimum_cents=minimum_cents,
-                    maximum_cents=maximum_cents,
-                )
-            )
 
     # --- the control API ------------------------------------------------------------------------------
 
