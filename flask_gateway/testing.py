@@ -50,7 +50,7 @@ from sqlalchemy import select
 from flask_gateway.core.errors import AlreadyInstalledError
 from flask_gateway.core.timestamps import parse_timestamp
 from flask_gateway.core.wire import OPEN_STATUSES
-from flask_gateway.emulator import EmulatorSettings, create_app, set_merchant_http
+from flask_gateway.emulator import EmulatorSettings, create_app, embedded_emulator, set_merchant_http
 from flask_gateway.emulator import models as emulator_models
 from flask_gateway.emulator.merchant import post_callback
 from flask_gateway.emulator.problems import ResponseDropped
@@ -343,10 +343,7 @@ class EmulatorPool:
         app = self._apps.get(key)
         if app is None:
             app = self._apps[key] = make_emulator(database_url, settings)
-        # Also a new app: another one (other settings) may have used the same database before.
-        answer = app.test_client().post("/_emulator/reset", json={})
-        if answer.status_code != 200:
-            raise GatewayEmulatorError(f"The emulator could not be reset: {answer.get_data(as_text=True)}")
+        _reset(app)  # also a new app: another one (other settings) may have used the same database before
         return app
 
     def close(self) -> None:
@@ -354,6 +351,13 @@ class EmulatorPool:
             with app.app_context():
                 emulator_models.db.engine.dispose()
         self._apps.clear()
+
+
+def _reset(emulator: Flask) -> None:
+    """The control API's reset: no checkout, key, delivery, e-mail, fault or clock offset is left."""
+    answer = emulator.test_client().post("/_emulator/reset", json={})
+    if answer.status_code != 200:
+        raise GatewayEmulatorError(f"The emulator could not be reset: {answer.get_data(as_text=True)}")
 
 
 def token_of(checkout: object) -> str:
@@ -454,7 +458,9 @@ class GatewayEmulator:
     shop: Flask
     #: The emulator app.
     app: Flask
-    wiring: Wiring
+    #: How the two are wired; None for an emulator embedded in the shop (``GATEWAY_ENVIRONMENT="embedded"``:
+    #: the extension wires it itself).
+    wiring: Wiring | None
     #: The emulator's test client (the control API, or anything else of the emulator).
     client: FlaskClient
     account: str = DEMO_ACCOUNT
@@ -464,7 +470,8 @@ class GatewayEmulator:
     _receivers: list[tuple[Any, Callable[..., None]]] = field(default_factory=list, repr=False)
     _client_options: dict[str, Any] = field(default_factory=dict, repr=False)
     _closed: bool = field(default=False, repr=False)
-    _pooled: bool = field(default=False, repr=False)
+    #: The emulator app was made for this object alone (closed with it).
+    _owned: bool = field(default=False, repr=False)
 
     # --- life ---------------------------------------------------------------------------------------
 
@@ -485,12 +492,23 @@ class GatewayEmulator:
         ``install`` is false, the gateway installed on the shop with the emulator's demo account.
 
         With ``pool`` the emulator app comes from it (reset) and stays there after :meth:`close`; without,
-        a new one is made and closed with this object."""
-        settings = settings or emulator_settings_for(shop)
+        a new one is made and closed with this object. A shop with ``GATEWAY_ENVIRONMENT="embedded"``
+        brings its own emulator, already wired: that one is used (reset), and ``database_url``,
+        ``settings`` and ``pool`` do not apply."""
         state = get_state(shop)
         saved = dict(state.client_options)
-        emulator = pool.emulator(database_url, settings) if pool else make_emulator(database_url, settings)
-        wiring = connect_configured(shop, emulator)
+        embedded = embedded_emulator(shop)
+        wiring: Wiring | None = None
+        if embedded is not None:
+            emulator = embedded.app
+            settings = emulator.extensions["gateway_emulator"]
+            _reset(emulator)
+        else:
+            settings = settings or emulator_settings_for(shop)
+            emulator = (
+                pool.emulator(database_url, settings) if pool else make_emulator(database_url, settings)
+            )
+            wiring = connect_configured(shop, emulator)
         account, api_key = next(iter(settings.accounts.items()), (DEMO_ACCOUNT, DEMO_API_KEY))
         gateway = cls(
             shop=shop,
@@ -500,7 +518,7 @@ class GatewayEmulator:
             account=account,
             api_key=api_key,
             _client_options=saved,
-            _pooled=pool is not None,
+            _owned=embedded is None and pool is None,
         )
         gateway._watch()
         clear_payment_plan_cache()  # plans cached by another test's gateway must not leak into this one
@@ -531,11 +549,12 @@ class GatewayEmulator:
         with self.shop.app_context():
             state.dispose()  # the connections the shop's callbacks opened on the extension's own engine
         clear_payment_plan_cache()
-        if not self._pooled:
+        if self._owned:
             with self.app.app_context():
                 emulator_models.db.engine.dispose()
-        self.wiring.to_emulator.close()
-        self.wiring.to_shop.close()
+        if self.wiring is not None:
+            self.wiring.to_emulator.close()
+            self.wiring.to_shop.close()
 
     def __enter__(self) -> GatewayEmulator:
         return self

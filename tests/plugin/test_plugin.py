@@ -17,6 +17,7 @@ from flask import Flask
 from sqlalchemy import select
 
 from flask_gateway import GatewayCheckout, payment_confirmed, refresh
+from flask_gateway.emulator import embedded_emulator
 from flask_gateway.models import CallbackLog, Installation
 from flask_gateway.state import get_state
 from flask_gateway.testing import (
@@ -284,6 +285,31 @@ def test_the_shop_is_wired_on_the_addresses_it_is_configured_with(
             assert (attempt["url"], attempt["ok"]) == (shop_url + "/gateway/callback", True)
             gateway.assert_fulfilled_once("R-1")
             assert shipments(shop) == 1
+    finally:
+        close_shop(shop)
+
+
+def test_a_shop_with_the_embedded_emulator_is_tested_with_that_one(tmp_path: Path) -> None:
+    shop = make_shop(f"sqlite:///{tmp_path / 'shop.sqlite3'}", GATEWAY_ENVIRONMENT="embedded")
+    try:
+        embedded = embedded_emulator(shop)
+        assert embedded is not None
+        unused = f"sqlite:///{tmp_path / 'unused.sqlite3'}"
+        with GatewayEmulator.start(shop, database_url=unused) as gateway:
+            assert gateway.app is embedded.app
+            assert gateway.wiring is None
+            place_order(shop)
+            answer = shop.test_client().post("/orders/R-1/pay")
+            assert answer.headers["Location"].startswith("https://shop.example/_gateway/api/v2/app/checkout/")
+            gateway.pay(answer)
+            assert gateway.deliver() == 1
+            gateway.assert_fulfilled_once("R-1")
+            assert gateway.replay_callback(answer).ok
+            gateway.assert_fulfilled_once("R-1")
+            assert shipments(shop) == 1
+        assert not (tmp_path / "unused.sqlite3").exists()
+        with GatewayEmulator.start(shop, database_url=unused) as again:  # reset: a clean gateway each time
+            assert again.control("checkouts", method="GET")["checkouts"] == []
     finally:
         close_shop(shop)
 
