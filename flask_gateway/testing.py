@@ -33,6 +33,8 @@ This is the one module that sees both the extension and the emulator (docs/archi
 from __future__ import annotations
 
 import math
+import secrets
+import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -317,9 +319,18 @@ def emulator_settings_for(shop: Flask, **overrides: Any) -> EmulatorSettings:
 
 
 def make_emulator(database_url: str, settings: EmulatorSettings) -> Flask:
-    """An emulator app for a test (``TESTING``, so no worker thread) on ``database_url``."""
+    """An emulator app for a test (``TESTING``, so no worker thread) on ``database_url``.
+
+    It writes nothing outside its database: a session secret of its own (no secret file in an instance
+    folder), and the system's temporary folder as its instance folder (not one beside the package)."""
     return create_app(
-        {"TESTING": True, "SQLALCHEMY_DATABASE_URI": database_url, "EMULATOR_SETTINGS": settings}
+        {
+            "TESTING": True,
+            "SECRET_KEY": secrets.token_hex(32),
+            "SQLALCHEMY_DATABASE_URI": database_url,
+            "EMULATOR_SETTINGS": settings,
+        },
+        instance_path=tempfile.gettempdir(),
     )
 
 

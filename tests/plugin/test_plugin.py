@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -316,6 +317,7 @@ def test_a_shop_with_the_embedded_emulator_is_tested_with_that_one(tmp_path: Pat
 
 def test_nothing_unwired_leaves_the_process(app: Flask, tmp_path: Path) -> None:
     emulator = make_emulator(f"sqlite:///{tmp_path / 'e.sqlite3'}", emulator_settings_for(app))
+    assert emulator.instance_path == tempfile.gettempdir()  # nothing written beside the package
     wiring = connect_configured(app, emulator)
     with pytest.raises(requests.ConnectionError, match="not wired in-process"):
         wiring.to_emulator.get("https://example.com/")
