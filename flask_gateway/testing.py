@@ -46,16 +46,15 @@ import requests
 from flask import Flask, request
 from flask.testing import FlaskClient
 from requests.adapters import BaseAdapter
-from requests.structures import CaseInsensitiveDict
 from sqlalchemy import select
 
 from flask_gateway.core.errors import AlreadyInstalledError
 from flask_gateway.core.timestamps import parse_timestamp
 from flask_gateway.core.wire import OPEN_STATUSES
+from flask_gateway.core.wsgi import WSGIAdapter
 from flask_gateway.emulator import EmulatorSettings, create_app, embedded_emulator, set_merchant_http
 from flask_gateway.emulator import models as emulator_models
 from flask_gateway.emulator.merchant import post_callback
-from flask_gateway.emulator.problems import ResponseDropped
 from flask_gateway.installation import InstallSettings, install, update_settings
 from flask_gateway.plans import clear_payment_plan_cache
 from flask_gateway.signals import (
@@ -101,63 +100,23 @@ DEMO_ACCOUNT: Final = "demo-merchant"
 DEMO_API_KEY: Final = "demo-api-key"
 
 
-class FlaskAdapter(BaseAdapter):
-    """A ``requests`` transport that hands each request to a Flask app's test client (no sockets).
+class FlaskAdapter(WSGIAdapter):
+    """A ``requests`` transport that hands each request to a Flask app's test client's app (no sockets):
+    :class:`flask_gateway.core.wsgi.WSGIAdapter`, built from a test client.
 
     Mount it on a ``requests.Session`` for a base URL. The emulator's "drop the answer after the commit"
     fault (``ResponseDropped``) reaches the caller as the ``requests.ConnectionError`` a reset socket gives.
-
-    When the mounted URL has a path that the app does not serve under the same path, ``strip_prefix`` is
-    taken off the request's path and ``add_prefix`` put in front (the sandbox's installation address
-    ``https://install...`` is ``/install`` on the emulator); ``script_root`` is the path the app is mounted
-    at (a shop whose ``GATEWAY_PUBLIC_URL`` has a path).
+    ``strip_prefix``, ``add_prefix`` and ``script_root`` map the mounted URL's path onto the app's (see
+    ``WSGIAdapter``).
     """
 
     def __init__(
         self, client: FlaskClient, *, strip_prefix: str = "", add_prefix: str = "", script_root: str = ""
     ) -> None:
-        super().__init__()
+        super().__init__(
+            client.application, strip_prefix=strip_prefix, add_prefix=add_prefix, script_root=script_root
+        )
         self.client = client
-        self.strip_prefix = strip_prefix.rstrip("/")
-        self.add_prefix = add_prefix.rstrip("/")
-        self.script_root = script_root.rstrip("/")
-
-    def send(
-        self,
-        request: requests.PreparedRequest,
-        stream: bool = False,
-        timeout: Any = None,
-        verify: Any = True,
-        cert: Any = None,
-        proxies: Any = None,
-    ) -> requests.Response:
-        url = urlsplit(request.url or "")
-        path = url.path
-        if self.strip_prefix and (path == self.strip_prefix or path.startswith(self.strip_prefix + "/")):
-            path = path[len(self.strip_prefix) :] or "/"
-        path = self.add_prefix + path
-        try:
-            answer = self.client.open(
-                path,
-                base_url=f"{url.scheme}://{url.netloc}{self.script_root}",
-                method=request.method or "GET",
-                query_string=url.query,
-                data=request.body,
-                headers=dict(request.headers),
-            )
-        except ResponseDropped as exc:
-            raise requests.ConnectionError(str(exc), request=request) from exc
-        response = requests.Response()
-        response.status_code = answer.status_code
-        response.reason = answer.status.partition(" ")[2]
-        response.headers = CaseInsensitiveDict(answer.headers)
-        response._content = answer.get_data()
-        response.url = request.url or ""
-        response.request = request
-        return response
-
-    def close(self) -> None:
-        pass
 
 
 class OffTheNetwork(BaseAdapter):

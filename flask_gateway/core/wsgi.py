@@ -31,13 +31,30 @@ class WSGIAdapter(BaseAdapter):
     ``origin``: called for each request; when it returns a base URL (``http://127.0.0.1:5000/``), the request
     is made on that origin instead of the URL's own, so the application sees the address a browser used (the
     embedded emulator builds its ``paymentUrl`` on it). ``None`` keeps the URL's origin.
+
+    When the mounted URL has a path the application does not serve under the same path, ``strip_prefix`` is
+    taken off the request's path and ``add_prefix`` put in front (the sandbox's installation address
+    ``https://install...`` is ``/install`` on the emulator); ``script_root`` is the path the application is
+    mounted at (a shop whose public address has a path). The peer's address is ``127.0.0.1``: it is this
+    process.
     """
 
-    def __init__(self, app: Any, *, origin: Callable[[], str | None] | None = None) -> None:
+    def __init__(
+        self,
+        app: Any,
+        *,
+        origin: Callable[[], str | None] | None = None,
+        strip_prefix: str = "",
+        add_prefix: str = "",
+        script_root: str = "",
+    ) -> None:
         super().__init__()
         # No cookies: each request stands alone, as a server-to-server call does, and threads share nothing.
         self._client = Client(app, use_cookies=False)
         self._origin = origin
+        self.strip_prefix = strip_prefix.rstrip("/")
+        self.add_prefix = add_prefix.rstrip("/")
+        self.script_root = script_root.rstrip("/")
 
     def send(
         self,
@@ -53,10 +70,14 @@ class WSGIAdapter(BaseAdapter):
         headers = dict(request.headers)
         if self._origin is not None:
             headers.pop("Host", None)  # the origin's own host, not the configured one
+        path = url.path
+        if self.strip_prefix and (path == self.strip_prefix or path.startswith(self.strip_prefix + "/")):
+            path = path[len(self.strip_prefix) :] or "/"
         try:
             answer = self._client.open(
-                url.path,
-                base_url=base.rstrip("/"),
+                self.add_prefix + path,
+                base_url=base.rstrip("/") + self.script_root,
+                environ_base={"REMOTE_ADDR": "127.0.0.1"},
                 method=request.method or "GET",
                 query_string=url.query,
                 data=request.body,
