@@ -16,6 +16,7 @@ from flask import Flask
 from flask_sqlalchemy import SQLAlchemy
 
 from flask_gateway import (
+    Address,
     ConfigurationError,
     Customer,
     Gateway,
@@ -159,3 +160,50 @@ def test_a_payment_taken_with_the_gateway_inside_the_shop(shop: Flask) -> None:
         assert confirmed == [("E-1", "callback")]
     finally:
         payment_confirmed.disconnect(receiver)
+
+
+def test_a_v1_payment_taken_with_the_gateway_inside_the_shop(tmp_path: Path) -> None:
+    """v1: the gateway calls the shop's success URL (in-process here) and the shop answers its JSON."""
+    app = make_shop(tmp_path, GATEWAY_API_VERSION="v1")
+    confirmed: list[tuple[str, str]] = []
+
+    def receiver(sender: Any, checkout: Any, source: str, **extra: Any) -> None:
+        confirmed.append((checkout.order_reference, source))
+
+    payment_confirmed.connect(receiver)
+    try:
+        with app.test_request_context(base_url="http://127.0.0.1:5000"):
+            install(
+                InstallSettings(
+                    merchant_account_id="demo-merchant",
+                    api_key="demo-api-key",
+                    callback_url="http://127.0.0.1:5000/gateway/callback",
+                    callback_failures_email=None,
+                    minimum_cents=100,
+                    maximum_cents=10_000_000,
+                )
+            )
+            checkout = create_checkout(
+                OrderDraft(
+                    reference="V1-1",
+                    lines=(OrderLine(name="Kettle", sku="K-1", quantity=1, unit_price_cents=49900),),
+                    customer=Customer(
+                        first_name="Thandi",
+                        last_name="Mokoena",
+                        email="thandi@example.com",
+                        phone="+27821234567",
+                    ),
+                    billing_address=Address(
+                        line1="1 Long St", city="Cape Town", province="WC", postal_code="8001"
+                    ),
+                )
+            )
+        assert checkout.payment_url.startswith("http://127.0.0.1:5000/_gateway/api/v1/app/checkout/")
+        paid = app.test_client().post(f"/_gateway/_emulator/checkouts/{checkout.token}/pay", json={})
+        assert paid.status_code == 200, paid.get_data(as_text=True)
+        # The gateway called the shop's success URL and took its JSON answer's return_url for the shopper.
+        assert paid.json["redirectUrl"].startswith("http://127.0.0.1:5000/"), paid.json
+        assert confirmed == [("V1-1", "v1")]  # the signed success URL, called once
+    finally:
+        payment_confirmed.disconnect(receiver)
+        close(app)
