@@ -20,6 +20,7 @@ FLOORS = {
     "forms": 4,
     **dict.fromkeys(
         [
+            "doctor",
             "checkouts",
             "refunds",
             "plans",
