@@ -8,6 +8,9 @@
 - ``flask gateway check-settings``: compare the gateway's settings (callback URL, e-mail, limits) with the
   shop's (see :mod:`flask_gateway.drift`); exits 1 when they differ or the gateway cannot be asked.
 - ``flask gateway callbacks [--outcome O] [--refused] [--limit N]``: the newest callbacks received.
+- ``flask gateway doctor [--no-network] [--timeout S]``: check what breaks integrations (configuration, the
+  firewall, CSRF, the tables, the stored keys, the gateway's settings, the callback at its public URL, the
+  schedules) and say how to fix each (see :mod:`flask_gateway.doctor`); exits 1 on a problem.
 - ``flask gateway prune-callbacks [--older-than-days N] [--refused]``: delete callback log rows older than
   N days, or every refused (never verified) row now (the checkouts' own history,
   ``gateway_checkout_events``, is kept).
@@ -27,6 +30,7 @@ from flask_gateway.core.errors import GatewayError
 from flask_gateway.core.sql import create_all_safely
 from flask_gateway.core.timestamps import utcnow
 from flask_gateway.core.wire import status_payload_keys
+from flask_gateway.doctor import DEFAULT_TIMEOUT, run_checks
 from flask_gateway.drift import check_settings
 from flask_gateway.errors import NotInstalledError
 from flask_gateway.models import CallbackLog, CallbackOutcome, GatewayBase, GatewayCheckout
@@ -237,3 +241,34 @@ def prune_callbacks_command(days: int | None, refused: bool) -> None:
     what = " ".join([*described, "callback log row(s)"])
     since = f" received before {_when(cutoff)}" if cutoff is not None else ""
     click.echo(f"Deleted {deleted} {what}{since}.")
+
+
+_MARK_STYLE = {"ok": "green", "warn": "yellow", "problem": "red", "unknown": None}
+
+
+@gateway_cli.command("doctor")
+@click.option(
+    "--no-network",
+    "no_network",
+    is_flag=True,
+    help="Skip the checks that call the gateway (its settings) or the shop's public URL (the callback).",
+)
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0.1),
+    default=DEFAULT_TIMEOUT,
+    show_default=True,
+    help="Seconds to wait for the shop's public URL (the gateway's own calls use GATEWAY_TIMEOUT).",
+)
+def doctor_command(no_network: bool, timeout: float) -> None:
+    """Check what breaks integrations and say how to fix each; exit 1 on a problem."""
+    report = run_checks(network=not no_network, timeout=timeout)
+    for finding in report.shown:
+        first, *rest = finding.lines()
+        mark = finding.mark
+        click.echo(click.style(mark, fg=_MARK_STYLE[finding.level], bold=True) + first[len(mark) :])
+        for line in rest:
+            click.echo(line)
+    click.echo(report.summary())
+    if not report.ok:
+        raise SystemExit(1)
