@@ -76,6 +76,7 @@ if TYPE_CHECKING:
         V1OutcomeRejected,
     )
     from flask_gateway.extension import Gateway
+    from flask_gateway.health import CallbackHealth, callback_health, check_callback_health
     from flask_gateway.installation import InstallSettings, install
     from flask_gateway.labels import Label, callback_outcome_label, refund_state_label, status_label
     from flask_gateway.models import GatewayCheckout, LocalStatus, RefundRecord, RefundState
@@ -92,6 +93,7 @@ if TYPE_CHECKING:
     from flask_gateway.refunds import refund, retry_refund
     from flask_gateway.signals import (
         callback_rejected,
+        callbacks_silent,
         checkout_cancelled,
         checkout_created,
         checkout_expired,
@@ -126,11 +128,13 @@ _LAZY: dict[str, tuple[str, ...]] = {
     "flask_gateway.reconciliation": ("ReconcileReport", "reconcile"),
     "flask_gateway.installation": ("InstallSettings", "install"),
     "flask_gateway.checks": ("SetupWarning", "setup_warnings"),
+    "flask_gateway.health": ("CallbackHealth", "callback_health", "check_callback_health"),
     "flask_gateway.labels": ("Label", "callback_outcome_label", "refund_state_label", "status_label"),
     "flask_gateway.ratelimit": ("DatabaseStorage",),
     "flask_gateway.state": ("GatewayState", "get_state"),
     "flask_gateway.signals": (
         "callback_rejected",
+        "callbacks_silent",
         "checkout_cancelled",
         "checkout_created",
         "checkout_expired",
@@ -164,6 +168,7 @@ __all__ = [
     "Address",
     "AlreadyInstalledError",
     "AuthenticationError",
+    "CallbackHealth",
     "CallbackRejected",
     "CheckoutExpiredError",
     "CheckoutStateError",
@@ -215,9 +220,12 @@ __all__ = [
     "__version__",
     "alembic_include_name",
     "alembic_render_item",
+    "callback_health",
     "callback_outcome_label",
     "callback_rejected",
+    "callbacks_silent",
     "cancel_checkout",
+    "check_callback_health",
     "checkout_cancelled",
     "checkout_created",
     "checkout_expired",

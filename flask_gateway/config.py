@@ -72,6 +72,8 @@ DEFAULTS: Final[Mapping[str, Any]] = {
     "GATEWAY_RATELIMIT_STORAGE_URI": None,
     "GATEWAY_CALLBACK_RATE_LIMIT": "60 per minute",
     "GATEWAY_PLAN_RATE_LIMIT": "30 per minute",
+    "GATEWAY_CALLBACK_SILENCE_MINUTES": 30,
+    "GATEWAY_CALLBACK_SILENCE_PAYMENTS": 3,
 }
 
 
@@ -106,6 +108,10 @@ class GatewayConfig:
     embedded_prefix: str = "/_gateway"
     #: Put a SQLite database file in WAL mode (a setting of the file: the shop's connections use it too).
     sqlite_wal: bool = False
+    #: Callbacks are "silent" (``flask_gateway.health``) when no verified callback came for this many
+    #: minutes while at least ``callback_silence_payments`` v2 payments were confirmed another way.
+    callback_silence_minutes: int = 30
+    callback_silence_payments: int = 3
 
     def __repr__(self) -> str:  # the encryption key never appears in a repr or a log line
         return (
@@ -181,6 +187,17 @@ class GatewayConfig:
             raise ConfigurationError(
                 f"GATEWAY_ORDER_EXPIRY_MINUTES={expiry!r}: a whole number from 10 to 7200."
             )
+        silence_minutes = config["GATEWAY_CALLBACK_SILENCE_MINUTES"]
+        if not _whole_number(silence_minutes, 1, 10_080):
+            raise ConfigurationError(
+                f"GATEWAY_CALLBACK_SILENCE_MINUTES={silence_minutes!r}: a whole number of minutes from 1 to "
+                "10080 (a week)."
+            )
+        silence_payments = config["GATEWAY_CALLBACK_SILENCE_PAYMENTS"]
+        if not _whole_number(silence_payments, 1, 10_000):
+            raise ConfigurationError(
+                f"GATEWAY_CALLBACK_SILENCE_PAYMENTS={silence_payments!r}: a whole number from 1 to 10000."
+            )
         retries = config["GATEWAY_MAX_RETRIES"]
         if not isinstance(retries, int) or isinstance(retries, bool) or not 0 <= retries <= 10:
             raise ConfigurationError(f"GATEWAY_MAX_RETRIES={retries!r}: a whole number from 0 to 10.")
@@ -229,6 +246,8 @@ class GatewayConfig:
             ratelimit_storage_uri=config["GATEWAY_RATELIMIT_STORAGE_URI"] or None,
             callback_rate_limit=config["GATEWAY_CALLBACK_RATE_LIMIT"] or None,
             plan_rate_limit=config["GATEWAY_PLAN_RATE_LIMIT"] or None,
+            callback_silence_minutes=silence_minutes,
+            callback_silence_payments=silence_payments,
         )
 
 
@@ -236,6 +255,10 @@ def _flag(key: str, value: object) -> bool:
     if isinstance(value, bool):
         return value
     raise ConfigurationError(f"{key}={value!r}: True or False.")
+
+
+def _whole_number(value: object, low: int, high: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
 
 
 def _check_url(key: str, value: object) -> None:

@@ -11,6 +11,7 @@ from flask import Flask, current_app
 
 __all__ = [
     "callback_rejected",
+    "callbacks_silent",
     "checkout_cancelled",
     "checkout_created",
     "checkout_expired",
@@ -40,6 +41,12 @@ refund_succeeded = _signals.signal("gateway-refund-succeeded")
 #: A callback was refused (bad signature, unknown checkout, mismatch). Sends ``checkout`` (or None),
 #: ``reason`` and ``log`` (the ``CallbackLog`` row).
 callback_rejected = _signals.signal("gateway-callback-rejected")
+
+#: The gateway's callbacks went silent while payments continued: no verified callback for
+#: ``GATEWAY_CALLBACK_SILENCE_MINUTES`` while ``GATEWAY_CALLBACK_SILENCE_PAYMENTS`` or more payments were
+#: confirmed another way (``flask_gateway.health``). Sent once per silent spell, with no ``checkout``:
+#: ``health`` (a ``CallbackHealth``), ``last_callback_at`` (None: never) and ``payments``.
+callbacks_silent = _signals.signal("gateway-callbacks-silent")
 
 #: A checkout was flagged for a person (amounts or accounts that do not add up, a payment after a
 #: cancellation, a refund reported before the shop knew of the payment). Sends ``checkout``, ``reason``

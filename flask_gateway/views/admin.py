@@ -43,6 +43,7 @@ from flask_gateway.forms import (
     format_amount,
     format_money,
 )
+from flask_gateway.health import check_callback_health, describe_age
 from flask_gateway.installation import InstallSettings, adopt_signing_key, install, update_settings
 from flask_gateway.labels import (
     callback_outcome_label,
@@ -170,6 +171,8 @@ def _when(value: datetime | None) -> str:
 @bp.get("/")
 def index() -> ResponseReturnValue:
     state = get_state()
+    # First: it ends its read transaction (and may warn that callbacks went silent: callbacks_silent).
+    health = check_callback_health()
     installation = state.installation()
     counts = dict(
         state.session.execute(
@@ -188,6 +191,8 @@ def index() -> ResponseReturnValue:
         flagged=flagged or 0,
         warnings=setup_warnings(),
         drift=last_report(installation) if installation else None,
+        health=health,
+        describe_age=describe_age,
         action_form=ActionForm(),
     )
 

@@ -32,6 +32,7 @@ FLOORS = {
             "installation",
             "drift",
             "checks",
+            "health",
             "ratelimit",
             "urls",
             "transitions",

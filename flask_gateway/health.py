@@ -1,0 +1,353 @@
+"""Callback health: do the gateway's callbacks reach the shop, and which path confirms the payments?
+
+:func:`callback_health` reads the figures from the database, so every worker process and every machine
+sees the same ones: the admin status page shows them, ``flask_gateway.metrics`` exports them at scrape
+time, :meth:`CallbackHealth.summary` is a line for a terminal or a log. :func:`check_callback_health` also
+warns when the callbacks went silent (the status page and reconciliation run it).
+
+What each figure is (over a window, the last 24 hours unless told):
+
+- **The last callback**: the newest *verified* row of the callback log (``gateway_callback_log``: its
+  signature matched the installation's key), whatever its outcome: proof that the gateway's callbacks
+  reach the shop and verify. A refused callback proves nothing of the kind: anyone can post one.
+- **Confirmations by path**: the payments confirmed in the window (``payment_confirmed_at``), each counted
+  once, by the source of the status change that confirmed it: the checkout's first applied timeline event
+  (``gateway_checkout_events``) to ``PAID`` or ``PAID_PENDING_CALLBACK``, written by ``transitions.apply``
+  in the very transaction that set ``payment_confirmed_at``. Its ``source`` is ``callback``, ``return``
+  (the shopper came back), ``poll`` or ``admin`` (a status check), ``reconcile`` or ``v1`` (the v1
+  success URL).
+- **Refused callbacks**: callbacks received in the window that were answered with an error or never
+  answered (HTTP status 400 or more, or none yet): the callback log's "refused or unanswered" filter.
+- **Paid, awaiting the callback**: v2 checkouts in ``PAID_PENDING_CALLBACK``. The gateway said "paid" (to
+  the shopper's return page, a status check or reconciliation) and no payment callback has been
+  acknowledged yet: a verified payment callback records ``PAID``, as the gateway says ``PAID`` once the
+  shop answered its callback with 200. The payment is confirmed (``payment_confirmed`` was sent, the order
+  fulfilled); what is missing is the gateway's callback. The oldest one's age counts from its ``paid_at``.
+  A callback lost for good leaves the checkout there (the gateway only says ``PAID`` after a callback
+  answered 200), so an age that keeps growing means callbacks are not arriving.
+- **Silent**: no verified callback for ``GATEWAY_CALLBACK_SILENCE_MINUTES`` while at least
+  ``GATEWAY_CALLBACK_SILENCE_PAYMENTS`` v2 payments were confirmed another way in those minutes: the
+  gateway takes payments, but its callbacks do not arrive (a wrong callback URL, a stale signing key, a
+  firewall or a login wall in front of ``/gateway/callback``). v1 checkouts have no callbacks: not counted.
+
+**Once per silent spell.** A spell is named by the last verified callback before it (or "none ever"), so
+it lasts until a verified callback arrives. The first check that finds a spell logs a WARNING and sends
+``callbacks_silent``; it remembers that on the storage the rate limits use, which every worker and machine
+shares (``GATEWAY_RATELIMIT_STORAGE_URI``: by default the ``gateway_rate_limits`` table), for 30 days,
+with an atomic increment, so two checks at once still warn once. Later checks of the same spell log at
+INFO. Should that storage fail, the check warns and signals anyway: twice is better than never.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Final
+
+from flask import Flask
+from limits.storage import Storage
+from sqlalchemy import case, func, or_, select
+from sqlalchemy.orm import Session
+
+from flask_gateway import signals
+from flask_gateway.core.sql import sqlite_read_transactions
+from flask_gateway.core.timestamps import utcnow
+from flask_gateway.core.wire import PAYMENT_STATUSES, CheckoutStatus
+from flask_gateway.models import CallbackLog, CheckoutEvent, GatewayCheckout
+from flask_gateway.ratelimit import make_storage
+from flask_gateway.state import get_state, leaves_no_transaction
+
+__all__ = [
+    "CONFIRMATION_PATHS",
+    "DAY",
+    "SPELL_MEMORY_SECONDS",
+    "CallbackHealth",
+    "PathShare",
+    "Silence",
+    "callback_health",
+    "check_callback_health",
+    "describe_age",
+    "silence_text",
+]
+
+log = logging.getLogger("flask_gateway.health")
+
+#: The window of the status page's figures.
+DAY: Final = timedelta(days=1)
+#: The sources that can confirm a payment (``CheckoutEvent.source``), in the order they are listed.
+CONFIRMATION_PATHS: Final = ("callback", "return", "poll", "reconcile", "admin", "v1")
+#: How long the warning of a silent spell is remembered (a spell longer than this is announced again).
+SPELL_MEMORY_SECONDS: Final = 30 * 24 * 3600
+_SPELL_KEY: Final = "flask-gateway/callbacks-silent/"
+_PAYMENT: Final = sorted(PAYMENT_STATUSES)
+
+
+@dataclass(frozen=True)
+class Silence:
+    """Callbacks went silent while payments continued."""
+
+    #: ``GATEWAY_CALLBACK_SILENCE_MINUTES``: how long without a verified callback.
+    minutes: int
+    #: v2 payments confirmed another way (return, status check, reconciliation) in those minutes.
+    payments: int
+    #: The last verified callback before the silence; None when none ever reached the shop.
+    last_callback_at: datetime | None
+    last_callback_id: int | None
+
+    @property
+    def period(self) -> timedelta:
+        """The minutes without a verified callback that make a silence."""
+        return timedelta(minutes=self.minutes)
+
+
+@dataclass(frozen=True)
+class PathShare:
+    """The payments one path confirmed, and their share of all confirmed in the window (0 to 1)."""
+
+    path: str
+    count: int
+    share: float
+
+
+@dataclass(frozen=True)
+class CallbackHealth:
+    """The figures of :func:`callback_health` (see the module docstring for what each one counts)."""
+
+    checked_at: datetime
+    window: timedelta
+    #: The newest verified callback: when, and its ``CallbackLog.outcome``.
+    last_callback_at: datetime | None = None
+    last_callback_outcome: str | None = None
+    #: Callbacks received in the window, by ``CallbackLog.outcome`` (refused ones included).
+    callbacks: Mapping[str, int] = field(default_factory=dict)
+    #: Callbacks received in the window answered with an error (HTTP 400 or more) or never answered.
+    refused: int = 0
+    #: Payments confirmed in the window, by the path that confirmed them (``CONFIRMATION_PATHS``).
+    confirmations: Mapping[str, int] = field(default_factory=dict)
+    #: v2 checkouts in ``PAID_PENDING_CALLBACK``: paid, the gateway's callback not acknowledged yet.
+    awaiting_callback: int = 0
+    #: The oldest of them: its ``paid_at``.
+    oldest_awaiting_paid_at: datetime | None = None
+    #: Set when the callbacks went silent while payments continued.
+    silence: Silence | None = None
+
+    @property
+    def silent(self) -> bool:
+        return self.silence is not None
+
+    @property
+    def confirmed(self) -> int:
+        """Payments confirmed in the window, by any path."""
+        return sum(self.confirmations.values())
+
+    @property
+    def shares(self) -> list[PathShare]:
+        """The paths that confirmed payments in the window, in ``CONFIRMATION_PATHS`` order."""
+        total = self.confirmed
+        order = {path: n for n, path in enumerate(CONFIRMATION_PATHS)}
+        paths = sorted(self.confirmations, key=lambda path: (order.get(path, len(order)), path))
+        return [
+            PathShare(path, self.confirmations[path], self.confirmations[path] / total)
+            for path in paths
+            if self.confirmations[path]
+        ]
+
+    @property
+    def last_callback_age(self) -> timedelta | None:
+        return None if self.last_callback_at is None else _age(self.checked_at, self.last_callback_at)
+
+    @property
+    def oldest_awaiting_age(self) -> timedelta | None:
+        paid_at = self.oldest_awaiting_paid_at
+        return None if paid_at is None else _age(self.checked_at, paid_at)
+
+    def summary(self) -> str:
+        """The figures in a line (two when silent), for a terminal or a log."""
+        window = describe_age(self.window)
+        if self.last_callback_at is None:
+            last = "no verified callback yet"
+        else:
+            age = describe_age(self.last_callback_age or timedelta())
+            last = f"last verified callback {age} ago ({self.last_callback_outcome})"
+        paths = ", ".join(f"{share.path} {share.count}" for share in self.shares)
+        line = (
+            f"Callbacks: {last}; in the last {window}: {self.confirmed} payment(s) confirmed"
+            f"{f' ({paths})' if paths else ''}, {self.refused} callback(s) refused or unanswered; "
+            f"{self.awaiting_callback} paid checkout(s) awaiting the gateway's callback"
+        )
+        if self.oldest_awaiting_age is not None:
+            line += f", the oldest paid {describe_age(self.oldest_awaiting_age)} ago"
+        line += "."
+        if self.silence is not None:
+            line = f"{silence_text(self.silence)}\n{line}"
+        return line
+
+
+def silence_text(silence: Silence) -> str:
+    """What a silent spell means, in a sentence (the log line's words)."""
+    since = (
+        "no verified callback has ever reached the shop"
+        if silence.last_callback_at is None
+        else f"no verified callback since {silence.last_callback_at:%Y-%m-%d %H:%M:%S} UTC"
+    )
+    return (
+        f"Gateway callbacks are silent: {since}, while {silence.payments} payment(s) were confirmed another "
+        f"way in the last {describe_age(silence.period)}. Check the callback URL, the "
+        "stored signing key and what stands in front of /gateway/callback (firewall, login wall, proxy)."
+    )
+
+
+def describe_age(age: timedelta) -> str:
+    """``45 seconds``, ``1 minute``, ``3 hours``, ``2 days``: the largest whole unit."""
+    seconds = max(int(age.total_seconds()), 0)
+    for unit, size in (("day", 86_400), ("hour", 3_600), ("minute", 60)):
+        if seconds >= size:
+            count = seconds // size
+            return f"{count} {unit}{'' if count == 1 else 's'}"
+    return f"{seconds} second{'' if seconds == 1 else 's'}"
+
+
+def _age(now: datetime, then: datetime) -> timedelta:
+    return max(now - then, timedelta())
+
+
+# --- the figures -----------------------------------------------------------------------------------------
+
+
+@leaves_no_transaction
+def callback_health(*, window: timedelta = DAY, now: datetime | None = None) -> CallbackHealth:
+    """The callback health figures over the last ``window`` (read only; needs an app context)."""
+    state = get_state()
+    session = state.session
+    now = now or utcnow()
+    since = now - window
+    with sqlite_read_transactions():  # readers never take SQLite's write lock
+        last = session.execute(
+            select(CallbackLog.id, CallbackLog.received_at, CallbackLog.outcome)
+            .where(CallbackLog.verified.is_(True))
+            .order_by(CallbackLog.id.desc())
+            .limit(1)
+        ).first()
+        refused = or_(CallbackLog.http_status >= 400, CallbackLog.http_status == 0)
+        callbacks: dict[str, int] = {}
+        refused_count = 0
+        for outcome, count, refusals in session.execute(
+            select(CallbackLog.outcome, func.count(), func.sum(case((refused, 1), else_=0)))
+            .where(CallbackLog.received_at >= since)
+            .group_by(CallbackLog.outcome)
+        ):
+            callbacks[outcome] = int(count)
+            refused_count += int(refusals or 0)
+        awaiting, oldest = session.execute(
+            select(func.count(), func.min(GatewayCheckout.paid_at)).where(
+                GatewayCheckout.status == CheckoutStatus.PAID_PENDING_CALLBACK.value,
+                GatewayCheckout.api_version == "v2",
+            )
+        ).one()
+        silence = _silence(
+            session,
+            now,
+            last_id=last.id if last else None,
+            last_at=last.received_at if last else None,
+            minutes=state.config.callback_silence_minutes,
+            payments=state.config.callback_silence_payments,
+        )
+        confirmations = _confirmations(session, since)
+    return CallbackHealth(
+        checked_at=now,
+        window=window,
+        last_callback_at=last.received_at if last else None,
+        last_callback_outcome=last.outcome if last else None,
+        callbacks=callbacks,
+        refused=refused_count,
+        confirmations=confirmations,
+        awaiting_callback=int(awaiting or 0),
+        oldest_awaiting_paid_at=oldest,
+        silence=silence,
+    )
+
+
+def _confirmations(session: Session, since: datetime, *, v2_only: bool = False) -> dict[str, int]:
+    """Payments confirmed since ``since``, by the source of the event that confirmed each one."""
+    confirming = (
+        select(func.min(CheckoutEvent.id))
+        .join(GatewayCheckout, GatewayCheckout.id == CheckoutEvent.checkout_id)
+        .where(
+            GatewayCheckout.payment_confirmed_at >= since,
+            CheckoutEvent.at >= since,  # the confirming event's time is payment_confirmed_at itself
+            CheckoutEvent.applied.is_(True),
+            CheckoutEvent.to_status.in_(_PAYMENT),
+        )
+        .group_by(CheckoutEvent.checkout_id)
+    )
+    if v2_only:
+        confirming = confirming.where(GatewayCheckout.api_version == "v2")
+    rows = session.execute(
+        select(CheckoutEvent.source, func.count())
+        .where(CheckoutEvent.id.in_(confirming.scalar_subquery()))
+        .group_by(CheckoutEvent.source)
+    )
+    return {source: int(count) for source, count in rows}
+
+
+def _silence(
+    session: Session,
+    now: datetime,
+    *,
+    last_id: int | None,
+    last_at: datetime | None,
+    minutes: int,
+    payments: int,
+) -> Silence | None:
+    since = now - timedelta(minutes=minutes)
+    if last_at is not None and last_at >= since:
+        return None  # a verified callback came within the minutes: not silent
+    confirmed = _confirmations(session, since, v2_only=True)
+    other_ways = sum(count for source, count in confirmed.items() if source != "callback")
+    if other_ways < payments:
+        return None
+    return Silence(minutes=minutes, payments=other_ways, last_callback_at=last_at, last_callback_id=last_id)
+
+
+# --- the check -----------------------------------------------------------------------------------------
+
+
+def check_callback_health(*, now: datetime | None = None) -> CallbackHealth:
+    """:func:`callback_health` over the last day, and when the callbacks went silent while payments
+    continued: a WARNING log line and ``callbacks_silent``, once per silent spell (module docstring)."""
+    health = callback_health(now=now)
+    if health.silence is not None:
+        _announce(health, health.silence)
+    return health
+
+
+def _announce(health: CallbackHealth, silence: Silence) -> None:
+    app = signals.sender()
+    if not _first_notice(app, f"{_SPELL_KEY}{silence.last_callback_id or 0}"):
+        log.info("gateway callbacks still silent (warned already): %s", silence_text(silence))
+        return
+    log.warning("%s", silence_text(silence))
+    signals.callbacks_silent.send(
+        app, health=health, last_callback_at=silence.last_callback_at, payments=silence.payments
+    )
+
+
+#: The storage that remembers the warned spells, per app (the rate limits' kind of storage).
+_STORAGES: weakref.WeakKeyDictionary[Flask, Storage] = weakref.WeakKeyDictionary()
+
+
+def _first_notice(app: Flask, key: str) -> bool:
+    """True for the first check of a spell (counted atomically on the shared storage)."""
+    try:
+        storage = _STORAGES.get(app)
+        if storage is None:
+            storage = _STORAGES[app] = make_storage(get_state(app).config.ratelimit_storage_uri)
+        return storage.incr(key, SPELL_MEMORY_SECONDS) == 1
+    except Exception:
+        log.warning(
+            "callback health: the rate-limit storage failed, so this warning may repeat", exc_info=True
+        )
+        return True
