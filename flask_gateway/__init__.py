@@ -79,6 +79,7 @@ if TYPE_CHECKING:
     from flask_gateway.health import CallbackHealth, callback_health, check_callback_health
     from flask_gateway.installation import InstallSettings, install
     from flask_gateway.labels import Label, callback_outcome_label, refund_state_label, status_label
+    from flask_gateway.metrics import register_metrics
     from flask_gateway.models import GatewayCheckout, LocalStatus, RefundRecord, RefundState
     from flask_gateway.orders import Address, Customer, OrderDraft, OrderLine
     from flask_gateway.plans import (
@@ -129,6 +130,7 @@ _LAZY: dict[str, tuple[str, ...]] = {
     "flask_gateway.installation": ("InstallSettings", "install"),
     "flask_gateway.checks": ("SetupWarning", "setup_warnings"),
     "flask_gateway.health": ("CallbackHealth", "callback_health", "check_callback_health"),
+    "flask_gateway.metrics": ("register_metrics",),
     "flask_gateway.labels": ("Label", "callback_outcome_label", "refund_state_label", "status_label"),
     "flask_gateway.ratelimit": ("DatabaseStorage",),
     "flask_gateway.state": ("GatewayState", "get_state"),
@@ -248,6 +250,7 @@ __all__ = [
     "refund",
     "refund_state_label",
     "refund_succeeded",
+    "register_metrics",
     "retry_refund",
     "setup_warnings",
     "sign",

@@ -2,6 +2,10 @@
 
 A request is prepared (and so signed) once; every retry sends the very same bytes, so the idempotency
 key fixed before the first attempt is what the gateway sees each time.
+
+Observers (:func:`add_observer`) see every attempt: its operation, duration and HTTP status (or why no
+answer came), as the log line says it. ``flask_gateway.metrics`` registers one for Prometheus; the core
+itself knows nothing of what an observer does with it.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ import json
 import logging
 import platform
 import random
+import threading
 import time
 import weakref
 from collections.abc import Callable, Mapping
@@ -36,10 +41,13 @@ from flask_gateway.core.wire.common import WireModel
 __all__ = [
     "USER_AGENT",
     "ApiResponse",
+    "CallAttempt",
     "RetryMode",
     "RetryPolicy",
     "Transport",
+    "add_observer",
     "describe_validation_error",
+    "remove_observer",
 ]
 
 log = logging.getLogger("flask_gateway.client")
@@ -53,6 +61,54 @@ USER_AGENT: Final = (
 _SETTINGS_CACHE: weakref.WeakKeyDictionary[requests.Session, dict[tuple[object, ...], dict[str, Any]]] = (
     weakref.WeakKeyDictionary()
 )
+
+
+@dataclass(frozen=True)
+class CallAttempt:
+    """One attempt of a call to the gateway, as an observer sees it (a retried call is several)."""
+
+    #: The client's name for the call: ``create``, ``getstatus``, ``refund``, ``v1_checkout``...
+    operation: str
+    method: str
+    #: 1 for the first attempt of a call, 2 for its first retry...
+    attempt: int
+    #: From sending the request to its answer, or to its failure.
+    seconds: float
+    #: The answer's HTTP status; None when no answer came.
+    http_status: int | None = None
+    #: Why no answer came: ``"timeout"`` or ``"connection"``; None when one came.
+    failure: str | None = None
+
+
+#: ``observer(attempt)``: called after every attempt of every ``Transport`` in the process.
+CallObserver = Callable[[CallAttempt], None]
+_observers: tuple[CallObserver, ...] = ()
+_observers_lock = threading.Lock()
+
+
+def add_observer(observer: CallObserver) -> None:
+    """Call ``observer`` after every attempt of every call to the gateway made in this process (in the
+    thread that made it: keep it quick). An observer that raises is logged and never fails the call."""
+    global _observers  # a tuple replaced under the lock: readers need no lock
+    with _observers_lock:
+        if observer not in _observers:
+            _observers = (*_observers, observer)
+
+
+def remove_observer(observer: CallObserver) -> None:
+    """Stop calling ``observer`` (no error when it was not added)."""
+    global _observers
+    with _observers_lock:
+        _observers = tuple(o for o in _observers if o != observer)
+
+
+def _notify(attempt: CallAttempt) -> None:
+    for observer in _observers:
+        try:
+            observer(attempt)
+        except Exception:
+            log.warning("gateway call observer %r failed", observer, exc_info=True)
+
 
 ModelT = TypeVar("ModelT", bound=WireModel)
 T_co = TypeVar("T_co", covariant=True)
@@ -203,12 +259,28 @@ class Transport:
             except requests.RequestException as exc:
                 failure = _connection_error(exc, operation)
                 retryable = mode is RetryMode.IDEMPOTENT or _never_reached_gateway(exc)
-                self._log_attempt(operation, method, url, attempt, started, f"failed: {failure.message}")
+                self._log_attempt(
+                    operation,
+                    method,
+                    url,
+                    attempt,
+                    started,
+                    f"failed: {failure.message}",
+                    failure="timeout" if isinstance(failure, GatewayTimeoutError) else "connection",
+                )
                 if retryable and attempt <= self.retry.max_retries:
                     self._wait(operation, attempt, failure.message, None)
                     continue
                 raise failure from exc
-            self._log_attempt(operation, method, url, attempt, started, f"HTTP {response.status_code}")
+            self._log_attempt(
+                operation,
+                method,
+                url,
+                attempt,
+                started,
+                f"HTTP {response.status_code}",
+                http_status=response.status_code,
+            )
             if 200 <= response.status_code < 300:
                 return response, attempt
             error = error_for_status(
@@ -287,12 +359,30 @@ class Transport:
 
     @staticmethod
     def _log_attempt(
-        operation: str, method: str, url: str, attempt: int, started: float, outcome: str
+        operation: str,
+        method: str,
+        url: str,
+        attempt: int,
+        started: float,
+        outcome: str,
+        *,
+        http_status: int | None = None,
+        failure: str | None = None,
     ) -> None:
-        elapsed_ms = (time.perf_counter() - started) * 1000
+        elapsed = time.perf_counter() - started
         log.info(
-            "gateway %s: %s %s attempt %d %s in %.0f ms", operation, method, url, attempt, outcome, elapsed_ms
+            "gateway %s: %s %s attempt %d %s in %.0f ms",
+            operation,
+            method,
+            url,
+            attempt,
+            outcome,
+            elapsed * 1000,
         )
+        if _observers:
+            _notify(
+                CallAttempt(operation, method, attempt, elapsed, http_status=http_status, failure=failure)
+            )
 
 
 def _retry_after(response: requests.Response) -> float | None:

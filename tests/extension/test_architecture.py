@@ -32,6 +32,7 @@ FLOORS = {
             "installation",
             "drift",
             "checks",
+            "metrics",
             "health",
             "ratelimit",
             "urls",

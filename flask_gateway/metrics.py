@@ -1,0 +1,340 @@
+"""Prometheus metrics (the optional extra: ``pip install "flask-gateway[metrics]"``).
+
+``register_metrics(app, registry)`` registers two things in a ``prometheus_client`` registry (the app's
+own, or the default one):
+
+- :class:`GatewayCollector`, which reads its figures from the database **at scrape time**: the same on
+  every worker process and machine, whichever answers the scrape. Callbacks by outcome and payments
+  confirmed by path over a recent window, the last verified callback, whether callbacks are silent, the
+  paid checkouts awaiting their callback and the oldest one's age (all from ``flask_gateway.health``),
+  refunds by state (failed ones included), and the outbox backlog and its oldest event's age.
+- the gateway calls of this process: a latency histogram and an error counter per operation, fed by an
+  observer of the core's transport (``flask_gateway.core.http.add_observer``). These are per process.
+
+Serving them is the app's choice (docs/operations.md, "Metrics and alerts"): a route of its own that
+checks a scraper's token and answers ``prometheus_client.generate_latest(registry)``, or
+``prometheus_client.make_wsgi_app(registry)`` mounted behind the app's own guard. The extension adds no
+route: its admin guard is for people signed in to the shop, not for a scraper.
+
+``prometheus_client`` is imported here only, and only if installed: without it, importing this module
+works and ``register_metrics`` raises ``ConfigurationError`` saying what to install.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, Final, cast
+
+from flask import Flask
+from sqlalchemy import func, select
+from sqlalchemy.exc import SQLAlchemyError
+
+from flask_gateway import models
+from flask_gateway.core import http
+from flask_gateway.core.http import CallAttempt
+from flask_gateway.core.sql import sqlite_read_transactions
+from flask_gateway.errors import ConfigurationError
+from flask_gateway.health import CONFIRMATION_PATHS, CallbackHealth, callback_health
+from flask_gateway.models import CallbackOutcome, RefundRecord, RefundState
+from flask_gateway.state import get_state
+
+try:
+    from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
+    from prometheus_client.core import GaugeMetricFamily
+except ImportError:  # the metrics extra is not installed: register_metrics says so
+    PROMETHEUS = False
+else:
+    PROMETHEUS = True
+
+if TYPE_CHECKING:
+    from prometheus_client.metrics_core import Metric
+    from prometheus_client.registry import Collector
+
+__all__ = [
+    "DEFAULT_WINDOW",
+    "GatewayCollector",
+    "GatewayMetrics",
+    "register_metrics",
+]
+
+log = logging.getLogger("flask_gateway.metrics")
+
+#: The window of the "recent" figures (callbacks by outcome, confirmations by path).
+DEFAULT_WINDOW: Final = timedelta(hours=1)
+#: Seconds: a local call takes milliseconds, the gateway's read timeout is 30 s by default.
+LATENCY_BUCKETS: Final = (0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+_OUTBOX_STATES: Final = ("pending", "delivered", "dead")
+
+
+# --- figures from the database, at scrape time ----------------------------------------------------------
+
+
+@dataclass
+class _Families:
+    up: GaugeMetricFamily
+    window: GaugeMetricFamily
+    callbacks: GaugeMetricFamily
+    confirmations: GaugeMetricFamily
+    last_callback: GaugeMetricFamily
+    silent: GaugeMetricFamily
+    awaiting: GaugeMetricFamily
+    awaiting_age: GaugeMetricFamily
+    refunds: GaugeMetricFamily
+    outbox: GaugeMetricFamily
+    outbox_age: GaugeMetricFamily
+    skipped: list[str] = field(default_factory=list)
+
+    @classmethod
+    def new(cls, window: timedelta) -> _Families:
+        seconds = int(window.total_seconds())
+        return cls(
+            up=GaugeMetricFamily(
+                "flask_gateway_up", "1 when the gateway's figures could be read from the database, else 0"
+            ),
+            window=GaugeMetricFamily(
+                "flask_gateway_metrics_window_seconds", "The window of the *_recent figures, in seconds"
+            ),
+            callbacks=GaugeMetricFamily(
+                "flask_gateway_callbacks_recent",
+                f"Callbacks received in the last {seconds} s, by outcome (the callback log)",
+                labels=["outcome"],
+            ),
+            confirmations=GaugeMetricFamily(
+                "flask_gateway_confirmations_recent",
+                f"Payments confirmed in the last {seconds} s, by the path that confirmed them",
+                labels=["path"],
+            ),
+            last_callback=GaugeMetricFamily(
+                "flask_gateway_last_callback_timestamp_seconds",
+                "When the last verified callback was received (Unix time); absent when none ever was",
+            ),
+            silent=GaugeMetricFamily(
+                "flask_gateway_callbacks_silent",
+                "1 while no verified callback came for GATEWAY_CALLBACK_SILENCE_MINUTES although "
+                "GATEWAY_CALLBACK_SILENCE_PAYMENTS payments were confirmed another way",
+            ),
+            awaiting=GaugeMetricFamily(
+                "flask_gateway_awaiting_callback_checkouts",
+                "Paid v2 checkouts whose callback was not acknowledged yet (PAID_PENDING_CALLBACK)",
+            ),
+            awaiting_age=GaugeMetricFamily(
+                "flask_gateway_awaiting_callback_oldest_age_seconds",
+                "Seconds since the oldest paid checkout awaiting its callback was paid (0: none)",
+            ),
+            refunds=GaugeMetricFamily(
+                "flask_gateway_refunds",
+                "Refund records by state (FAILED: refused by the gateway)",
+                labels=["state"],
+            ),
+            outbox=GaugeMetricFamily(
+                "flask_gateway_outbox_events",
+                "Outbox events by state (pending: the backlog)",
+                labels=["state"],
+            ),
+            outbox_age=GaugeMetricFamily(
+                "flask_gateway_outbox_oldest_pending_age_seconds",
+                "Seconds since the oldest pending outbox event was written (0: none pending)",
+            ),
+        )
+
+    def all(self) -> list[GaugeMetricFamily]:
+        families = [self.up, self.window, self.callbacks, self.confirmations, self.last_callback]
+        families += [self.silent, self.awaiting, self.awaiting_age, self.refunds]
+        if "outbox" not in self.skipped:
+            families += [self.outbox, self.outbox_age]
+        return families
+
+
+class GatewayCollector:
+    """A ``prometheus_client`` collector whose figures come from the app's database at every scrape.
+
+    It enters an app context of ``app`` of its own, so a scrape may come from anywhere: a route of the
+    app, ``make_wsgi_app`` beside it, a thread of ``start_http_server``. A database that cannot be read
+    makes ``flask_gateway_up`` 0 (and a WARNING line), never a failed scrape.
+    """
+
+    def __init__(self, app: Flask, *, window: timedelta = DEFAULT_WINDOW) -> None:
+        _require_prometheus()
+        if window <= timedelta():
+            raise ValueError("the metrics window must be positive")
+        self.app = app
+        self.window = window
+
+    def describe(self) -> Iterator[Metric]:
+        """The metric names, without reading the database (the registry asks when registering)."""
+        yield from _Families.new(self.window).all()
+
+    def collect(self) -> Iterator[Metric]:
+        families = _Families.new(self.window)
+        families.window.add_metric([], self.window.total_seconds())
+        try:
+            with self.app.app_context():
+                self._fill(families)
+        except SQLAlchemyError:
+            log.warning("gateway metrics: the database could not be read", exc_info=True)
+            families = _Families.new(self.window)
+            families.window.add_metric([], self.window.total_seconds())
+            families.up.add_metric([], 0)
+        else:
+            families.up.add_metric([], 1)
+        yield from families.all()
+
+    def _fill(self, families: _Families) -> None:
+        health = callback_health(window=self.window)
+        _health(families, health)
+        session = get_state().session
+        with sqlite_read_transactions():
+            refunds = dict(
+                session.execute(select(RefundRecord.state, func.count()).group_by(RefundRecord.state)).all()
+            )
+            for state in [*(s.value for s in RefundState), *sorted(set(refunds) - set(RefundState))]:
+                families.refunds.add_metric([state], int(refunds.get(state, 0)))
+            session.commit()
+        _outbox(families, health)
+
+
+def _health(families: _Families, health: CallbackHealth) -> None:
+    outcomes = [o.value for o in CallbackOutcome]
+    for outcome in [*outcomes, *sorted(set(health.callbacks) - set(outcomes))]:
+        families.callbacks.add_metric([outcome], health.callbacks.get(outcome, 0))
+    paths = [*CONFIRMATION_PATHS, *sorted(set(health.confirmations) - set(CONFIRMATION_PATHS))]
+    for path in paths:
+        families.confirmations.add_metric([path], health.confirmations.get(path, 0))
+    if health.last_callback_at is not None:
+        families.last_callback.add_metric([], health.last_callback_at.timestamp())
+    families.silent.add_metric([], 1 if health.silent else 0)
+    families.awaiting.add_metric([], health.awaiting_callback)
+    age = health.oldest_awaiting_age
+    families.awaiting_age.add_metric([], age.total_seconds() if age is not None else 0)
+
+
+def _outbox(families: _Families, health: CallbackHealth) -> None:
+    """The outbox backlog, where this version has an outbox (``models.OutboxEvent``); skipped otherwise,
+    and when its table is missing from the database (not migrated yet)."""
+    model: Any = getattr(models, "OutboxEvent", None)
+    if model is None:
+        families.skipped.append("outbox")
+        return
+    session = get_state().session
+    try:
+        with sqlite_read_transactions():
+            counts: dict[str, int] = dict(
+                session.execute(select(model.state, func.count()).group_by(model.state)).all()
+            )
+            oldest = session.scalar(select(func.min(model.created_at)).where(model.state == "pending"))
+            session.commit()
+    except SQLAlchemyError:
+        session.rollback()
+        log.warning("gateway metrics: the outbox table could not be read (not migrated?)", exc_info=True)
+        families.skipped.append("outbox")
+        return
+    for state in [*_OUTBOX_STATES, *sorted(set(counts) - set(_OUTBOX_STATES))]:
+        families.outbox.add_metric([state], int(counts.get(state, 0)))
+    age = max((health.checked_at - oldest).total_seconds(), 0.0) if oldest is not None else 0.0
+    families.outbox_age.add_metric([], age)
+
+
+# --- the gateway calls of this process ------------------------------------------------------------------
+
+
+class CallMetrics:
+    """The call latency and errors of this process, in one registry: an observer of the transport."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.users = 0
+        self.duration = Histogram(
+            "flask_gateway_client_request_duration_seconds",
+            "Gateway calls made by this process: seconds per attempt, by operation",
+            ["operation"],
+            registry=registry,
+            buckets=LATENCY_BUCKETS,
+        )
+        self.errors = Counter(
+            "flask_gateway_client_request_errors",
+            "Gateway call attempts of this process that failed, by operation and kind (timeout, "
+            "connection, 4xx, 5xx)",
+            ["operation", "kind"],
+            registry=registry,
+        )
+
+    def __call__(self, attempt: CallAttempt) -> None:
+        self.duration.labels(attempt.operation).observe(attempt.seconds)
+        kind = _error_kind(attempt)
+        if kind is not None:
+            self.errors.labels(attempt.operation, kind).inc()
+
+    def unregister(self) -> None:
+        http.remove_observer(self)
+        self.registry.unregister(self.duration)
+        self.registry.unregister(self.errors)
+
+
+def _error_kind(attempt: CallAttempt) -> str | None:
+    if attempt.failure is not None:
+        return attempt.failure
+    status = attempt.http_status
+    if status is None or 200 <= status < 400:
+        return None
+    return f"{status // 100}xx"
+
+
+#: One ``CallMetrics`` per registry (two apps registered in one registry share it).
+_CALLS: dict[CollectorRegistry, CallMetrics] = {}
+_CALLS_LOCK = threading.Lock()
+
+
+@dataclass
+class GatewayMetrics:
+    """What :func:`register_metrics` registered (``unregister()`` takes it out again)."""
+
+    registry: CollectorRegistry
+    collector: GatewayCollector
+    calls: CallMetrics
+
+    def unregister(self) -> None:
+        """Take the collector out of the registry; the call metrics too when no other app uses them."""
+        self.registry.unregister(cast("Collector", self.collector))
+        with _CALLS_LOCK:
+            self.calls.users -= 1
+            if self.calls.users <= 0 and _CALLS.get(self.registry) is self.calls:
+                del _CALLS[self.registry]
+                self.calls.unregister()
+
+
+def register_metrics(
+    app: Flask, registry: CollectorRegistry | None = None, *, window: timedelta = DEFAULT_WINDOW
+) -> GatewayMetrics:
+    """Register the gateway's metrics for ``app`` in ``registry`` (default: ``prometheus_client``'s
+    ``REGISTRY``): the database figures (:class:`GatewayCollector`, the "recent" ones over ``window``)
+    and this process's gateway call latency and errors. Serve the registry as docs/operations.md shows.
+
+    One app per registry (the names would collide); call it once per app.
+    """
+    _require_prometheus()
+    target = REGISTRY if registry is None else registry
+    collector = GatewayCollector(app, window=window)
+    target.register(cast("Collector", collector))
+    try:
+        with _CALLS_LOCK:
+            calls = _CALLS.get(target)
+            if calls is None:
+                calls = _CALLS[target] = CallMetrics(target)
+                http.add_observer(calls)
+            calls.users += 1
+    except Exception:
+        target.unregister(cast("Collector", collector))
+        raise
+    return GatewayMetrics(registry=target, collector=collector, calls=calls)
+
+
+def _require_prometheus() -> None:
+    if not PROMETHEUS:
+        raise ConfigurationError(
+            'Prometheus metrics need the prometheus_client package: pip install "flask-gateway[metrics]" '
+            "(or prometheus_client itself)."
+        )
