@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 from flask_gateway.core.wire.names import OPERATOR, WireNames, wire_names
 from flask_gateway.errors import ConfigurationError
 
-__all__ = ["DEFAULTS", "EMBEDDED_ORIGIN", "ENVIRONMENT_URLS", "GatewayConfig"]
+__all__ = ["DEFAULTS", "EMBEDDED_ORIGIN", "ENVIRONMENT_URLS", "MAX_PAID_WINDOW_HOURS", "GatewayConfig"]
 
 Environment = Literal["sandbox", "production", "emulator", "embedded"]
 ApiVersion = Literal["v2", "v1"]
@@ -47,6 +47,9 @@ ENVIRONMENT_URLS: Final[Mapping[str, Mapping[str, str]]] = {
 #: in-process, on the address of the request being served (so ``paymentUrl`` is the one the shopper used).
 EMBEDDED_ORIGIN: Final = "http://localhost"
 
+#: ``GATEWAY_RECONCILE_PAID_WINDOW_HOURS`` at most (a year): a longer window polls a shop's whole history.
+MAX_PAID_WINDOW_HOURS: Final = 8760
+
 #: Every key with its default (``None``: no default).
 DEFAULTS: Final[Mapping[str, Any]] = {
     "GATEWAY_ENVIRONMENT": "emulator",
@@ -64,6 +67,7 @@ DEFAULTS: Final[Mapping[str, Any]] = {
     "GATEWAY_V1_CANCEL_ON_FAIL": True,
     "GATEWAY_ENCRYPTION_KEY": None,
     "GATEWAY_RECONCILE_AFTER_SECONDS": 300,
+    "GATEWAY_RECONCILE_PAID_WINDOW_HOURS": 72,
     "GATEWAY_CURRENCY_SYMBOL": "R",
     "GATEWAY_WAF": "strict",
     "GATEWAY_WIRE_NAMES": OPERATOR.key,
@@ -93,6 +97,9 @@ class GatewayConfig:
     v1_cancel_on_fail: bool
     encryption_key: str | None
     reconcile_after_seconds: int
+    #: Reconciliation also asks about checkouts paid within this many hours (refunds and cancellations
+    #: made at the gateway); 0: it does not.
+    reconcile_paid_window_hours: float
     currency_symbol: str
     confirm_callbacks: bool
     ratelimit_storage_uri: str | None
@@ -201,6 +208,17 @@ class GatewayConfig:
         retries = config["GATEWAY_MAX_RETRIES"]
         if not isinstance(retries, int) or isinstance(retries, bool) or not 0 <= retries <= 10:
             raise ConfigurationError(f"GATEWAY_MAX_RETRIES={retries!r}: a whole number from 0 to 10.")
+        paid_window = config["GATEWAY_RECONCILE_PAID_WINDOW_HOURS"]
+        if (
+            not isinstance(paid_window, int | float)
+            or isinstance(paid_window, bool)
+            or not 0 <= paid_window <= MAX_PAID_WINDOW_HOURS
+        ):
+            raise ConfigurationError(
+                f"GATEWAY_RECONCILE_PAID_WINDOW_HOURS={paid_window!r}: a number of hours from 0 to "
+                f"{MAX_PAID_WINDOW_HOURS} (a year), such as 72: reconciliation asks about the checkouts paid "
+                "within that many hours, to learn of refunds made at the gateway; 0 turns it off."
+            )
         try:
             names = wire_names(str(config["GATEWAY_WIRE_NAMES"]))
         except ValueError as exc:
@@ -238,6 +256,7 @@ class GatewayConfig:
             v1_cancel_on_fail=bool(config["GATEWAY_V1_CANCEL_ON_FAIL"]),
             encryption_key=config["GATEWAY_ENCRYPTION_KEY"],
             reconcile_after_seconds=int(config["GATEWAY_RECONCILE_AFTER_SECONDS"]),
+            reconcile_paid_window_hours=float(paid_window),
             currency_symbol=str(config["GATEWAY_CURRENCY_SYMBOL"]),
             waf=waf,
             wire_names=names,
