@@ -1,14 +1,31 @@
-"""Asking the gateway (getstatus) and applying its answer through the state machine."""
+"""Asking the gateway (getstatus) and applying its answer through the state machine.
+
+An answer asked for after the shop had recorded the payment (the checkout was paid, or refunded, when
+the question was sent) cannot be stale about that payment. If it names a status before any payment
+(open, cancelled, expired), the gateway contradicts the shop's record: the status does not move back
+(``transitions.apply`` refuses it), and the checkout is flagged for a person (``checkout_flagged``, once).
+Only the poll knows the answer came after the payment: an observation on its own (a late callback, an
+answer to a question sent before the payment) may be stale, so ``apply`` does not flag backward moves.
+"""
 
 from __future__ import annotations
 
+from typing import Final
+
+from flask import current_app
+
+from flask_gateway import signals
 from flask_gateway.core.sql import commit_keeping_loaded
 from flask_gateway.core.timestamps import utcnow
+from flask_gateway.core.wire import CheckoutStatus
 from flask_gateway.models import GatewayCheckout
 from flask_gateway.state import get_state, leaves_no_transaction
-from flask_gateway.transitions import Observation, Transition, apply, send_pending
+from flask_gateway.transitions import RANK, Observation, Transition, apply, rank, send_pending
 
 __all__ = ["refresh"]
+
+#: The rank of the paid statuses (``transitions.RANK``): the shop's record at or above it has the payment.
+_PAID_RANK: Final = RANK[CheckoutStatus.PAID]
 
 
 @leaves_no_transaction
@@ -20,24 +37,51 @@ def refresh(checkout: GatewayCheckout, *, source: str = "poll") -> Transition:
     if checkout.api_version != "v2" or not checkout.token:
         raise ValueError("only a v2 checkout that the gateway created can be polled")
     state = get_state()
-    checkout_id, token = checkout.id, checkout.token
+    checkout_id, token, known = checkout.id, checkout.token, checkout.status
     client = state.client()
     # End the transaction before waiting on the network: on SQLite every transaction holds the write lock
     # (BEGIN IMMEDIATE), which would stall callbacks for the whole call. Like every operation of the
     # extension this commits the app's session; the lock below starts a fresh transaction.
     state.session.commit()
     payload = client.get_status(token).data
+    status = str(payload.checkoutPaymentStatus)
+    contradiction = _contradiction(known, status)
+    detail = f"getstatus: {status}" + (f"; {contradiction}" if contradiction else "")
     observed = Observation(
-        status=str(payload.checkoutPaymentStatus),
+        status=status,
         source=source,
         total_cents=payload.checkoutTotalCents,
         paid_at=payload.paidAt,
         expires_at=payload.expiresAt,
         reported_at=payload.updatedAt,
-        detail=f"getstatus: {payload.checkoutPaymentStatus}",
+        detail=detail,
     )
     transition = apply(state.session, checkout_id, observed, commit=False)
-    transition.checkout.last_polled_at = utcnow()
+    polled = transition.checkout
+    polled.last_polled_at = utcnow()
+    newly_flagged = False
+    if contradiction is not None and not transition.applied:
+        newly_flagged = not polled.flagged
+        polled.flagged, polled.flag_reason = True, contradiction
+        transition.flagged, transition.reason = True, contradiction
     commit_keeping_loaded(state.session)
     send_pending(transition)
+    if newly_flagged:
+        signals.checkout_flagged.send(
+            current_app._get_current_object(),  # type: ignore[attr-defined]
+            checkout=polled,
+            reason=contradiction,
+            source=source,
+        )
     return transition
+
+
+def _contradiction(known: str, answered: str) -> str | None:
+    """Why the answer contradicts a payment the shop had recorded before asking, or None."""
+    before, after = rank(known), rank(answered)
+    if before is None or after is None or before < _PAID_RANK or after >= _PAID_RANK:
+        return None
+    return (
+        f"the gateway answers {answered} for a checkout the shop had recorded as {known} before asking: "
+        "a paid checkout does not go back; review the order and the gateway's records"
+    )
