@@ -82,6 +82,7 @@ if TYPE_CHECKING:
     from flask_gateway.metrics import register_metrics
     from flask_gateway.models import GatewayCheckout, LocalStatus, RefundRecord, RefundState
     from flask_gateway.orders import Address, Customer, OrderDraft, OrderLine
+    from flask_gateway.outbox import DeliveryReport, deliver_due, redeliver
     from flask_gateway.plans import (
         PaymentPlan,
         clear_payment_plan_cache,
@@ -99,6 +100,8 @@ if TYPE_CHECKING:
         checkout_created,
         checkout_expired,
         checkout_flagged,
+        fulfilment_failed,
+        payment_after_close,
         payment_confirmed,
         refund_succeeded,
     )
@@ -141,9 +144,12 @@ _LAZY: dict[str, tuple[str, ...]] = {
         "checkout_created",
         "checkout_expired",
         "checkout_flagged",
+        "fulfilment_failed",
+        "payment_after_close",
         "payment_confirmed",
         "refund_succeeded",
     ),
+    "flask_gateway.outbox": ("DeliveryReport", "deliver_due", "redeliver"),
     "flask_gateway.errors": (
         "CallbackRejected",
         "CheckoutStateError",
@@ -180,6 +186,7 @@ __all__ = [
     "ConflictError",
     "Customer",
     "DatabaseStorage",
+    "DeliveryReport",
     "FirewallRejectedError",
     "FlaskGatewayError",
     "ForbiddenError",
@@ -236,16 +243,20 @@ __all__ = [
     "configure_sqlite",
     "create_all_safely",
     "create_checkout",
+    "deliver_due",
     "format_instalment_hint",
     "format_money",
     "format_plain",
+    "fulfilment_failed",
     "get_state",
     "install",
     "is_available",
+    "payment_after_close",
     "payment_confirmed",
     "payment_limits",
     "payment_plan",
     "reconcile",
+    "redeliver",
     "refresh",
     "refund",
     "refund_state_label",

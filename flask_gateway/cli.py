@@ -33,7 +33,15 @@ from flask_gateway.core.wire import status_payload_keys
 from flask_gateway.doctor import DEFAULT_TIMEOUT, run_checks
 from flask_gateway.drift import check_settings
 from flask_gateway.errors import NotInstalledError
-from flask_gateway.models import CallbackLog, CallbackOutcome, GatewayBase, GatewayCheckout
+from flask_gateway.models import (
+    CallbackLog,
+    CallbackOutcome,
+    GatewayBase,
+    GatewayCheckout,
+    OutboxEvent,
+    OutboxState,
+)
+from flask_gateway.outbox import backlog, deliver_due, redeliver
 from flask_gateway.polling import refresh
 from flask_gateway.reconciliation import reconcile
 from flask_gateway.state import get_state
@@ -205,6 +213,72 @@ def callbacks_command(outcome: str | None, refused: bool, limit: int) -> None:
             f"#{row.id}  {_when(row.received_at)}  {answer:<9}  {row.outcome:<18}  {signature:<12}  "
             f"{client}{checkout}{': ' + row.detail if row.detail else ''}"
         )
+
+
+@gateway_cli.command("deliver")
+@click.option(
+    "--limit", default=100, show_default=True, type=click.IntRange(1, 100_000), help="Events at most."
+)
+def deliver_command(limit: int) -> None:
+    """Deliver the outbox events that are due (run it from cron every minute or two).
+
+    Exits 1 when a receiver raised (the event is due again later, or dead after its last attempt)."""
+    report = deliver_due(limit)
+    click.echo(f"Outbox: {report}.")
+    for event_id, error in report.errors:
+        click.echo(f"  event #{event_id}: {error}")
+    waiting, oldest = backlog()
+    click.echo(f"Waiting: {waiting}" + (f", the oldest written {_when(oldest)}." if oldest else "."))
+    if report.failed:
+        raise SystemExit(1)
+
+
+@gateway_cli.command("outbox")
+@click.option(
+    "--state",
+    "states",
+    multiple=True,
+    type=click.Choice([state.value for state in OutboxState]),
+    help="Only events in this state (repeatable). Default: pending and dead.",
+)
+@click.option("--limit", default=20, show_default=True, type=click.IntRange(1, 10_000))
+def outbox_command(states: tuple[str, ...], limit: int) -> None:
+    """The outbox's events waiting or dead (paid, not yet fulfilled, ...), newest first, one line each."""
+    wanted = states or (OutboxState.PENDING.value, OutboxState.DEAD.value)
+    rows = (
+        get_state()
+        .session.execute(
+            select(OutboxEvent, GatewayCheckout.order_reference)
+            .join(GatewayCheckout, GatewayCheckout.id == OutboxEvent.checkout_id)
+            .where(OutboxEvent.state.in_(wanted))
+            .order_by(OutboxEvent.id.desc())
+            .limit(limit)
+        )
+        .all()
+    )
+    if not rows:
+        click.echo(f"No outbox events {' or '.join(wanted)}.")
+        return
+    for event, reference in rows:
+        due = f"  due {_when(event.next_attempt_at)}" if event.state == OutboxState.PENDING else ""
+        error = f"  last error: {event.last_error}" if event.last_error else ""
+        click.echo(
+            f"#{event.id}  {event.kind:<19}  {event.state:<9}  order {reference}  "
+            f"{event.attempts} attempt(s)  written {_when(event.created_at)}{due}{error}"
+        )
+
+
+@gateway_cli.command("redeliver")
+@click.argument("event_id", type=int)
+def redeliver_command(event_id: int) -> None:
+    """Deliver one outbox event now, whatever its state (a dead one after the receiver was fixed)."""
+    try:
+        report = redeliver(event_id)
+    except LookupError as exc:
+        raise click.ClickException(str(exc)) from None
+    if report.failed:
+        raise click.ClickException(f"event #{event_id}: {report.errors[0][1]}")
+    click.echo(f"Event #{event_id} delivered.")
 
 
 @gateway_cli.command("prune-callbacks")

@@ -73,6 +73,9 @@ DEFAULTS: Final[Mapping[str, Any]] = {
     "GATEWAY_WIRE_NAMES": OPERATOR.key,
     "GATEWAY_SQLITE_WAL": False,
     "GATEWAY_CONFIRM_CALLBACKS": True,
+    "GATEWAY_OUTBOX_DELIVER_AT_ONCE": True,
+    "GATEWAY_OUTBOX_MAX_ATTEMPTS": 8,
+    "GATEWAY_OUTBOX_RETRY_SECONDS": 60,
     "GATEWAY_RATELIMIT_STORAGE_URI": None,
     "GATEWAY_CALLBACK_RATE_LIMIT": "60 per minute",
     "GATEWAY_PLAN_RATE_LIMIT": "30 per minute",
@@ -102,6 +105,13 @@ class GatewayConfig:
     reconcile_paid_window_hours: float
     currency_symbol: str
     confirm_callbacks: bool
+    #: Deliver an outbox event to the shop's receivers right after the commit that wrote it (else only
+    #: ``flask gateway deliver`` or the task queue does).
+    outbox_deliver_at_once: bool
+    #: Attempts before an event is dead (a person decides).
+    outbox_max_attempts: int
+    #: Seconds before the first retry; each later one waits twice as long (at most 6 hours).
+    outbox_retry_seconds: int
     ratelimit_storage_uri: str | None
     callback_rate_limit: str | None
     plan_rate_limit: str | None
@@ -262,6 +272,15 @@ class GatewayConfig:
             wire_names=names,
             sqlite_wal=_flag("GATEWAY_SQLITE_WAL", config["GATEWAY_SQLITE_WAL"]),
             confirm_callbacks=_flag("GATEWAY_CONFIRM_CALLBACKS", config["GATEWAY_CONFIRM_CALLBACKS"]),
+            outbox_deliver_at_once=_flag(
+                "GATEWAY_OUTBOX_DELIVER_AT_ONCE", config["GATEWAY_OUTBOX_DELIVER_AT_ONCE"]
+            ),
+            outbox_max_attempts=_whole(
+                "GATEWAY_OUTBOX_MAX_ATTEMPTS", config["GATEWAY_OUTBOX_MAX_ATTEMPTS"], 1, 100
+            ),
+            outbox_retry_seconds=_whole(
+                "GATEWAY_OUTBOX_RETRY_SECONDS", config["GATEWAY_OUTBOX_RETRY_SECONDS"], 1, 86_400
+            ),
             ratelimit_storage_uri=config["GATEWAY_RATELIMIT_STORAGE_URI"] or None,
             callback_rate_limit=config["GATEWAY_CALLBACK_RATE_LIMIT"] or None,
             plan_rate_limit=config["GATEWAY_PLAN_RATE_LIMIT"] or None,
@@ -274,6 +293,12 @@ def _flag(key: str, value: object) -> bool:
     if isinstance(value, bool):
         return value
     raise ConfigurationError(f"{key}={value!r}: True or False.")
+
+
+def _whole(key: str, value: object, low: int, high: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise ConfigurationError(f"{key}={value!r}: a whole number from {low} to {high}.")
+    return value
 
 
 def _whole_number(value: object, low: int, high: int) -> bool:

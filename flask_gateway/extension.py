@@ -23,12 +23,16 @@ from flask_gateway.models import GatewayBase
 from flask_gateway.ratelimit import RateLimit, make_storage
 from flask_gateway.secrets import SecretBox
 from flask_gateway.state import EXTENSION_KEY, AdminGuard, GatewayState
-from flask_gateway.views import admin, public
+from flask_gateway.views import admin, admin_outbox, public
 
 if TYPE_CHECKING:
     from flask_sqlalchemy import SQLAlchemy
 
 __all__ = ["Gateway"]
+
+# The outbox screen is a part of the admin screens: under their guard, CSRF check and headers (a nested
+# blueprint runs its parent's hooks). Nested once per process, before any app registers the admin.
+admin.bp.register_blueprint(admin_outbox.bp, url_prefix="/outbox")
 
 GuardT = TypeVar("GuardT", bound=Callable[[], Any])
 

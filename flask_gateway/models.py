@@ -25,6 +25,8 @@ __all__ = [
     "GatewayCheckout",
     "Installation",
     "LocalStatus",
+    "OutboxEvent",
+    "OutboxState",
     "RateLimitCounter",
     "RefundRecord",
     "RefundState",
@@ -221,3 +223,39 @@ class RateLimitCounter(GatewayBase):
     count: Mapped[int] = mapped_column(BigInteger)
     #: Seconds since the epoch (``time.time()``) when this window ends.
     expires_at: Mapped[float] = mapped_column(Float, index=True)
+
+
+class OutboxState(enum.StrEnum):
+    PENDING = "pending"
+    DELIVERED = "delivered"
+    #: Every attempt failed (``GATEWAY_OUTBOX_MAX_ATTEMPTS``): a person decides (``/gateway/admin/outbox``).
+    DEAD = "dead"
+
+
+class OutboxEvent(GatewayBase):
+    """An event for the shop's code (a signal), written in the same transaction as the change it reports
+    and delivered at least once (``flask_gateway.outbox``)."""
+
+    __tablename__ = "gateway_outbox"
+    __table_args__ = (Index("ix_gateway_outbox_due", "state", "next_attempt_at"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    checkout_id: Mapped[int] = mapped_column(
+        ForeignKey("gateway_checkouts.id", ondelete="CASCADE"), index=True
+    )
+    #: The signal's name in ``flask_gateway.signals`` (``payment_confirmed``, ``refund_succeeded``, ...).
+    kind: Mapped[str] = mapped_column(String(40))
+    #: The signal's keyword arguments besides ``checkout`` (a refund as its id), as JSON.
+    payload: Mapped[dict[str, Any]]
+    #: An ``OutboxState`` value.
+    state: Mapped[str] = mapped_column(String(20), default=OutboxState.PENDING)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[datetime]
+    next_attempt_at: Mapped[datetime]
+    #: Taken by a delivery until then (real time): no other process delivers it meanwhile.
+    claimed_until: Mapped[datetime | None]
+    delivered_at: Mapped[datetime | None]
+    #: What the last failed attempt raised (type and message).
+    last_error: Mapped[str | None] = mapped_column(Text)
+
+    checkout: Mapped[GatewayCheckout] = relationship()

@@ -33,7 +33,6 @@ from flask_gateway.errors import (
     RefundNotAllowedError,
 )
 from flask_gateway.models import GatewayCheckout, RefundRecord, RefundState
-from flask_gateway.signals import sender
 from flask_gateway.state import get_state, leaves_no_transaction
 from flask_gateway.transitions import Observation, apply, lock, send_pending
 
@@ -235,12 +234,7 @@ def _refund_succeeded(checkout_id: int, record_id: int) -> RefundRecord:
         ),
         commit=False,
     )
-    commit_keeping_loaded(session)
+    transition.queue(signals.refund_succeeded, refund=record, amount_cents=record.amount_cents)
+    commit_keeping_loaded(session)  # the refund, its status and the event for the shop, together
     send_pending(transition)
-    signals.refund_succeeded.send(
-        sender(),
-        checkout=transition.checkout,
-        refund=record,
-        amount_cents=record.amount_cents,
-    )
     return record

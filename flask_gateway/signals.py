@@ -1,7 +1,12 @@
-"""Signals the extension sends (blinker), each exactly once per event, after the change is committed.
+"""Signals the extension sends (blinker), after the change is committed.
 
 Connect with ``@payment_confirmed.connect_via(app)`` or ``payment_confirmed.connect(receiver)``. Every
 signal sends the app as sender and ``checkout`` (a ``GatewayCheckout``) plus the keyword arguments listed.
+
+The shop-facing events (``payment_confirmed``, ``checkout_cancelled``, ``checkout_expired``,
+``refund_succeeded``, ``checkout_flagged``, ``payment_after_close``) go through the outbox
+(``flask_gateway.outbox``): written in the same transaction as the change, delivered at least once (again
+after a receiver raised), each delivery with the same ``event_id``: do the work once per ``event_id``.
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ __all__ = [
     "checkout_created",
     "checkout_expired",
     "checkout_flagged",
+    "fulfilment_failed",
+    "payment_after_close",
     "payment_confirmed",
     "refund_succeeded",
 ]
@@ -52,6 +59,17 @@ callbacks_silent = _signals.signal("gateway-callbacks-silent")
 #: cancellation, a refund reported before the shop knew of the payment). Sends ``checkout``, ``reason``
 #: and ``source``.
 checkout_flagged = _signals.signal("gateway-checkout-flagged")
+
+#: A payment was confirmed for a checkout the shop had already seen cancelled by the merchant or expired
+#: (sent beside ``payment_confirmed``; the checkout is flagged too): the shop's policy decides, for example
+#: to fulfil anyway or to refund. Sends ``checkout``, ``before`` (the status it had) and ``source``.
+payment_after_close = _signals.signal("gateway-payment-after-close")
+
+#: Every delivery of a ``payment_confirmed`` event failed (its receivers raised ``GATEWAY_OUTBOX_MAX_ATTEMPTS``
+#: times): the order was paid but could not be fulfilled. The hook for the shop's policy (refund it, tell a
+#: person). Sends ``checkout``, ``event_id`` and ``error`` (what the last attempt raised). Sent directly, not
+#: through the outbox; a receiver that raises is logged.
+fulfilment_failed = _signals.signal("gateway-fulfilment-failed")
 
 
 def sender() -> Flask:

@@ -23,11 +23,10 @@ from datetime import datetime
 from typing import Any, Final
 
 from blinker import Signal
-from flask import current_app
 from sqlalchemy import select
 from sqlalchemy.orm import Session, object_session
 
-from flask_gateway import signals
+from flask_gateway import outbox, signals
 from flask_gateway.core.sql import commit_keeping_loaded, storable_text
 from flask_gateway.core.timestamps import utcnow
 from flask_gateway.core.wire import OPEN_STATUSES, PAID_STATUSES, PAYMENT_STATUSES, CheckoutStatus
@@ -39,6 +38,7 @@ from flask_gateway.models import (
     RefundRecord,
     RefundState,
 )
+from flask_gateway.outbox import Queued
 
 __all__ = [
     "RANK",
@@ -112,7 +112,15 @@ class Transition:
     applied: bool
     flagged: bool = False
     reason: str = ""
-    _pending: list[tuple[Signal, dict[str, Any]]] = field(default_factory=list, repr=False)
+    _pending: list[Queued] = field(default_factory=list, repr=False)
+
+    def queue(self, signal: Signal, **kwargs: Any) -> None:
+        """Write the event of ``signal`` to the outbox, in the transaction that makes this change; it is
+        delivered by ``send_pending`` after the commit."""
+        session = object_session(self.checkout)
+        if session is None:  # pragma: no cover - apply() always works on a row it loaded
+            raise RuntimeError("the checkout is not in a session")
+        self._pending.append(outbox.add(session, self.checkout, signal, kwargs))
 
 
 _LOCKED: Final = "flask_gateway_locked_checkouts"
@@ -244,17 +252,15 @@ def apply(session: Session, checkout_id: int, observation: Observation, *, commi
 
 
 def send_pending(transition: Transition) -> None:
-    """Send the signals of a committed transition (each once)."""
-    app = current_app._get_current_object()  # type: ignore[attr-defined]
+    """Deliver the events of a committed transition (``flask_gateway.outbox``: at once, at least once)."""
     pending, transition._pending = transition._pending, []
-    for signal, kwargs in pending:
-        signal.send(app, checkout=transition.checkout, **kwargs)
+    outbox.deliver_now(pending)
 
 
 def _flag(checkout: GatewayCheckout, transition: Transition, reason: str, source: str) -> None:
     """Flag the checkout for a person; ``checkout_flagged`` is sent (after the commit) when it was not yet."""
     if not checkout.flagged:
-        transition._pending.append((signals.checkout_flagged, {"reason": reason, "source": source}))
+        transition.queue(signals.checkout_flagged, reason=reason, source=source)
     checkout.flagged = True
     checkout.flag_reason = reason
 
@@ -264,15 +270,13 @@ def _effects(
 ) -> None:
     after = observation.status
 
-    def queue(signal: Signal, kwargs: dict[str, Any]) -> None:
-        transition._pending.append((signal, kwargs))
-
     if after in _PAYMENT and checkout.payment_confirmed_at is None:
         checkout.payment_confirmed_at = now
         checkout.paid_at = observation.paid_at or now
         checkout.paid_cents = checkout.total_cents
-        queue(signals.payment_confirmed, {"source": observation.source})
+        transition.queue(signals.payment_confirmed, source=observation.source)
         if rank(transition.before) == RANK[S.CANCELLED_BY_MERCHANT]:
+            transition.queue(signals.payment_after_close, before=transition.before, source=observation.source)
             _flag(
                 checkout,
                 transition,
@@ -294,9 +298,9 @@ def _effects(
             )
         _record_gateway_refund(checkout, transition, observation, now)
     elif after in (S.CANCELLED_BY_CONSUMER, S.CANCELLED_BY_MERCHANT):
-        queue(signals.checkout_cancelled, {"status": after, "source": observation.source})
+        transition.queue(signals.checkout_cancelled, status=after, source=observation.source)
     elif after == S.EXPIRED:
-        queue(signals.checkout_expired, {"source": observation.source})
+        transition.queue(signals.checkout_expired, source=observation.source)
 
 
 def _record_gateway_refund(
@@ -343,9 +347,7 @@ def _record_gateway_refund(
         record.completed_at = at
         record.error = None
         checkout.refunded_cents += record.amount_cents
-        transition._pending.append(
-            (signals.refund_succeeded, {"refund": record, "amount_cents": record.amount_cents})
-        )
+        transition.queue(signals.refund_succeeded, refund=record, amount_cents=record.amount_cents)
     if settled:
         amounts = ", ".join(f"{r.amount_cents} cents (refund #{r.id})" for r in settled)
         transition.reason = f"refund seen at the gateway recorded: {amounts}"

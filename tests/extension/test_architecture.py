@@ -37,6 +37,7 @@ FLOORS = {
             "ratelimit",
             "urls",
             "transitions",
+            "outbox",
         ],
         3,
     ),

@@ -33,14 +33,14 @@ def test_init_db_creates_only_the_gateway_tables(harness):
         assert not [t for t in inspect(db.engine).get_table_names() if t.startswith("gateway_")]
     result = invoke(harness, "init-db")
     assert result.exit_code == 0, result.output
-    assert "Created 6 table(s): gateway_" in result.output
+    assert "Created 7 table(s): gateway_" in result.output
     with harness.shop.app_context():
         tables = set(inspect(db.engine).get_table_names())
     assert {t.name for t in GatewayBase.metadata.sorted_tables} <= tables
     assert "shop_products" not in tables
     again = invoke(harness, "init-db")
     assert again.exit_code == 0
-    assert "All 6 gateway tables exist already" in again.output
+    assert "All 7 gateway tables exist already" in again.output
 
 
 @pytest.mark.backends

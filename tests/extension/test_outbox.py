@@ -1,0 +1,362 @@
+"""The outbox (flask_gateway/outbox.py): events for the shop's code, written with the change, delivered at
+least once, each delivery with the same ``event_id``; dead after the last attempt, with a hook."""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Iterator
+from datetime import datetime, timedelta
+from typing import Any
+
+import pytest
+from flask import Flask
+from flask_sqlalchemy import SQLAlchemy
+from sqlalchemy import select
+
+from flask_gateway import (
+    Gateway,
+    create_checkout,
+    deliver_due,
+    fulfilment_failed,
+    payment_after_close,
+    payment_confirmed,
+    redeliver,
+    refund,
+    refund_succeeded,
+)
+from flask_gateway import outbox as outbox_module
+from flask_gateway.core.timestamps import utcnow
+from flask_gateway.models import GatewayCheckout, OutboxEvent, OutboxState, RefundRecord
+from flask_gateway.state import get_state
+from flask_gateway.testing import SHOP_URL, GatewayEmulator
+from flask_gateway.transitions import Observation, apply
+from tests.conftest import Databases
+from tests.extension.conftest import make_shop, sample_order
+
+#: Small numbers so a test walks every state: retries after 10 s, then 20 s; dead after the third attempt.
+OUTBOX = {"GATEWAY_OUTBOX_RETRY_SECONDS": 10, "GATEWAY_OUTBOX_MAX_ATTEMPTS": 3}
+
+
+@pytest.fixture
+def plugin_parts(databases: Databases, request: pytest.FixtureRequest) -> tuple[Flask, SQLAlchemy, Gateway]:
+    """The shop of tests/extension (``make_shop``) with the outbox settings above (and ``param``'s)."""
+    return make_shop(databases.url("main"), **{**OUTBOX, **getattr(request, "param", {})})
+
+
+class Clock:
+    """The outbox's clock (real time, moved forward by the test)."""
+
+    def __init__(self) -> None:
+        self.offset = timedelta()
+
+    def __call__(self) -> datetime:
+        return utcnow() + self.offset
+
+    def advance(self, seconds: float) -> None:
+        self.offset += timedelta(seconds=seconds)
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    moved = Clock()
+    monkeypatch.setattr(outbox_module, "utcnow", moved)
+    return moved
+
+
+class Fulfilment:
+    """A ``payment_confirmed`` receiver that raises its first ``failures`` calls, then fulfils."""
+
+    def __init__(self, failures: int) -> None:
+        self.failures = failures
+        self.calls: list[int] = []  # the event_id of every call
+        self.fulfilled: list[int] = []
+
+    def __call__(
+        self, sender: Any, checkout: GatewayCheckout, source: str, event_id: int, **extra: Any
+    ) -> None:
+        self.calls.append(event_id)
+        if len(self.calls) <= self.failures:
+            raise ConnectionError(f"the stock service is down (call {len(self.calls)})")
+        if event_id not in self.fulfilled:  # the receiver's own idempotency: once per event_id
+            self.fulfilled.append(event_id)
+
+
+@pytest.fixture
+def connected(gateway_app: Flask) -> Iterator[list[tuple[Any, Any]]]:
+    """Receivers the test connects for this shop, disconnected at the end."""
+    made: list[tuple[Any, Any]] = []
+    yield made
+    for signal, receiver in made:
+        signal.disconnect(receiver)
+
+
+def connect(connected: list[tuple[Any, Any]], app: Flask, signal: Any, receiver: Any) -> Any:
+    signal.connect(receiver, sender=app, weak=False)
+    connected.append((signal, receiver))
+    return receiver
+
+
+def new_checkout(app: Flask, reference: str = "ORD-1") -> GatewayCheckout:
+    with app.test_request_context(base_url=SHOP_URL):
+        return create_checkout(sample_order(reference))
+
+
+def events(app: Flask) -> list[OutboxEvent]:
+    with app.app_context():
+        session = get_state().session
+        found = list(session.scalars(select(OutboxEvent).order_by(OutboxEvent.id)))
+        session.expunge_all()
+        return found
+
+
+def test_a_receiver_that_raises_twice_fulfils_once_on_the_third_delivery(
+    gateway_emulator: GatewayEmulator, gateway_app: Flask, connected: list, clock: Clock
+) -> None:
+    fulfilment = connect(connected, gateway_app, payment_confirmed, Fulfilment(failures=2))
+    checkout = new_checkout(gateway_app)
+    gateway_emulator.pay(checkout.token)
+
+    # The callback: the status is recorded and answered 200 although the receiver raised.
+    assert gateway_emulator.deliver() == 1
+    assert gateway_emulator.checkout(checkout.token)["status"]["lastCallbackAttemptStatusMessage"] == "OK"
+    assert gateway_emulator.status(checkout.token) == "PAID"  # the callback was acknowledged
+    [event] = events(gateway_app)
+    assert (event.kind, event.state, event.attempts) == ("payment_confirmed", OutboxState.PENDING, 1)
+    assert event.payload == {"source": "callback"}
+    assert "ConnectionError: the stock service is down (call 1)" in (event.last_error or "")
+    assert fulfilment.fulfilled == []
+
+    with gateway_app.app_context():
+        assert deliver_due().delivered == 0  # not due yet
+        clock.advance(11)
+        report = deliver_due()
+    assert (report.delivered, report.failed, report.dead) == (0, 1, 0)
+    [event] = events(gateway_app)
+    assert event.attempts == 2
+    assert event.next_attempt_at > clock() + timedelta(seconds=15)  # twice as long: 20 s
+
+    with gateway_app.app_context():
+        clock.advance(21)
+        report = deliver_due()
+        assert deliver_due().delivered == 0  # nothing left
+    assert (report.delivered, report.failed) == (1, 0)
+    assert fulfilment.fulfilled == [event.id]
+    assert fulfilment.calls == [event.id] * 3  # every delivery of the event carries the same event_id
+    [event] = events(gateway_app)
+    assert (event.state, event.attempts, event.last_error) == (OutboxState.DELIVERED, 3, None)
+    # The gateway's own retries change nothing: the callback is a duplicate, no new event.
+    gateway_emulator.replay_callback(checkout.token)
+    assert len(events(gateway_app)) == 1
+
+
+def test_dead_after_the_last_attempt_tells_the_shop_and_a_person_delivers_it_again(
+    gateway_emulator: GatewayEmulator, gateway_app: Flask, connected: list, clock: Clock
+) -> None:
+    fulfilment = connect(connected, gateway_app, payment_confirmed, Fulfilment(failures=3))
+    dead: list[dict[str, Any]] = []
+    connect(connected, gateway_app, fulfilment_failed, lambda sender, **kwargs: dead.append(kwargs))
+    checkout = new_checkout(gateway_app)
+    gateway_emulator.pay(checkout.token)
+    gateway_emulator.deliver()
+    with gateway_app.app_context():
+        clock.advance(11)
+        deliver_due()
+        clock.advance(21)
+        report = deliver_due()
+        clock.advance(3600)
+        assert deliver_due().delivered == 0  # dead: never retried by itself
+    assert (report.failed, report.dead) == (1, 1)
+    [event] = events(gateway_app)
+    assert (event.state, event.attempts) == (OutboxState.DEAD, 3)
+    assert [(d["checkout"].id, d["event_id"]) for d in dead] == [(checkout.id, event.id)]
+    assert "call 3" in dead[0]["error"]
+
+    runner = gateway_app.test_cli_runner()
+    listed = runner.invoke(args=["gateway", "outbox"])
+    assert f"#{event.id}  payment_confirmed" in listed.output and "dead" in listed.output
+    assert "call 3" in listed.output
+    # The receiver is fixed (its 4th call works): a person delivers the event again.
+    again = runner.invoke(args=["gateway", "redeliver", str(event.id)])
+    assert again.exit_code == 0, again.output
+    assert fulfilment.fulfilled == [event.id]
+    assert events(gateway_app)[0].state == OutboxState.DELIVERED
+    assert runner.invoke(args=["gateway", "outbox"]).output.startswith("No outbox events")
+    assert len(dead) == 1
+
+
+@pytest.mark.parametrize("plugin_parts", [{"GATEWAY_OUTBOX_DELIVER_AT_ONCE": False}], indirect=True)
+def test_without_delivery_at_once_the_deliver_command_delivers(
+    gateway_emulator: GatewayEmulator, gateway_app: Flask, connected: list
+) -> None:
+    fulfilment = connect(connected, gateway_app, payment_confirmed, Fulfilment(failures=0))
+    checkout = new_checkout(gateway_app)
+    gateway_emulator.pay(checkout.token)
+    gateway_emulator.deliver()
+    assert fulfilment.calls == []
+    [event] = events(gateway_app)
+    assert (event.state, event.claimed_until) == (OutboxState.PENDING, None)
+
+    runner = gateway_app.test_cli_runner()
+    first = runner.invoke(args=["gateway", "deliver"])
+    assert first.exit_code == 0, first.output
+    assert "Outbox: 1 delivered, 0 failed, 0 dead." in first.output
+    assert "Waiting: 0." in first.output
+    assert fulfilment.fulfilled == [event.id]
+    second = runner.invoke(args=["gateway", "deliver"])
+    assert "Outbox: 0 delivered" in second.output
+    assert fulfilment.calls == [event.id]
+
+
+def test_a_failed_delivery_makes_the_deliver_command_exit_1(
+    gateway_emulator: GatewayEmulator, gateway_app: Flask, connected: list, clock: Clock
+) -> None:
+    connect(connected, gateway_app, payment_confirmed, Fulfilment(failures=2))
+    checkout = new_checkout(gateway_app)
+    gateway_emulator.pay(checkout.token)
+    gateway_emulator.deliver()
+    clock.advance(11)
+    result = gateway_app.test_cli_runner().invoke(args=["gateway", "deliver"])
+    assert result.exit_code == 1
+    assert "Outbox: 0 delivered, 1 failed, 0 dead." in result.output
+    assert "the stock service is down (call 2)" in result.output
+    assert "Waiting: 1, the oldest written" in result.output
+
+
+def test_a_refund_is_written_with_its_event_and_delivered_with_its_record(
+    gateway_emulator: GatewayEmulator, gateway_app: Flask, connected: list
+) -> None:
+    got: list[tuple[Any, int, int]] = []
+
+    def on_refund(
+        sender: Any, checkout: Any, refund: Any, amount_cents: int, event_id: int, **extra: Any
+    ) -> None:
+        got.append((refund, amount_cents, event_id))
+
+    connect(connected, gateway_app, refund_succeeded, on_refund)
+    checkout = new_checkout(gateway_app)
+    gateway_emulator.pay(checkout.token)
+    gateway_emulator.deliver()
+    with gateway_app.test_request_context(base_url=SHOP_URL):
+        record = refund(checkout, 15050, reason="one cracked mug")
+    [confirmed, refunded] = events(gateway_app)
+    assert (refunded.kind, refunded.state) == ("refund_succeeded", OutboxState.DELIVERED)
+    assert refunded.payload == {"refund_id": record.id, "amount_cents": 15050}
+    [(received, amount, event_id)] = got
+    assert (isinstance(received, RefundRecord), received.id, amount, event_id) == (
+        True,
+        record.id,
+        15050,
+        refunded.id,
+    )
+    assert confirmed.kind == "payment_confirmed"
+
+
+def test_a_payment_after_the_shop_cancelled_sends_payment_after_close(
+    gateway_emulator: GatewayEmulator, gateway_app: Flask, connected: list
+) -> None:
+    late: list[dict[str, Any]] = []
+    connect(connected, gateway_app, payment_after_close, lambda sender, **kwargs: late.append(kwargs))
+    checkout = new_checkout(gateway_app)
+    with gateway_app.app_context():
+        session = get_state().session
+        apply(session, checkout.id, Observation(status="CANCELLED_BY_MERCHANT", source="admin"))
+        apply(
+            session, checkout.id, Observation(status="PAID", source="poll", total_cents=checkout.total_cents)
+        )
+    assert [(k["checkout"].id, k["before"], k["source"]) for k in late] == [
+        (checkout.id, "CANCELLED_BY_MERCHANT", "poll")
+    ]
+    kinds = [event.kind for event in events(gateway_app)]
+    assert kinds == ["checkout_cancelled", "payment_confirmed", "payment_after_close", "checkout_flagged"]
+
+
+@pytest.mark.backends
+@pytest.mark.parametrize("plugin_parts", [{"GATEWAY_OUTBOX_DELIVER_AT_ONCE": False}], indirect=True)
+def test_concurrent_deliveries_deliver_each_event_once(
+    gateway_emulator: GatewayEmulator, gateway_app: Flask, connected: list
+) -> None:
+    fulfilment = connect(connected, gateway_app, payment_confirmed, Fulfilment(failures=0))
+    for number in range(6):
+        checkout = new_checkout(gateway_app, f"ORD-{number}")
+        gateway_emulator.pay(checkout.token)
+    assert gateway_emulator.deliver() == 6
+    barrier = threading.Barrier(3)
+    reports: list[Any] = []
+
+    def run() -> None:
+        with gateway_app.app_context():
+            barrier.wait()
+            reports.append(deliver_due(limit=2))
+            reports.append(deliver_due())
+
+    threads = [threading.Thread(target=run) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert sorted(fulfilment.calls) == sorted(event.id for event in events(gateway_app))
+    assert len(set(fulfilment.calls)) == 6
+    assert sum(report.delivered for report in reports) == 6
+    assert {event.state for event in events(gateway_app)} == {OutboxState.DELIVERED}
+
+
+def test_redeliver_refuses_an_unknown_event(gateway_app: Flask, gateway_emulator: GatewayEmulator) -> None:
+    with gateway_app.app_context(), pytest.raises(LookupError, match="no outbox event 999"):
+        redeliver(999)
+    result = gateway_app.test_cli_runner().invoke(args=["gateway", "redeliver", "999"])
+    assert result.exit_code == 1
+    assert "no outbox event 999" in result.output
+
+
+_TOKEN = re.compile(r'name="csrf_token" type="hidden" value="([^"]+)"')
+
+
+def test_the_admin_outbox_screen_shows_what_waits_and_delivers_it_again(
+    gateway_emulator: GatewayEmulator,
+    gateway_app: Flask,
+    plugin_parts: tuple[Flask, SQLAlchemy, Gateway],
+    connected: list,
+    clock: Clock,
+) -> None:
+    client = gateway_app.test_client()
+    assert client.get("/gateway/admin/outbox/").status_code == 403  # the admin guard holds here too
+    plugin_parts[2].admin_guard(lambda: True)
+    fulfilment = connect(connected, gateway_app, payment_confirmed, Fulfilment(failures=1))
+    checkout = new_checkout(gateway_app)
+    gateway_emulator.pay(checkout.token)
+    gateway_emulator.deliver()
+    [event] = events(gateway_app)
+
+    page = client.get("/gateway/admin/outbox/")
+    html = page.get_data(as_text=True)
+    assert page.status_code == 200
+    assert page.headers["X-Frame-Options"] == "DENY"
+    assert 'data-outbox="unfulfilled">1<' in html
+    assert 'data-outbox="retrying">1<' in html
+    assert f'data-outbox-event="{event.id}" data-outbox-state="pending"' in html
+    assert "Payment confirmed (fulfil the order)" in html
+    assert "the stock service is down (call 1)" in html
+    assert "ORD-1" in html
+    assert 'href="/gateway/admin/outbox/"' in client.get("/gateway/admin/").get_data(as_text=True)
+
+    action = f"/gateway/admin/outbox/{event.id}/deliver"
+    assert client.post(action).status_code == 400  # no CSRF token
+    assert fulfilment.calls == [event.id]
+    token = _TOKEN.search(html)
+    assert token is not None
+    done = client.post(action, data={"csrf_token": token.group(1)}, follow_redirects=True)
+    assert f"Event #{event.id} delivered." in done.get_data(as_text=True)
+    assert fulfilment.fulfilled == [event.id]
+    after = client.get("/gateway/admin/outbox/").get_data(as_text=True)
+    assert 'data-outbox="unfulfilled">0<' in after
+    assert "Nothing waits" in after
+    delivered = client.get("/gateway/admin/outbox/?show=delivered").get_data(as_text=True)
+    assert f'data-outbox-event="{event.id}" data-outbox-state="delivered"' in delivered
+    for missing in (99999999999, 4242):  # past a 32-bit id (no database error), and an unknown one
+        answer = client.post(f"/gateway/admin/outbox/{missing}/deliver", data={"csrf_token": token.group(1)})
+        assert answer.status_code == 302
+        assert (
+            f"no outbox event {missing}"
+            in client.get("/gateway/admin/outbox/").get_data(as_text=True).lower()
+        )
