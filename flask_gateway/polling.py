@@ -12,8 +12,6 @@ from __future__ import annotations
 
 from typing import Final
 
-from flask import current_app
-
 from flask_gateway import signals
 from flask_gateway.core.sql import commit_keeping_loaded
 from flask_gateway.core.timestamps import utcnow
@@ -59,20 +57,13 @@ def refresh(checkout: GatewayCheckout, *, source: str = "poll") -> Transition:
     transition = apply(state.session, checkout_id, observed, commit=False)
     polled = transition.checkout
     polled.last_polled_at = utcnow()
-    newly_flagged = False
     if contradiction is not None and not transition.applied:
-        newly_flagged = not polled.flagged
+        if not polled.flagged:  # the event is written with the flag, delivered after the commit (outbox)
+            transition.queue(signals.checkout_flagged, reason=contradiction, source=source)
         polled.flagged, polled.flag_reason = True, contradiction
         transition.flagged, transition.reason = True, contradiction
     commit_keeping_loaded(state.session)
     send_pending(transition)
-    if newly_flagged:
-        signals.checkout_flagged.send(
-            current_app._get_current_object(),  # type: ignore[attr-defined]
-            checkout=polled,
-            reason=contradiction,
-            source=source,
-        )
     return transition
 
 

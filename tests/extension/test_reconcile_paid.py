@@ -15,9 +15,11 @@ from typing import Any
 import pytest
 import requests
 import responses
+from sqlalchemy import select
 
 from flask_gateway import signals
 from flask_gateway.core.timestamps import format_timestamp, utcnow
+from flask_gateway.models import OutboxEvent
 from flask_gateway.polling import refresh
 from flask_gateway.state import get_state
 from flask_gateway.transitions import Observation, apply
@@ -86,6 +88,11 @@ def test_any_status_check_asked_after_the_payment_flags_a_checkout_the_gateway_c
         assert transition.flagged and "does not go back" in transition.reason
         assert [call["source"] for call in flagged.calls] == ["admin"] and len(cancelled) == 0
         assert load(installed, checkout_id).flagged
+        # Written to the outbox with the flag, in the same transaction (delivered at least once).
+        kinds = get_state().session.scalars(
+            select(OutboxEvent.kind).where(OutboxEvent.checkout_id == checkout_id)
+        )
+        assert list(kinds).count("checkout_flagged") == 1
 
 
 def test_an_answer_overtaken_by_the_payment_is_not_flagged(installed: Harness) -> None:
