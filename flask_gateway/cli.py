@@ -1,8 +1,9 @@
 """``flask gateway ...``: create the tables, reconcile, look at one checkout.
 
 - ``flask gateway init-db``: create the extension's ``gateway_*`` tables (only those) when missing.
-- ``flask gateway reconcile [--limit N] [--older-than SECONDS]``: poll the checkouts whose outcome the shop
-  may have missed (see :mod:`flask_gateway.reconciliation`); exits 1 when a checkout could not be polled, so a
+- ``flask gateway reconcile [--limit N] [--older-than S] [--paid-window HOURS] [--paid-recheck S]``: poll
+  the checkouts whose outcome the shop may have missed, then the recently paid ones for refunds made at
+  the gateway (see :mod:`flask_gateway.reconciliation`); exits 1 when a checkout could not be polled, so a
   cron job reports it.
 - ``flask gateway status TOKEN [--refresh]``: the local record and the gateway's getstatus answer.
 - ``flask gateway check-settings``: compare the gateway's settings (callback URL, e-mail, limits) with the
@@ -26,6 +27,7 @@ import click
 from flask.cli import AppGroup
 from sqlalchemy import CursorResult, delete, inspect, or_, select
 
+from flask_gateway.config import MAX_PAID_WINDOW_HOURS
 from flask_gateway.core.errors import GatewayError
 from flask_gateway.core.sql import create_all_safely
 from flask_gateway.core.timestamps import utcnow
@@ -43,7 +45,7 @@ from flask_gateway.models import (
 )
 from flask_gateway.outbox import backlog, deliver_due, redeliver
 from flask_gateway.polling import refresh
-from flask_gateway.reconciliation import reconcile
+from flask_gateway.reconciliation import PAID_RECHECK_SECONDS, reconcile
 from flask_gateway.state import get_state
 
 __all__ = ["gateway_cli"]
@@ -76,9 +78,31 @@ def init_db() -> None:
     help="Only checkouts unchanged and unpolled for this many seconds "
     "[default: GATEWAY_RECONCILE_AFTER_SECONDS].",
 )
+@click.option(
+    "--paid-window",
+    "paid_window",
+    type=click.FloatRange(0, MAX_PAID_WINDOW_HOURS),
+    default=None,
+    help="Also ask about checkouts paid within this many hours (refunds made at the gateway); 0: none "
+    "[default: GATEWAY_RECONCILE_PAID_WINDOW_HOURS].",
+)
+@click.option(
+    "--paid-recheck",
+    "paid_recheck",
+    type=click.FloatRange(min=0),
+    default=None,
+    help="Only paid checkouts unchanged and unpolled for this many seconds "
+    f"[default: {PAID_RECHECK_SECONDS}].",
+)
 @click.option("--quiet", is_flag=True, help="No progress bar; only the summary.")
-def reconcile_command(limit: int | None, older_than: float | None, quiet: bool) -> None:
-    """Ask the gateway about checkouts that are not final and apply the answers."""
+def reconcile_command(
+    limit: int | None,
+    older_than: float | None,
+    paid_window: float | None,
+    paid_recheck: float | None,
+    quiet: bool,
+) -> None:
+    """Ask the gateway about checkouts that are not final, and recently paid ones, and apply the answers."""
     with ExitStack() as stack:
         bar: Any = None
 
@@ -93,7 +117,13 @@ def reconcile_command(limit: int | None, older_than: float | None, quiet: bool) 
                 )
             bar.update(done - bar.pos)
 
-        report = reconcile(limit=limit, older_than_seconds=older_than, progress=progress)
+        report = reconcile(
+            limit=limit,
+            older_than_seconds=older_than,
+            progress=progress,
+            paid_window_hours=paid_window,
+            paid_recheck_seconds=paid_recheck,
+        )
     click.echo(report.summary())
     if report.errors:
         raise SystemExit(1)

@@ -26,6 +26,16 @@ success/fail URLs), and checkouts of another merchant account than the installed
 The gateway reports ``EXPIRED`` once ``expiresAt`` passed; should it still answer ``PENDING_ORDER`` for a
 checkout past its ``expiresAt`` (more than a minute, for clock skew), the checkout is marked ``EXPIRED``
 here (DESIGN §3). A payment reported later still moves it on (and flags it for review).
+
+Paid checkouts, to learn of refunds and cancellations made at the gateway (its portal, another system
+of the merchant's): after the open checkouts, a run asks about the ``PAID`` and ``PARTIALLY_REFUNDED``
+checkouts whose payment the shop recorded within the last ``GATEWAY_RECONCILE_PAID_WINDOW_HOURS`` (0:
+none), each at most once per :data:`PAID_RECHECK_SECONDS` (nothing changed or polled it for that long),
+claimed as above. ``PAID_PENDING_CALLBACK`` checkouts are already among the open pass's. What a poll
+learns is recorded by ``transitions.apply`` and ``polling.refresh``: a full refund as a ``RefundRecord``
+of the missing amount with ``refund_succeeded`` once; a partial one the shop cannot account for (the
+status answer carries no amount) flagged; a paid checkout the gateway calls cancelled, expired or open
+flagged (it does not go back). ``limit`` counts both passes, the open checkouts first.
 """
 
 from __future__ import annotations
@@ -39,6 +49,7 @@ from typing import Final
 
 from sqlalchemy import ColumnElement, and_, func, or_, select, update
 
+from flask_gateway.config import MAX_PAID_WINDOW_HOURS
 from flask_gateway.core.timestamps import utcnow
 from flask_gateway.core.wire import OPEN_STATUSES, PAID_STATUSES, PAYMENT_STATUSES, CheckoutStatus
 from flask_gateway.models import GatewayCheckout, LocalStatus
@@ -48,6 +59,8 @@ from flask_gateway.transitions import Observation, apply
 
 __all__ = [
     "CLAIM_LEASE_SECONDS",
+    "PAID_POLLED_STATUSES",
+    "PAID_RECHECK_SECONDS",
     "POLLED_STATUSES",
     "ReconcileError",
     "ReconcileReport",
@@ -60,6 +73,11 @@ S = CheckoutStatus
 
 #: The statuses a reconciliation asks the gateway about.
 POLLED_STATUSES: Final = (*sorted(OPEN_STATUSES), S.PAID_PENDING_CALLBACK.value)
+#: The paid statuses a reconciliation asks about within the paid window (``PAID_PENDING_CALLBACK`` is
+#: among ``POLLED_STATUSES`` already); ``FULLY_REFUNDED`` is final.
+PAID_POLLED_STATUSES: Final = (S.PAID.value, S.PARTIALLY_REFUNDED.value)
+#: A paid checkout is asked about again only once nothing changed or polled it for this long.
+PAID_RECHECK_SECONDS: Final = 3600
 #: A claimed (or polled) checkout is not due again for at least this long.
 CLAIM_LEASE_SECONDS: Final = 60
 #: A ``CREATING`` checkout older than this has lost its create answer: reported.
@@ -107,6 +125,24 @@ class ReconcileReport:
     v1_unresolved: int = 0
     #: Open checkouts of a merchant account other than the installed one: not polled.
     other_account: int = 0
+    #: The paid window of this run, in hours (0: paid checkouts were not asked about).
+    paid_window_hours: float = 0
+    #: Paid checkouts in the window due when the run started (after what ``limit`` left for them).
+    paid_due: int = 0
+    #: Paid checkouts asked about (the "checked" of the summary).
+    paid_polled: int = 0
+    #: Paid checkouts whose status or refunded amount changed (a refund recorded).
+    paid_changed: int = 0
+    #: Paid checkouts that could not be asked about (also in ``errors``).
+    paid_failed: int = 0
+    #: The status each paid checkout asked about has after the poll.
+    paid_statuses: Counter[str] = field(default_factory=Counter)
+    #: Checkouts (of either pass) whose refunded amount grew: refunds learnt from the gateway, recorded.
+    refunded: int = 0
+    #: What those refunds add up to, in cents.
+    refunded_cents: int = 0
+    #: Checkouts (of either pass) this run flagged for a person.
+    flagged: int = 0
 
     @property
     def failed(self) -> int:
@@ -118,12 +154,30 @@ class ReconcileReport:
             return "The gateway is not installed: nothing to reconcile."
         lines = [
             f"Polled {self.polled} of {self.due} due checkout(s): {self.changed} changed, "
-            f"{self.confirmed} payment(s) confirmed, {self.expired} expired, {self.failed} failed."
+            f"{self.confirmed} payment(s) confirmed, {self.expired} expired, "
+            f"{self.failed - self.paid_failed} failed."
         ]
         if self.statuses:
+            lines.append("Statuses now: " + _counted(self.statuses))
+        if self.paid_window_hours > 0:
+            line = (
+                f"Checked {self.paid_polled} of {self.paid_due} paid checkout(s) due from the last "
+                f"{self.paid_window_hours:g} hour(s): {self.paid_changed} changed, {self.paid_failed} failed."
+            )
+            if self.paid_statuses:
+                line += " Statuses now: " + _counted(self.paid_statuses)
+            lines.append(line)
+        else:
+            lines.append("Paid checkouts not checked (paid window 0).")
+        if self.refunded:
             lines.append(
-                "Statuses now: "
-                + ", ".join(f"{name} {count}" for name, count in sorted(self.statuses.items()))
+                f"Refunds learnt from the gateway: {self.refunded} checkout(s), {self.refunded_cents} cents "
+                "recorded (refund_succeeded sent)."
+            )
+        if self.flagged:
+            lines.append(
+                f"{self.flagged} checkout(s) flagged for a person: the gateway's answer does not add up with "
+                "the shop's record (the admin's checkouts list, flagged only)."
             )
         for error in self.errors[:20]:
             lines.append(f"  failed: checkout #{error.checkout_id} ({error.token}): {error.message}")
@@ -147,7 +201,12 @@ class ReconcileReport:
         return "\n".join(lines)
 
 
+def _counted(statuses: Counter[str]) -> str:
+    return ", ".join(f"{name} {count}" for name, count in sorted(statuses.items()))
+
+
 def _due(account: str, cutoff: datetime, lease_cutoff: datetime) -> ColumnElement[bool]:
+    """The open checkouts to ask about: unchanged and unpolled since ``cutoff`` (and not claimed)."""
     return and_(
         GatewayCheckout.api_version == "v2",
         GatewayCheckout.token.is_not(None),
@@ -158,19 +217,54 @@ def _due(account: str, cutoff: datetime, lease_cutoff: datetime) -> ColumnElemen
     )
 
 
+def _paid_due(
+    account: str, window_start: datetime, recheck_cutoff: datetime, lease_cutoff: datetime
+) -> ColumnElement[bool]:
+    """The paid checkouts to ask about: payment recorded since ``window_start``, unchanged and unpolled
+    since ``recheck_cutoff`` (and not claimed)."""
+    return and_(
+        GatewayCheckout.api_version == "v2",
+        GatewayCheckout.token.is_not(None),
+        GatewayCheckout.status.in_(PAID_POLLED_STATUSES),
+        GatewayCheckout.merchant_account_id == account,
+        or_(
+            GatewayCheckout.payment_confirmed_at >= window_start,
+            # Refunded before the shop knew of the payment (flagged, never confirmed): the gateway's paidAt.
+            and_(GatewayCheckout.payment_confirmed_at.is_(None), GatewayCheckout.paid_at >= window_start),
+        ),
+        # Implied by the payment's time (recording it set updated_at), and what bounds the scan of the
+        # (status, updated_at) index to the window: a shop's older paid orders are never read.
+        GatewayCheckout.updated_at >= window_start,
+        GatewayCheckout.updated_at <= recheck_cutoff,
+        or_(GatewayCheckout.last_polled_at.is_(None), GatewayCheckout.last_polled_at < lease_cutoff),
+    )
+
+
+def _count(where: ColumnElement[bool]) -> int:
+    return get_state().session.scalar(select(func.count()).select_from(GatewayCheckout).where(where)) or 0
+
+
 @leaves_no_transaction
 def reconcile(
     *,
     limit: int | None = None,
     older_than_seconds: float | None = None,
     progress: Progress | None = None,
+    paid_window_hours: float | None = None,
+    paid_recheck_seconds: float | None = None,
 ) -> ReconcileReport:
     """Poll the due checkouts (at most ``limit``), apply the answers, and report; see the module docstring.
 
+    ``paid_window_hours`` (default ``GATEWAY_RECONCILE_PAID_WINDOW_HOURS``; 0: none) and
+    ``paid_recheck_seconds`` (default :data:`PAID_RECHECK_SECONDS`) choose the paid checkouts asked about.
     Never raises for one checkout's failure: it is counted in ``errors`` and the run goes on.
     """
     if limit is not None and limit < 0:
         raise ValueError("limit must be 0 or more")
+    if paid_window_hours is not None and not 0 <= paid_window_hours <= MAX_PAID_WINDOW_HOURS:
+        raise ValueError(f"paid_window_hours must be from 0 to {MAX_PAID_WINDOW_HOURS}")
+    if paid_recheck_seconds is not None and paid_recheck_seconds < 0:
+        raise ValueError("paid_recheck_seconds must be 0 or more")
     state = get_state()
     session = state.session
     started = utcnow()
@@ -180,6 +274,12 @@ def reconcile(
     )
     cutoff = started - older_than
     lease_cutoff = started - max(older_than, timedelta(seconds=CLAIM_LEASE_SECONDS))
+    report.paid_window_hours = (
+        state.config.reconcile_paid_window_hours if paid_window_hours is None else paid_window_hours
+    )
+    recheck = timedelta(
+        seconds=PAID_RECHECK_SECONDS if paid_recheck_seconds is None else paid_recheck_seconds
+    )
     _count_unpolled(report, started)
     installation = state.installation()
     if installation is None:
@@ -198,29 +298,37 @@ def reconcile(
         )
         or 0
     )
-    due = (
-        session.scalar(
-            select(func.count()).select_from(GatewayCheckout).where(_due(account, cutoff, lease_cutoff))
-        )
-        or 0
-    )
+    passes: list[tuple[ColumnElement[bool], bool]] = [(_due(account, cutoff, lease_cutoff), False)]
+    due = _count(passes[0][0])
     report.due = min(due, limit) if limit is not None else due
+    if report.paid_window_hours > 0:
+        paid_where = _paid_due(
+            account,
+            window_start=started - timedelta(hours=report.paid_window_hours),
+            recheck_cutoff=started - recheck,
+            lease_cutoff=started - max(recheck, timedelta(seconds=CLAIM_LEASE_SECONDS)),
+        )
+        passes.append((paid_where, True))
+        paid_due = _count(paid_where)
+        report.paid_due = min(paid_due, limit - report.due) if limit is not None else paid_due
     session.commit()
+    total = report.due + report.paid_due
     if progress is not None:
-        progress(0, report.due)
+        progress(0, total)
     done = 0
-    seen: set[int] = set()
-    while limit is None or done < limit:
-        batch = min(BATCH_SIZE, limit - done) if limit is not None else BATCH_SIZE
-        claimed = [i for i in _claim(account, cutoff, lease_cutoff, batch) if i not in seen]
-        if not claimed:
-            break
-        for checkout_id in claimed:
-            seen.add(checkout_id)
-            _reconcile_one(checkout_id, report)
-            done += 1
-            if progress is not None:
-                progress(done, max(report.due, done))
+    seen: set[int] = set()  # at most one poll per checkout per run, whichever pass would take it again
+    for where, paid in passes:
+        while limit is None or done < limit:
+            batch = min(BATCH_SIZE, limit - done) if limit is not None else BATCH_SIZE
+            claimed = [i for i in _claim(where, batch) if i not in seen]
+            if not claimed:
+                break
+            for checkout_id in claimed:
+                seen.add(checkout_id)
+                _reconcile_one(checkout_id, report, paid=paid)
+                done += 1
+                if progress is not None:
+                    progress(done, max(total, done))
     report.finished_at = utcnow()
     log.info("reconcile: %s", report.summary().replace("\n", " | "))
     return report
@@ -253,14 +361,14 @@ def _count_unpolled(report: ReconcileReport, now: datetime) -> None:
     )
 
 
-def _claim(account: str, cutoff: datetime, lease_cutoff: datetime, size: int) -> list[int]:
+def _claim(where: ColumnElement[bool], size: int) -> list[int]:
     """Take up to ``size`` due checkouts for this run: mark them polled now, in one short transaction."""
     session = get_state().session
     try:
         ids = list(
             session.scalars(
                 select(GatewayCheckout.id)
-                .where(_due(account, cutoff, lease_cutoff))
+                .where(where)
                 .order_by(GatewayCheckout.updated_at, GatewayCheckout.id)
                 .limit(size)
                 .with_for_update(skip_locked=True)
@@ -280,44 +388,57 @@ def _claim(account: str, cutoff: datetime, lease_cutoff: datetime, size: int) ->
     return ids
 
 
-def _reconcile_one(checkout_id: int, report: ReconcileReport) -> None:
+def _reconcile_one(checkout_id: int, report: ReconcileReport, *, paid: bool) -> None:
     session = get_state().session
     token: str | None = None
     try:
         checkout = session.get_one(GatewayCheckout, checkout_id, populate_existing=True)
         token = checkout.token
+        refunded_before, flagged_before = checkout.refunded_cents, checkout.flagged
         transition = refresh(checkout, source="reconcile")
-        report.polled += 1
         checkout = transition.checkout
-        if transition.applied:
-            report.changed += 1
-            if transition.after in PAYMENT_STATUSES and transition.before not in PAID_STATUSES:
-                report.confirmed += 1
-            if transition.after == S.EXPIRED:
-                report.expired += 1
-        if (
-            checkout.status == S.PENDING_ORDER
-            and checkout.expires_at is not None
-            and checkout.expires_at < utcnow() - EXPIRY_GRACE
-        ):
-            expired = apply(
-                session,
-                checkout_id,
-                Observation(
-                    status=S.EXPIRED.value,
-                    source="reconcile",
-                    detail=f"the gateway still says PENDING_ORDER past expiresAt "
-                    f"{checkout.expires_at.isoformat()}: treated as expired",
-                ),
-            )
-            if expired.applied:
-                report.expired += 1
-                if not transition.applied:
-                    report.changed += 1
-            checkout = expired.checkout
-        report.statuses[checkout.status] += 1
+        if paid:
+            report.paid_polled += 1
+            if transition.applied:
+                report.paid_changed += 1
+        else:
+            report.polled += 1
+            if transition.applied:
+                report.changed += 1
+                if transition.after in PAYMENT_STATUSES and transition.before not in PAID_STATUSES:
+                    report.confirmed += 1
+                if transition.after == S.EXPIRED:
+                    report.expired += 1
+            if (
+                checkout.status == S.PENDING_ORDER
+                and checkout.expires_at is not None
+                and checkout.expires_at < utcnow() - EXPIRY_GRACE
+            ):
+                expired = apply(
+                    session,
+                    checkout_id,
+                    Observation(
+                        status=S.EXPIRED.value,
+                        source="reconcile",
+                        detail=f"the gateway still says PENDING_ORDER past expiresAt "
+                        f"{checkout.expires_at.isoformat()}: treated as expired",
+                    ),
+                )
+                if expired.applied:
+                    report.expired += 1
+                    if not transition.applied:
+                        report.changed += 1
+                checkout = expired.checkout
+        if checkout.refunded_cents > refunded_before:
+            report.refunded += 1
+            report.refunded_cents += checkout.refunded_cents - refunded_before
+        if checkout.flagged and not flagged_before:
+            report.flagged += 1
+        (report.paid_statuses if paid else report.statuses)[checkout.status] += 1
         session.commit()  # end the read: no transaction (SQLite: no write lock) held between polls
     except Exception as error:  # one checkout's failure never stops the run
         session.rollback()
         log.warning("reconcile: checkout #%s failed: %s", checkout_id, error, exc_info=True)
         report.errors.append(ReconcileError(checkout_id=checkout_id, token=token, message=str(error)))
+        if paid:
+            report.paid_failed += 1
