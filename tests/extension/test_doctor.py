@@ -23,12 +23,12 @@ import responses
 from flask import Flask, redirect, request
 from flask_sqlalchemy import SQLAlchemy
 from flask_wtf.csrf import CSRFProtect
-from sqlalchemy import text, update
+from sqlalchemy import select, text, update
 
 from flask_gateway import Gateway, create_checkout, models
 from flask_gateway.core.timestamps import utcnow
 from flask_gateway.doctor import run_checks
-from flask_gateway.models import GatewayCheckout
+from flask_gateway.models import CallbackLog, GatewayCheckout
 from flask_gateway.secrets import SecretBox
 from flask_gateway.state import get_state
 from flask_gateway.testing import DEMO_ACCOUNT, GatewayEmulator, gateway_config
@@ -406,6 +406,13 @@ def test_a_healthy_setup_passes(setups: Callable[..., Setup]) -> None:
     assert [text for mark, text in found["outbox"]] and (HAS_OUTBOX or found["outbox"][0][0] == "unknown")
     assert "answered 401, the extension's own refusal" in found["callback"][0][1]
     assert result.output.strip().splitlines()[-1].startswith("No problem found (")
+    # Its footprint (docs/operations.md): the csrf check never calls the view, the callback check leaves one
+    # refused row that names the doctor, and callback_rejected is sent once.
+    with setup.shop.app_context():
+        rows = get_state().session.scalars(select(CallbackLog)).all()
+    assert [(row.outcome, row.http_status) for row in rows] == [("rejected-signature", 401)]
+    assert rows[0].headers["User-Agent"].startswith("flask-gateway-doctor/")
+    assert [s.signal for s in setup.gateway.signals] == ["callback_rejected"]
 
 
 def test_csrfprotect_after_the_gateway_still_lets_callbacks_through(setups: Callable[..., Setup]) -> None:
