@@ -34,7 +34,8 @@ from flask_gateway.core.timestamps import utcnow
 from flask_gateway.core.wire import status_payload_keys
 from flask_gateway.doctor import DEFAULT_TIMEOUT, run_checks
 from flask_gateway.drift import check_settings
-from flask_gateway.errors import NotInstalledError
+from flask_gateway.errors import CallbackRejected, NotInstalledError
+from flask_gateway.inbound import replay_callback
 from flask_gateway.models import (
     CallbackLog,
     CallbackOutcome,
@@ -309,6 +310,26 @@ def redeliver_command(event_id: int) -> None:
     if report.failed:
         raise click.ClickException(f"event #{event_id}: {report.errors[0][1]}")
     click.echo(f"Event #{event_id} delivered.")
+
+
+@gateway_cli.command("replay-callback")
+@click.argument("log_id", type=int)
+def replay_callback_command(log_id: int) -> None:
+    """Process a stored callback again (one that was verified when it arrived): confirmed with the gateway
+    and applied as a callback is; a new row of the callback log says how it went."""
+    try:
+        result = replay_callback(log_id)
+    except (LookupError, ValueError, NotInstalledError) as exc:
+        raise click.ClickException(str(exc)) from None
+    except CallbackRejected as exc:
+        raise click.ClickException(
+            f"callback #{log_id} replayed as #{exc.log.id if exc.log else '?'}: refused ({exc.outcome}): "
+            f"{exc.description}"
+        ) from None
+    click.echo(
+        f"Callback #{log_id} replayed as #{result.log.id}: {result.outcome} "
+        f"({result.log.detail or result.transition.reason})."
+    )
 
 
 @gateway_cli.command("prune-callbacks")

@@ -200,7 +200,7 @@ class GatewayConfig:
         if api_version not in ("v2", "v1"):
             raise ConfigurationError(f"GATEWAY_API_VERSION={api_version!r}: use 'v2' (default) or 'v1'.")
         expiry = config["GATEWAY_ORDER_EXPIRY_MINUTES"]
-        if not isinstance(expiry, int) or isinstance(expiry, bool) or not 10 <= expiry <= 7200:
+        if not _whole_number(expiry, 10, 7200):
             raise ConfigurationError(
                 f"GATEWAY_ORDER_EXPIRY_MINUTES={expiry!r}: a whole number from 10 to 7200."
             )
@@ -216,7 +216,7 @@ class GatewayConfig:
                 f"GATEWAY_CALLBACK_SILENCE_PAYMENTS={silence_payments!r}: a whole number from 1 to 10000."
             )
         retries = config["GATEWAY_MAX_RETRIES"]
-        if not isinstance(retries, int) or isinstance(retries, bool) or not 0 <= retries <= 10:
+        if not _whole_number(retries, 0, 10):
             raise ConfigurationError(f"GATEWAY_MAX_RETRIES={retries!r}: a whole number from 0 to 10.")
         paid_window = config["GATEWAY_RECONCILE_PAID_WINDOW_HOURS"]
         if (
@@ -295,14 +295,16 @@ def _flag(key: str, value: object) -> bool:
     raise ConfigurationError(f"{key}={value!r}: True or False.")
 
 
-def _whole(key: str, value: object, low: int, high: int) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
-        raise ConfigurationError(f"{key}={value!r}: a whole number from {low} to {high}.")
-    return value
-
-
 def _whole_number(value: object, low: int, high: int) -> bool:
+    """An int (not a bool) from ``low`` to ``high``."""
     return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
+def _whole(key: str, value: object, low: int, high: int) -> int:
+    """``value`` when it is a whole number from ``low`` to ``high``, else the error that says so."""
+    if not _whole_number(value, low, high):
+        raise ConfigurationError(f"{key}={value!r}: a whole number from {low} to {high}.")
+    return value  # type: ignore[return-value]  # an int: checked above
 
 
 def _check_url(key: str, value: object) -> None:

@@ -277,7 +277,7 @@ def _reject(
     session.add(log)  # stored already, or stored now with its outcome
     log.outcome = error.outcome
     log.http_status = error.code or 400
-    log.detail = reason
+    log.detail = _noted(log, reason)
     log.checkout_id = checkout.id if checkout is not None else None
     log_id = log.id
     session.commit()
@@ -296,7 +296,7 @@ def _record_error(log_id: int, exc: BaseException) -> None:
         if log is not None:
             log.outcome = CallbackOutcome.ERROR.value
             log.http_status = 500
-            log.detail = f"{type(exc).__name__} while processing: see the server log"
+            log.detail = _noted(log, f"{type(exc).__name__} while processing: see the server log")
             session.commit()
     except Exception:  # the database itself may be what failed: keep the original error
         session.rollback()
@@ -374,7 +374,55 @@ def process_callback(headers: Headers, body: bytes, client: str | None = None) -
             client,
             f"{SIGNATURE_HEADER} is missing or does not match the body",
         )
-    log = _new_log(headers, body, client)
+    return _verified(_new_log(headers, body, client), body, installed_account, signing_key_encrypted, client)
+
+
+def replay_callback(log_id: int) -> CallbackResult:
+    """Process a stored callback again, through the path a verified callback takes: parsed, its checkout
+    found, confirmed with getstatus, applied (``flask gateway replay-callback``, the admin's callback log).
+
+    Only a callback that was verified when it arrived is stored whole (a refused one keeps an excerpt), and
+    its signature is not stored (the log keeps no secret headers): its verification then is what a replay
+    stands on, and the confirmation with the gateway is what it proves. The replay is a new log row (the
+    original's headers and body, ``replay of callback #N``). Raises ``LookupError`` (no such row),
+    ``ValueError`` (never verified: nothing to replay), ``NotInstalledError``, and the refusals of
+    :func:`process_callback` after verification (``CallbackRejected``).
+    """
+    state = get_state()
+    original = state.session.get(CallbackLog, log_id)
+    if original is None:
+        raise LookupError(f"no callback #{log_id}")
+    if not original.verified:
+        raise ValueError(
+            f"callback #{log_id} was refused before it was verified: only an excerpt of it is stored, "
+            "nothing to replay"
+        )
+    installed = state.installation_key()
+    if installed is None:
+        state.require_installation()  # raises NotInstalledError with the fix
+        raise AssertionError("unreachable")  # pragma: no cover
+    body = original.body.encode("utf-8")
+    log = _new_log(Headers(original.headers), body, None)
+    log.detail = f"{_REPLAY} #{log_id}"
+    return _verified(log, body, installed[0], installed[1], None)
+
+
+#: How a replay's log row starts (``replay of callback #N``); what happened follows it.
+_REPLAY: Final = "replay of callback"
+_REPLAY_NOTE: Final = re.compile(rf"^{_REPLAY} #\d+")
+
+
+def _noted(log: CallbackLog, detail: str) -> str:
+    """``detail`` for the row, after the replay note the row starts with (if it is a replay)."""
+    note = _REPLAY_NOTE.match(log.detail or "")
+    return f"{note.group(0)}: {detail}" if note else detail
+
+
+def _verified(
+    log: CallbackLog, body: bytes, installed_account: str, signing_key_encrypted: str, client: str | None
+) -> CallbackResult:
+    """Steps 3 to 5 of a verified callback (stored, parsed, found, confirmed, applied)."""
+    state = get_state()
     try:
         payload = CheckoutStatusPayload.from_json(body)
     except ValidationError as exc:
@@ -538,7 +586,7 @@ def _process(
     log.checkout_id = checkout.id
     log.outcome = outcome.value
     log.http_status = 200
-    log.detail = detail
+    log.detail = _noted(log, detail)
     log_id, checkout_id = log.id, checkout.id
     commit_keeping_loaded(session)
     send_pending(transition)

@@ -65,10 +65,10 @@ checkout_flagged = _signals.signal("gateway-checkout-flagged")
 #: to fulfil anyway or to refund. Sends ``checkout``, ``before`` (the status it had) and ``source``.
 payment_after_close = _signals.signal("gateway-payment-after-close")
 
-#: Every delivery of a ``payment_confirmed`` event failed (its receivers raised ``GATEWAY_OUTBOX_MAX_ATTEMPTS``
-#: times): the order was paid but could not be fulfilled. The hook for the shop's policy (refund it, tell a
-#: person). Sends ``checkout``, ``event_id`` and ``error`` (what the last attempt raised). Sent directly, not
-#: through the outbox; a receiver that raises is logged.
+#: Every delivery of a ``payment_confirmed`` event failed (its receivers raised
+#: ``GATEWAY_OUTBOX_MAX_ATTEMPTS`` times): the order was paid but could not be fulfilled. The hook for the
+#: shop's policy (refund it, tell a person). Sends ``checkout``, ``event_id`` and ``error`` (what the last
+#: attempt raised). Sent directly, not through the outbox; a receiver that raises is logged.
 fulfilment_failed = _signals.signal("gateway-fulfilment-failed")
 
 

@@ -33,7 +33,7 @@ from flask_gateway.core.errors import (
 )
 from flask_gateway.core.wire import CHANGEABLE_STATUSES, REFUNDABLE_STATUSES, CheckoutStatus
 from flask_gateway.drift import check_settings, last_report
-from flask_gateway.errors import NotInstalledError, SecretUnreadable
+from flask_gateway.errors import CallbackRejected, NotInstalledError, SecretUnreadable
 from flask_gateway.forms import (
     ActionForm,
     AmountField,
@@ -44,6 +44,7 @@ from flask_gateway.forms import (
     format_money,
 )
 from flask_gateway.health import check_callback_health, describe_age
+from flask_gateway.inbound import replay_callback
 from flask_gateway.installation import InstallSettings, adopt_signing_key, install, update_settings
 from flask_gateway.labels import (
     callback_outcome_label,
@@ -445,7 +446,31 @@ def callbacks() -> ResponseReturnValue:
         outcome=outcome,
         refused=refused,
         filters=filters,
+        action_form=ActionForm(),
     )
+
+
+@bp.post("/callbacks/<int:log_id>/replay")
+def replay_callback_now(log_id: int) -> ResponseReturnValue:
+    """Process a stored (verified) callback again, through the callback's own path (confirmed, applied)."""
+    back = redirect(url_for(".callbacks"))
+    if log_id > MAX_ID:
+        flash(f"There is no callback #{log_id}.", "error")
+        return back
+    try:
+        result = replay_callback(log_id)
+    except (LookupError, ValueError, NotInstalledError) as error:
+        flash(f"Not replayed: {error}.", "error")
+        return back
+    except CallbackRejected as error:
+        replay = f" as #{error.log.id}" if error.log else ""
+        flash(f"Callback #{log_id} replayed{replay}, and refused: {error.description}", "error")
+        return back
+    flash(
+        f"Callback #{log_id} replayed as #{result.log.id}: {callback_outcome_label(result.outcome).text}.",
+        "success",
+    )
+    return back
 
 
 def _page() -> int:
