@@ -351,14 +351,41 @@ def together(count: int, action: Callable[[int], T], *, timeout: float = 120) ->
 _ACCESS = re.compile(r"^ACCESS (\d{3}) (\S+) (\S+)", re.M)
 
 
-def log_problems(stack: Stack, injected_500: Mapping[str, int] | None = None) -> list[str]:
+def tracebacks(text: str, expected: str | None = None) -> tuple[int, list[str]]:
+    """The tracebacks in a log: how many end in the ``expected`` exception (its name in the exception's
+    line, the first unindented line after the frames), and the others (``line N: <exception line>``)."""
+    lines = text.splitlines()
+    seen, problems = 0, []
+    for number, line in enumerate(lines):
+        if "Traceback" not in line:
+            continue
+        end = number + 1
+        while end < len(lines) and lines[end].startswith(" "):
+            end += 1
+        raised = lines[end] if end < len(lines) else ""
+        if (
+            expected is not None
+            and line.startswith("Traceback (most recent call last):")
+            and expected in raised
+        ):
+            seen += 1
+        else:
+            problems.append(f"line {number + 1}: {line} ... {raised}")
+    return seen, problems
+
+
+def log_problems(
+    stack: Stack, injected_500: Mapping[str, int] | None = None, *, expected_exception: str | None = None
+) -> list[str]:
     """Answers no request may get, and tracebacks, in the servers' logs.
 
     Any 500, from either server, but for the emulator's injected ones: ``injected_500`` maps
     ``"METHOD /path"`` to how many 500 fault answers the test had the emulator give there. The emulator's
     other 5xx are injected faults too; the shop answers 502 only from ``POST /checkout`` ("we couldn't
     reach the payment provider") and 503 only from ``POST /gateway/callback`` (its getstatus confirmation
-    met an injected gateway fault: the gateway retries), and any other 5xx of the shop counts.
+    met an injected gateway fault: the gateway retries), and any other 5xx of the shop counts. A traceback
+    of ``expected_exception`` (a failure the test injected into a receiver, logged by the outbox) is not a
+    problem; any other traceback is.
     """
     problems = []
     allowed = Counter(injected_500 or {})
@@ -374,9 +401,7 @@ def log_problems(stack: Stack, injected_500: Mapping[str, int] | None = None) ->
             )
             if status == "500" or (status.startswith("5") and not expected):
                 problems.append(f"{name}: {status} {method} {path}")
-        for line_number, line in enumerate(text.splitlines(), start=1):
-            if "Traceback" in line:
-                problems.append(f"{name}.log line {line_number}: {line}")
+        problems.extend(f"{name}.log {found}" for found in tracebacks(text, expected_exception)[1])
     return problems
 
 
