@@ -5,7 +5,9 @@ One stack for the whole package (``reliability_stack``, session scoped: starting
 - the emulator: ``gunicorn 'flask_gateway.emulator:create_app()'``, 3 worker processes x 4 threads, its
   background delivery worker on in every process, callback retries after 0.5 s and 0.5 s of its clock;
 - the shop: ``gunicorn tests.reliability.shop_wsgi:app`` (the unchanged shop plus a durable signal
-  counter), 4 worker processes x 4 threads, ``GATEWAY_TIMEOUT`` 3 s, auto-installed on the emulator.
+  counter, and a fulfilment a test can make fail), 4 worker processes x 4 threads, ``GATEWAY_TIMEOUT`` 3 s,
+  auto-installed on the emulator; an outbox event whose receiver raised is due again after 1 s (then 2 s,
+  4 s), dead after 4 attempts.
 
 Both start on empty databases the way a deployment does: every worker process creates the tables, seeds
 (emulator) or auto-installs (shop) at the same moment, and they must not trip over each other. Both servers write an access log line per
@@ -39,6 +41,9 @@ OWNER_PASSWORD = "owner-password-for-reliability"
 ACCESS_FORMAT = "ACCESS %(s)s %(m)s %(U)s"
 EMULATOR_WORKERS = 3
 SHOP_WORKERS = 4
+#: The shop's GATEWAY_OUTBOX_RETRY_SECONDS and GATEWAY_OUTBOX_MAX_ATTEMPTS (shop_wsgi reads them).
+OUTBOX_RETRY_SECONDS = 1
+OUTBOX_MAX_ATTEMPTS = 4
 
 
 @dataclass
@@ -133,6 +138,8 @@ def start_stack(cluster: PostgresCluster, log_dir: Path) -> Stack:
         "SHOP_SECRET_KEY": "shop-secret-for-reliability",
         "SHOP_ADMIN_PASSWORD": OWNER_PASSWORD,
         "SHOP_AUTO_INSTALL": "1",
+        "RELIABILITY_OUTBOX_RETRY_SECONDS": str(OUTBOX_RETRY_SECONDS),
+        "RELIABILITY_OUTBOX_MAX_ATTEMPTS": str(OUTBOX_MAX_ATTEMPTS),
     }
     try:
         shop = start_gunicorn(

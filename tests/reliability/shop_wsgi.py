@@ -1,20 +1,54 @@
-"""The example shop as gunicorn serves it in the reliability tests, plus a durable signal counter.
+"""The example shop as gunicorn serves it in the reliability tests, plus a durable signal counter and a
+receiver that can be made to fail.
 
 ``gunicorn tests.reliability.shop_wsgi:app``: the unchanged shop (``example_shop.create_app()``, configured by
 the environment), and one receiver per extension signal that inserts a row into ``reliability_signals``
 (on a connection of its own, committed at once). The tests count those rows: how often each signal was sent
 for an order, across every worker process, never from log lines.
 
+The shop's fulfilment (``example_shop.models.on_payment_confirmed``) is wrapped by :func:`fulfil_or_fail`:
+while a test has switched failures on (the one row of ``reliability_receiver_faults``: a seed, a rate and
+the attempts that may fail), a seeded share of the deliveries of ``payment_confirmed`` raise
+:class:`InjectedReceiverFailure` before the shop's receiver runs. Whether a delivery fails depends only on
+the seed, the outbox event's id and the attempt (:func:`injected`): a retry of the same event can succeed,
+and a run is replayed with its seed. Blinker calls a signal's receivers in no guaranteed order, hence a
+wrapper in place of the shop's receiver rather than a failing receiver connected before it. Every delivery
+the wrapper sees is a row of ``reliability_receiver_calls`` (the event, its attempt, injected or not, and
+which process delivered it: ``RELIABILITY_PROCESS``, ``server`` unless a test's subprocess says
+``deliver`` or ``reconcile``). With failures off (every other test) the wrapper only calls the shop.
+
+The CLI subprocesses of a test (``flask --app tests.reliability.shop_wsgi:app gateway deliver``) load this
+same module, as cron runs the same app as the server: the failing receiver is there too.
+
+``RELIABILITY_OUTBOX_RETRY_SECONDS`` and ``RELIABILITY_OUTBOX_MAX_ATTEMPTS`` set the extension's
+``GATEWAY_OUTBOX_RETRY_SECONDS`` and ``GATEWAY_OUTBOX_MAX_ATTEMPTS`` (as numbers: the example shop copies
+these ``GATEWAY_*`` variables from the environment as text).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 from typing import Any, Final
 
-from sqlalchemy import Column, DateTime, Integer, MetaData, String, Table, create_engine, func, insert
+from sqlalchemy import (
+    Boolean,
+    Column,
+    DateTime,
+    Float,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    create_engine,
+    func,
+    insert,
+    select,
+    text,
+)
 
 from example_shop import create_app
+from example_shop.models import on_payment_confirmed
 from flask_gateway import signals
 from flask_gateway.core.sql import create_all_safely
 
@@ -29,11 +63,87 @@ signal_rows: Final = Table(
     Column("pid", Integer, nullable=False),
     Column("at", DateTime(timezone=True), server_default=func.now()),
 )
+#: At most one row: failures are on (its seed, rate, and how many first attempts of an event may fail).
+receiver_faults: Final = Table(
+    "reliability_receiver_faults",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("seed", Integer, nullable=False),
+    Column("rate", Float, nullable=False),
+    Column("failing_attempts", Integer, nullable=False),
+)
+#: One row per delivery of ``payment_confirmed`` while failures are on.
+receiver_calls: Final = Table(
+    "reliability_receiver_calls",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("event_id", Integer, nullable=False),
+    Column("attempt", Integer, nullable=False),
+    Column("injected", Boolean, nullable=False),
+    Column("reference", String(255), nullable=False),
+    Column("process", String(20), nullable=False),
+    Column("pid", Integer, nullable=False),
+    Column("at", DateTime(timezone=True), server_default=func.now()),
+)
 
 _engine = create_engine(os.environ["SHOP_DATABASE_URL"], pool_size=2, max_overflow=10)
 create_all_safely(_engine, metadata)  # every worker process, at once
 
-app = create_app()
+_OUTBOX_KEYS: Final = ("GATEWAY_OUTBOX_RETRY_SECONDS", "GATEWAY_OUTBOX_MAX_ATTEMPTS")
+app = create_app(
+    {
+        key: int(os.environ[f"RELIABILITY_{key.removeprefix('GATEWAY_')}"])
+        for key in _OUTBOX_KEYS
+        if f"RELIABILITY_{key.removeprefix('GATEWAY_')}" in os.environ
+    }
+)
+PROCESS: Final = os.environ.get("RELIABILITY_PROCESS", "server")
+
+
+class InjectedReceiverFailure(RuntimeError):
+    """What the failing receiver raises (the tests tell its tracebacks from real ones by this name)."""
+
+
+def injected(seed: int, event_id: int, attempt: int, rate: float) -> bool:
+    """Whether delivery ``attempt`` (1, 2, ...) of outbox event ``event_id`` fails: a seeded draw."""
+    digest = hashlib.sha256(f"{seed}:{event_id}:{attempt}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64 < rate
+
+
+def fulfil_or_fail(sender: object, checkout: Any, event_id: int | None = None, **extra: Any) -> None:
+    """The shop's fulfilment, unless this delivery is one that fails (failures on, a seeded draw)."""
+    failure = None
+    if event_id is not None:
+        with _engine.begin() as connection:
+            faults = connection.execute(select(receiver_faults)).first()
+            if faults is not None:
+                # The attempts are counted after each delivery: this one is the next.
+                attempt = 1 + int(
+                    connection.scalar(
+                        text("SELECT attempts FROM gateway_outbox WHERE id = :id"), {"id": event_id}
+                    )
+                    or 0
+                )
+                fails = attempt <= faults.failing_attempts and injected(
+                    faults.seed, event_id, attempt, faults.rate
+                )
+                connection.execute(
+                    insert(receiver_calls).values(
+                        event_id=event_id,
+                        attempt=attempt,
+                        injected=fails,
+                        reference=checkout.order_reference,
+                        process=PROCESS,
+                        pid=os.getpid(),
+                    )
+                )
+                if fails:
+                    failure = InjectedReceiverFailure(
+                        f"injected: delivery {attempt} of outbox event {event_id} (seed {faults.seed})"
+                    )
+    if failure is not None:
+        raise failure
+    on_payment_confirmed(sender, checkout=checkout, event_id=event_id, **extra)
 
 
 def _counter(name: str) -> Any:
@@ -54,3 +164,5 @@ _receivers: Final = {
 }
 for _name, _receiver in _receivers.items():
     getattr(signals, _name).connect(_receiver)
+signals.payment_confirmed.disconnect(on_payment_confirmed)
+signals.payment_confirmed.connect(fulfil_or_fail)
