@@ -68,6 +68,7 @@ __all__ = [
     "payment_url",
     "record_event",
     "refund",
+    "refund_by_operator",
     "refund_v1",
     "reopen_v1",
     "status_payload",
@@ -384,6 +385,18 @@ def refund(account: Account, request: RefundRequest) -> RefundResponse:
         refundStatusAt=checkout.updated_at,
         refundStatusDescription="OK",
     )
+
+
+def refund_by_operator(token: str, amount: int | None, reason: str) -> Checkout:
+    """A refund made in the gateway's own portal (the control API and the dashboard): no merchant request,
+    so no requestId and no callback; the merchant learns of it by asking (getstatus). ``amount`` None:
+    everything that remains."""
+    checkout = lock(None, token)
+    remaining = checkout.total_cents - checkout.refunded_cents
+    _apply_refund(
+        checkout, remaining if amount is None else amount, "portal", reason or "refunded in the portal", None
+    )
+    return checkout
 
 
 # --- v1 ---------------------------------------------------------------------------------------------

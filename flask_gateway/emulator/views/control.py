@@ -56,6 +56,12 @@ class ClockAdvance(WireModel):
     seconds: Annotated[float, Field(ge=0, le=10 * 365 * 24 * 3600)]
 
 
+class OperatorRefund(WireModel):
+    #: Omitted: everything that remains refundable.
+    amountCents: Annotated[int, Strict(), Field(gt=0, le=10**12)] | None = None
+    reason: Annotated[str, Strict(), Field(max_length=1000)] = ""
+
+
 def describe_account(account: Account) -> dict[str, Any]:
     """An account as the control API and dashboard show it (the API key and signing key masked)."""
     return {
@@ -160,6 +166,17 @@ def _outcome(outcome: consumer.Outcome) -> Response:
 def pay(token: str) -> Response:
     """The consumer pays (v2 and v1 tokens)."""
     return _outcome(consumer.pay(token))
+
+
+@bp.post("/checkouts/<token>/refund")
+def operator_refund(token: str) -> Response:
+    """A refund made in the gateway's portal (v2 tokens): the merchant is not told (no callback), as the
+    shop's reconciliation must find out by asking."""
+    spec = parse(OperatorRefund, read_json())
+    checkout = checkouts.refund_by_operator(token, spec.amountCents, spec.reason)
+    body = _summary(checkout)
+    db.session.commit()
+    return json_response(body)
 
 
 @bp.post("/checkouts/<token>/begin-payment")

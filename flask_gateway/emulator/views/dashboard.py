@@ -17,7 +17,7 @@ from werkzeug.wrappers import Response as WerkzeugResponse
 
 from flask_gateway.core.money import format_money
 from flask_gateway.core.timestamps import format_timestamp
-from flask_gateway.core.wire import WireNames
+from flask_gateway.core.wire import REFUNDABLE_STATUSES, WireNames
 from flask_gateway.emulator import checkouts, clock, delivery, faults
 from flask_gateway.emulator.access import (
     check_access,
@@ -137,7 +137,28 @@ def checkout(token: str) -> str:
         ),
         details=json.dumps(mask_v1_urls(found.details), indent=2, ensure_ascii=False),
         deliveries=deliveries,
+        refundable=found.status in REFUNDABLE_STATUSES,
     )
+
+
+@bp.post("/_emulator/dashboard/checkouts/<token>/refund")
+def refund(token: str) -> WerkzeugResponse:
+    """The portal's refund button (CSRF-protected form): all that remains, or the amount typed in cents."""
+    typed = request.form.get("amount_cents", "").strip()
+    back = redirect(url_for(".checkout", token=token), 303)
+    if typed and (not typed.isdigit() or not 0 < int(typed) <= 10**12):
+        flash(f"Not refunded: {typed!r} is not an amount in cents.", "error")
+        return back
+    try:
+        done = checkouts.refund_by_operator(token, int(typed) if typed else None, "refunded in the portal")
+    except ApiProblem as problem:
+        db.session.rollback()
+        flash(f"Not refunded: {problem.message}", "error")
+        return back
+    refunded = done.refunded_cents
+    db.session.commit()
+    flash(f"Refunded; {format_money(refunded)} refunded in all. The merchant is not told.", "success")
+    return back
 
 
 @bp.get("/_emulator/dashboard/callbacks")
