@@ -52,6 +52,7 @@ from sqlalchemy import ColumnElement, and_, func, or_, select, update
 from flask_gateway.config import MAX_PAID_WINDOW_HOURS
 from flask_gateway.core.timestamps import utcnow
 from flask_gateway.core.wire import OPEN_STATUSES, PAID_STATUSES, PAYMENT_STATUSES, CheckoutStatus
+from flask_gateway.health import check_callback_health
 from flask_gateway.models import GatewayCheckout, LocalStatus
 from flask_gateway.polling import refresh
 from flask_gateway.state import get_state, leaves_no_transaction
@@ -329,6 +330,13 @@ def reconcile(
                 done += 1
                 if progress is not None:
                     progress(done, max(total, done))
+    try:
+        # Callbacks gone silent while payments go on (callbacks_silent, once per silent spell): each run
+        # looks, so a shop whose callbacks stopped hears of it within one schedule.
+        check_callback_health()
+    except Exception:
+        session.rollback()
+        log.exception("reconcile: the callback health check failed (the run itself is done)")
     report.finished_at = utcnow()
     log.info("reconcile: %s", report.summary().replace("\n", " | "))
     return report

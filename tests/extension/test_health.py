@@ -377,3 +377,32 @@ def test_the_panel_needs_an_installation(harness: Harness):
     harness.gateway.admin_guard(lambda: True)
     html = harness.client.get(f"{ADMIN}/").get_data(as_text=True)
     assert "Not installed" in html and "Callback health" not in html
+
+
+def test_each_reconcile_run_looks_for_silent_callbacks(installed: Harness):
+    """``reconcile`` runs the check: a shop whose callbacks stopped hears of it within one schedule, and a
+    failing check never fails the run."""
+    silence_after(installed, payments=2)
+    fail_callbacks(installed)
+    for reference in ("ORD-1", "ORD-2"):
+        checkout_id, _ = paid(installed, reference)
+        come_back(installed, checkout_id)
+    with recording(callbacks_silent) as sent, installed.shop.app_context():
+        reconcile()
+        reconcile()  # the same spell: once
+    assert len(sent) == 1
+
+
+def test_a_failing_health_check_leaves_the_reconcile_run_done(
+    installed: Harness, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+):
+    from flask_gateway import reconciliation
+
+    def broken() -> None:
+        raise RuntimeError("the health check broke")
+
+    monkeypatch.setattr(reconciliation, "check_callback_health", broken)
+    with installed.shop.app_context():
+        report = reconcile()
+    assert report.finished_at is not None and not report.errors
+    assert "the callback health check failed" in caplog.text
