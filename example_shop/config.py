@@ -71,13 +71,27 @@ def _seconds(name: str, value: str) -> float | tuple[float, float]:
     raise ShopConfigError(f"{name}={value!r}: give seconds as one number (10) or a connect,read pair (5,30).")
 
 
-#: ``GATEWAY_*`` variables that are not text; every other one is copied as it is.
+def _number(name: str, value: str) -> float:
+    try:
+        return float(value.strip())
+    except ValueError:
+        raise ShopConfigError(f"{name}={value!r} is not a number (e.g. {name}=24).") from None
+
+
+#: ``GATEWAY_*`` variables that are not text; every other one is copied as it is (a test checks that every
+#: key whose default is a number or a flag is here).
 _GATEWAY_PARSERS: Final[dict[str, Callable[[str, str], Any]]] = {
     "GATEWAY_MAX_RETRIES": _whole,
     "GATEWAY_ORDER_EXPIRY_MINUTES": _whole,
     "GATEWAY_RECONCILE_AFTER_SECONDS": _whole,
+    "GATEWAY_RECONCILE_PAID_WINDOW_HOURS": _number,
+    "GATEWAY_OUTBOX_MAX_ATTEMPTS": _whole,
+    "GATEWAY_OUTBOX_RETRY_SECONDS": _whole,
+    "GATEWAY_CALLBACK_SILENCE_MINUTES": _whole,
+    "GATEWAY_CALLBACK_SILENCE_PAYMENTS": _whole,
     "GATEWAY_V1_CANCEL_ON_FAIL": _flag,
     "GATEWAY_CONFIRM_CALLBACKS": _flag,
+    "GATEWAY_OUTBOX_DELIVER_AT_ONCE": _flag,
     "GATEWAY_SQLITE_WAL": _flag,
     "GATEWAY_TIMEOUT": _seconds,
 }

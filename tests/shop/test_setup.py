@@ -12,6 +12,7 @@ from example_shop import create_app, setup
 from example_shop.config import ORDER_ENDPOINT, ShopConfigError, gateway_from_env, instance_secret, resolve
 from example_shop.setup import auto_install
 from flask_gateway import is_available
+from flask_gateway.config import DEFAULTS
 from tests.shop.conftest import SHOP_URL, ShopHarness, make_harness, shop_config
 
 
@@ -41,10 +42,23 @@ def test_gateway_variables_are_copied_and_parsed() -> None:
     assert gateway_from_env({"GATEWAY_V1_CANCEL_ON_FAIL": "1"})["GATEWAY_V1_CANCEL_ON_FAIL"] is True
 
 
+def test_every_gateway_key_that_is_not_text_is_parsed() -> None:
+    """A number or flag copied as text would stop the extension at start-up: each has its parser, and the
+    environment's text of its default parses back to the default."""
+    for name, default in DEFAULTS.items():
+        if default is None or isinstance(default, str):
+            continue
+        text = ",".join(map(str, default)) if isinstance(default, tuple) else str(int(default))
+        if isinstance(default, float):
+            text = str(default)
+        assert gateway_from_env({name: text})[name] == default, name
+
+
 @pytest.mark.parametrize(
     ("name", "value", "message"),
     [
         ("GATEWAY_MAX_RETRIES", "two", "not a whole number"),
+        ("GATEWAY_RECONCILE_PAID_WINDOW_HOURS", "a day", "not a number"),
         ("GATEWAY_V1_CANCEL_ON_FAIL", "maybe", "not a yes/no value"),
         ("GATEWAY_TIMEOUT", "5,30,60", "one number"),
     ],
