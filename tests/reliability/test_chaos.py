@@ -1,4 +1,5 @@
-"""Chaos run: 200 checkouts through the real shop and emulator with faults on, then reconciliation.
+"""Chaos run: 200 checkouts through the real shop and emulator with faults on, then ``deliver`` and
+reconciliation.
 
 Shoppers (``requests`` sessions in a thread pool) fill a cart, submit the checkout form and, on the
 emulator's hosted page, pay, cancel, or abandon the checkout; some close the browser right after the
@@ -11,33 +12,49 @@ request meets them depends on timing; what each order ends as must not):
 - callbacks: attempts that fail (HTTP 500) or time out, so some end as dead letters;
 - refund: connection resets after commit (drop_response) and 503s.
 
-Then the emulator's clock moves 2 hours on (the abandoned checkouts expire), the outbox settles, and
-``flask --app example_shop gateway reconcile`` runs in a subprocess. Checked, for every order: its status
-equals the gateway's (and the one its shopper's plan implies), nothing is paid without the gateway's payment,
-every paid order is fulfilled exactly once and no other is, the refunded amounts agree on both sides and stay
-within the paid total, and no request was answered 500 (every answer the test got, and the server logs).
+And the shop's own fulfilment fails: the ``payment_confirmed`` receiver raises for a seeded 30 % of the
+deliveries of an event's first 3 attempts (``tests.reliability.shop_wsgi.fulfil_or_fail``, decided by the
+seed, the outbox event and the attempt), in the server and in the CLI processes alike. The extension keeps
+each such event in its outbox, due again 1 s later, then 2 s, 4 s; the 4th attempt, the last one
+(``GATEWAY_OUTBOX_MAX_ATTEMPTS`` 4), never fails: no event can die.
 
-The seed is printed; ``RELIABILITY_SEED=<n>`` replays a run's plan.
+Once the gateway's callbacks have made their attempts, ``flask gateway deliver`` runs in a subprocess as cron
+would (on the server's app, ``tests.reliability.shop_wsgi:app``: the same code as the server's), again
+whenever the next retry is due, until nothing is pending. The owner refunds, the emulator's clock moves 2
+hours on (the abandoned checkouts expire), the callbacks settle again, ``flask gateway reconcile`` runs in a
+subprocess, and ``deliver`` again until nothing is pending (reconciliation's own deliveries fail too).
+Checked, for every order: its status equals the gateway's (and the one its shopper's plan implies), nothing is
+paid without the gateway's payment, every paid order is fulfilled exactly once and no other is, the refunded
+amounts agree on both sides and stay within the paid total, no outbox event of the run is left pending or
+dead, every failed delivery was an injected one, and no request was answered 500 (every answer the test got,
+and the server logs, whose only tracebacks are the injected failures).
+
+The seed is printed; ``RELIABILITY_SEED=<n>`` replays a run's plan, and the failing receiver's draws (which
+attempt of which outbox event fails; which order gets which event id depends on timing, as which request
+meets a fault does).
 """
 
 from __future__ import annotations
 
 import os
 import random
+import re
 import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 import requests
+from sqlalchemy import text
 
-from tests.conftest import fetch_all
+from tests.conftest import fetch_all, new_connection
 from tests.processes import wait_for
-from tests.reliability.conftest import ROOT, Stack
+from tests.reliability.conftest import OUTBOX_MAX_ATTEMPTS, OUTBOX_RETRY_SECONDS, ROOT, Stack
 from tests.reliability.support import (
     Recorder,
     Shopper,
@@ -51,6 +68,7 @@ from tests.reliability.support import (
     order_reference,
     owner_session,
     token_of,
+    tracebacks,
 )
 
 SEED: Final = int(os.environ.get("RELIABILITY_SEED", "20261122"))
@@ -113,6 +131,17 @@ REFUND_FAULTS: Final = (
 PRODUCTS: Final = ("enamel-kettle", "stoneware-mugs", "ilala-basket", "mohair-throw", "brass-desk-lamp")
 #: More submits (3 create attempts each) than create faults: every shopper gets a checkout in the end.
 MAX_SUBMITS: Final = 12
+#: The share of the deliveries of ``payment_confirmed`` that fail, among an event's first attempts.
+RECEIVER_FAILURE_RATE: Final = 0.3
+#: The attempts of an event that may fail: all but the last, so that no event can die (asserted).
+FAILING_ATTEMPTS: Final = OUTBOX_MAX_ATTEMPTS - 1
+INJECTED: Final = "InjectedReceiverFailure"
+#: The app of the server, for the CLI subprocesses: cron runs the same code as the server.
+SHOP_APP: Final = "tests.reliability.shop_wsgi:app"
+#: ``flask gateway deliver`` runs at most this often per settling: an event's retries are due 1 s, 2 s
+#: and 4 s after its failures (``OUTBOX_RETRY_SECONDS`` doubling), each a run at most.
+DELIVER_RUNS: Final = 12
+_DELIVER_REPORT: Final = re.compile(r"Outbox: (\d+) delivered, (\d+) failed, (\d+) dead\.")
 
 
 @dataclass
@@ -220,7 +249,94 @@ def refund(purchase: Purchase, stack: Stack, owner: requests.Session, token: str
     raise AssertionError(f"order {purchase.reference}: refund of {cents} cents not through after 4 tries")
 
 
+@contextmanager
+def receiver_failures(stack: Stack, seed: int) -> Iterator[None]:
+    """The shop's fulfilment fails, seeded, in every process of the shop while the block runs."""
+    assert FAILING_ATTEMPTS < OUTBOX_MAX_ATTEMPTS  # the last attempt never fails: no event can die
+    with new_connection(stack.shop_db) as connection:
+        connection.execute(text("DELETE FROM reliability_receiver_faults"))
+        connection.execute(
+            text(
+                "INSERT INTO reliability_receiver_faults (id, seed, rate, failing_attempts) "
+                "VALUES (1, :seed, :rate, :attempts)"
+            ),
+            {"seed": seed, "rate": RECEIVER_FAILURE_RATE, "attempts": FAILING_ATTEMPTS},
+        )
+    try:
+        yield
+    finally:
+        with new_connection(stack.shop_db) as connection:
+            connection.execute(text("DELETE FROM reliability_receiver_faults"))
+
+
+def gateway_command(stack: Stack, process: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """``flask gateway <args>`` in a process of its own, on the server's app (``RELIABILITY_PROCESS``
+    names it in the failing receiver's rows)."""
+    return subprocess.run(
+        [sys.executable, "-m", "flask", "--app", SHOP_APP, "gateway", *args],
+        env={**os.environ, **stack.shop_env, "RELIABILITY_PROCESS": process},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
+@dataclass
+class Delivering:
+    """What the runs of ``flask gateway deliver`` did (their own report lines, summed)."""
+
+    runs: int = 0
+    delivered: int = 0
+    failed: int = 0
+    dead: int = 0
+    seconds: float = 0.0
+
+    def __str__(self) -> str:
+        return (
+            f"{self.runs} run(s) in {self.seconds:.0f} s: {self.delivered} delivered, {self.failed} failed, "
+            f"{self.dead} dead"
+        )
+
+
+def deliver_until_settled(stack: Stack, delivering: Delivering) -> None:
+    """Run ``flask gateway deliver`` as cron would, and again as soon as the next retry is due (sleeping
+    until then, real time), until no outbox event is pending."""
+    started = time.monotonic()
+    for _ in range(DELIVER_RUNS):
+        ran = gateway_command(stack, "deliver", "deliver")
+        output = ran.stdout + ran.stderr
+        counted = _DELIVER_REPORT.search(ran.stdout)
+        assert counted is not None, output
+        delivered, failed, dead = (int(n) for n in counted.groups())
+        # Exit 1 when a receiver raised: every failure an injected one, and nothing else went wrong.
+        assert ran.returncode == (1 if failed else 0), output
+        errors = [line for line in ran.stdout.splitlines() if line.startswith("  event #")]
+        assert len(errors) == failed and all(INJECTED in line for line in errors), output
+        assert tracebacks(ran.stderr, INJECTED) == (failed, []), ran.stderr
+        delivering.runs += 1
+        delivering.delivered += delivered
+        delivering.failed += failed
+        delivering.dead += dead
+        ((pending, wait),) = fetch_all(
+            stack.shop_db,
+            "SELECT count(*), EXTRACT(EPOCH FROM min(next_attempt_at) - clock_timestamp()) FROM gateway_outbox "
+            "WHERE state = 'pending'",
+        )
+        if pending == 0:
+            delivering.seconds += time.monotonic() - started
+            return
+        time.sleep(min(max(float(wait or 0), 0) + 0.1, 8 * OUTBOX_RETRY_SECONDS))
+    raise AssertionError(f"outbox events still pending after {DELIVER_RUNS} runs of flask gateway deliver")
+
+
 def test_chaos_run_settles_every_order_with_the_gateway(stack: Stack, report: Callable[[str], None]) -> None:
+    with receiver_failures(stack, SEED):
+        chaos_run(stack, report)
+
+
+def chaos_run(stack: Stack, report: Callable[[str], None]) -> None:
     report(f"chaos run: seed {SEED} (RELIABILITY_SEED={SEED} replays the plan), {CHECKOUTS} checkouts")
     purchases = make_plan(random.Random(SEED))
     recorder = Recorder()
@@ -257,8 +373,11 @@ def test_chaos_run_settles_every_order_with_the_gateway(stack: Stack, report: Ca
     wait_for(
         lambda: not control_get(stack, "deliveries", state="pending")["deliveries"],
         timeout=60,
-        what="the outbox to settle",
+        what="the gateway's callbacks to settle",
     )
+    # Cron: the shop's outbox events whose receiver failed are delivered again.
+    delivering = Delivering()
+    deliver_until_settled(stack, delivering)
 
     # The owner's refunds, with their own faults.
     to_refund = [p for p in done if p.plan.startswith("refund-")]
@@ -281,31 +400,15 @@ def test_chaos_run_settles_every_order_with_the_gateway(stack: Stack, report: Ca
     wait_for(
         lambda: not control_get(stack, "deliveries", state="pending")["deliveries"],
         timeout=60,
-        what="the outbox to settle",
+        what="the gateway's callbacks to settle",
     )
 
-    reconciled = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "flask",
-            "--app",
-            "example_shop",
-            "gateway",
-            "reconcile",
-            "--older-than",
-            "0",
-            "--quiet",
-        ],
-        env={**os.environ, **stack.shop_env},
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    reconciled = gateway_command(stack, "reconcile", "reconcile", "--older-than", "0", "--quiet")
     assert reconciled.returncode == 0, reconciled.stdout + reconciled.stderr
-    assert "Traceback" not in reconciled.stderr, reconciled.stderr
+    reconcile_failures, others = tracebacks(reconciled.stderr, INJECTED)
+    assert others == [], reconciled.stderr
+    delivering_after = Delivering()
+    deliver_until_settled(stack, delivering_after)
 
     # --- what both sides say ---------------------------------------------------------------------------
     gateway = {
@@ -382,6 +485,61 @@ def test_chaos_run_settles_every_order_with_the_gateway(stack: Stack, report: Ca
             )
     assert problems == [], "\n".join(problems)
 
+    # --- the shop's outbox, and its receiver that failed ------------------------------------------------
+    events = fetch_all(
+        stack.shop_db,
+        "SELECT o.id, o.kind, o.state, o.attempts, c.order_reference FROM gateway_outbox o "
+        "JOIN gateway_checkouts c ON c.id = o.checkout_id WHERE c.order_reference = ANY(:r)",
+        r=references,
+    )
+    not_delivered = [event for event in events if event[2] != "delivered"]
+    assert not_delivered == [], not_delivered  # none pending, none dead
+    payment_events = {
+        event_id: (attempts, ref)
+        for event_id, kind, _s, attempts, ref in events
+        if kind == "payment_confirmed"
+    }
+    paid_orders = {ref for ref in references if gateway[ref][0] in GATEWAY_PAID}
+    assert sorted(ref for _a, ref in payment_events.values()) == sorted(paid_orders)  # one event per payment
+    assert all(attempts == 1 for _i, kind, _s, attempts, _r in events if kind != "payment_confirmed")
+    calls: dict[int, list[tuple[int, bool, str]]] = {}
+    for event_id, attempt, injected, process in fetch_all(
+        stack.shop_db,
+        "SELECT event_id, attempt, injected, process FROM reliability_receiver_calls WHERE reference = ANY(:r) "
+        "ORDER BY id",
+        r=references,
+    ):
+        calls.setdefault(int(event_id), []).append((int(attempt), bool(injected), str(process)))
+    assert set(calls) == set(payment_events)
+    for event_id, (attempts, ref) in payment_events.items():
+        seen = calls[event_id]
+        # Every attempt the outbox counted reached the receiver; all but the last failed, injected; the
+        # first was the delivery at once (a request, or reconciliation), the others by deliver.
+        assert [attempt for attempt, _i, _p in seen] == list(range(1, attempts + 1)), (ref, seen)
+        assert [injected for _a, injected, _p in seen] == [True] * (attempts - 1) + [False], (ref, seen)
+        assert all((process == "deliver") == (attempt > 1) for attempt, _i, process in seen), (ref, seen)
+        assert attempts <= FAILING_ATTEMPTS + 1 <= OUTBOX_MAX_ATTEMPTS
+    injected_by = Counter(process for seen in calls.values() for _a, injected, process in seen if injected)
+    assert injected_by["deliver"] == delivering.failed + delivering_after.failed
+    assert injected_by["reconcile"] == reconcile_failures
+    assert tracebacks(stack.logs()["shop"], INJECTED)[0] == injected_by["server"]
+    assert delivering.dead == delivering_after.dead == 0
+    succeeded_by = {event_id: seen[-1] for event_id, seen in calls.items()}
+    paid_details = dict(
+        fetch_all(
+            stack.shop_db,
+            "SELECT o.reference, e.detail FROM shop_order_events e JOIN shop_orders o ON o.id = e.order_id "
+            "WHERE e.kind = 'paid' AND o.reference = ANY(:r)",
+            r=references,
+        )
+    )
+    fulfilled_via = Counter(
+        "an order page (caught up)"
+        if "caught up" in paid_details[ref]
+        else f"the receiver, in {succeeded_by[event_id][2]}"
+        for event_id, (_attempts, ref) in payment_events.items()
+    )
+
     tokens = [gateway[r][3] for r in references]
     attempts = fetch_all(
         stack.emulator_db,
@@ -420,7 +578,12 @@ def test_chaos_run_settles_every_order_with_the_gateway(stack: Stack, report: Ca
     )  # each payment confirmed by exactly one event
 
     assert recorder.server_errors() == []
-    assert log_problems(stack, {"POST /v2/create": fired[("create", "status", 500)]}) == []
+    assert (
+        log_problems(
+            stack, {"POST /v2/create": fired[("create", "status", 500)]}, expected_exception=INJECTED
+        )
+        == []
+    )
     assert refund_faults_left == [] or all(r["remaining"] for r in refund_faults_left)
 
     report(f"plans: {dict(Counter(p.plan for p in done))}")
@@ -443,4 +606,20 @@ def test_chaos_run_settles_every_order_with_the_gateway(stack: Stack, report: Ca
     )
     report(f"payments confirmed by: {confirmed_by}; fulfilments {sum(fulfilled.values())}")
     report(f"clock advanced: {advanced}; reconcile: {' '.join(reconciled.stdout.split())}")
+    receiver_deliveries = sum(len(seen) for seen in calls.values())
+    report(
+        f"failing receiver: {sum(injected_by.values())} of {receiver_deliveries} deliveries of payment_confirmed "
+        f"failed, injected ({dict(injected_by)}; rate {RECEIVER_FAILURE_RATE} on attempts 1 to "
+        f"{FAILING_ATTEMPTS}, max attempts {OUTBOX_MAX_ATTEMPTS}, retry after {OUTBOX_RETRY_SECONDS} s doubling)"
+    )
+    report(
+        f"payment_confirmed events: {len(payment_events)}, delivered at once "
+        f"{dict(Counter(seen[-1][2] for seen in calls.values() if len(seen) == 1))}, by deliver "
+        f"{sum(1 for seen in calls.values() if len(seen) > 1)}; attempts "
+        f"{dict(sorted(Counter(attempts for attempts, _r in payment_events.values()).items()))}; other events "
+        f"{dict(Counter(kind for _i, kind, _s, _a, _r in events if kind != 'payment_confirmed'))}, each "
+        f"delivered at once; pending 0, dead 0"
+    )
+    report(f"flask gateway deliver: {delivering}; after reconcile: {delivering_after}")
+    report(f"fulfilled by: {dict(fulfilled_via)}")
     report(f"HTTP answers checked: {len(recorder.statuses)}, shopping took {shopping_seconds:.0f} s")
