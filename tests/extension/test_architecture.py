@@ -18,6 +18,7 @@ FLOORS = {
     "views": 4,
     "cli": 4,
     "forms": 4,
+    "tasks": 4,
     **dict.fromkeys(
         [
             "doctor",

@@ -1,0 +1,239 @@
+"""Background work on a Celery task queue: outbox delivery and reconciliation (the optional ``tasks`` extra).
+
+Two tasks, named for the beat schedule and for ``send_task`` from anywhere:
+
+- ``flask_gateway.deliver_outbox`` (:data:`DELIVER_OUTBOX`): delivers the outbox events that are due
+  (:func:`flask_gateway.outbox.deliver_due`), one claim per event, so each event's lease starts when its
+  own delivery does. It fails only when the database does: a receiver that raised is the outbox's business
+  (logged, counted, due again later, dead after the last attempt).
+- ``flask_gateway.reconcile`` (:data:`RECONCILE`): one reconciliation run
+  (:func:`flask_gateway.reconciliation.reconcile`); it fails, with the run's summary, when a checkout
+  could not be polled (the next run tries again).
+
+Flask's own pattern ("Background Tasks with Celery" in Flask's documentation): every task runs inside
+``app.app_context()``, through a ``Task`` subclass. :func:`celery_init_app` is that pattern with the
+gateway's tasks, the reliability settings (:data:`RELIABILITY`) and the beat schedule (:data:`BEAT_SCHEDULE`);
+:func:`register_tasks` adds the two tasks to a Celery app the shop already has.
+
+What makes it safe to kill a worker at any moment (docs/operations.md#background-work-on-a-task-queue):
+a task is acknowledged only once it has run (``acks_late``) and given back to the queue when its worker
+process dies (``reject_on_worker_lost``); the outbox's rows are claimed ``FOR UPDATE SKIP LOCKED`` and
+leased (:data:`flask_gateway.outbox.CLAIM_LEASE`), so two workers never deliver one event at once, and a
+worker that dies leaves its event to the next delivery after the lease; the receivers' ``event_id``
+covers an event delivered again. A lost task message loses nothing: the work is in the database, and the
+next beat tick finds it.
+
+``celery`` is imported here only: ``pip install "flask-gateway[tasks]"`` (Celery with the Redis client).
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from flask import Flask, current_app, has_app_context
+
+from flask_gateway.outbox import DeliveryReport, deliver_due
+from flask_gateway.reconciliation import reconcile
+from flask_gateway.state import get_state
+
+try:
+    from celery import Celery, Task
+    from celery.signals import worker_process_init
+except ImportError as exc:  # pragma: no cover - the optional extra is missing
+    raise ImportError(
+        "flask_gateway.tasks needs Celery: pip install 'flask-gateway[tasks]' (Celery with the Redis client)"
+    ) from exc
+
+__all__ = [
+    "BEAT_SCHEDULE",
+    "DELIVER_LIMIT",
+    "DELIVER_OUTBOX",
+    "RECONCILE",
+    "RELIABILITY",
+    "GatewayTasks",
+    "celery_init_app",
+    "register_tasks",
+]
+
+#: The task that delivers the outbox's due events.
+DELIVER_OUTBOX: Final = "flask_gateway.deliver_outbox"
+#: The task that runs reconciliation once.
+RECONCILE: Final = "flask_gateway.reconcile"
+#: Events one ``deliver_outbox`` task delivers at most; the next tick takes the rest.
+DELIVER_LIMIT: Final = 100
+
+#: Beat's schedule for the two tasks: delivery every 30 s (retries are due 60 s after a failure by
+#: default), reconciliation every 5 minutes. A tick that waited longer than its interval in the queue (the
+#: workers were down) is dropped (``expires``): the next one does the same work.
+BEAT_SCHEDULE: Final[Mapping[str, Mapping[str, Any]]] = {
+    "flask-gateway-deliver-outbox": {
+        "task": DELIVER_OUTBOX,
+        "schedule": 30.0,
+        "options": {"expires": 30.0},
+    },
+    "flask-gateway-reconcile": {"task": RECONCILE, "schedule": 300.0, "options": {"expires": 300.0}},
+}
+
+#: The Celery settings a worker needs to lose nothing when it is killed (docs/operations.md explains each).
+RELIABILITY: Final[Mapping[str, Any]] = {
+    # Acknowledged once the task has run, not when a worker takes it: a killed worker's task is not lost.
+    "task_acks_late": True,
+    # A pool process that dies (SIGKILL, out of memory) gives its task back to the queue.
+    "task_reject_on_worker_lost": True,
+    # A worker holds one task beyond those it runs: a busy or stuck worker does not sit on the others'.
+    "worker_prefetch_multiplier": 1,
+    # Redis gives an unacknowledged task to another worker after this long (a worker that vanished). Far
+    # longer than any run of these tasks; their work is leased in the database for 60 s anyway.
+    "broker_transport_options": {"visibility_timeout": 3600},
+    # The broker connection lost: stop the running late-acknowledged tasks, Redis gives them out again.
+    "worker_cancel_long_running_tasks_on_connection_loss": True,
+    # A worker that starts before Redis does waits for it (and says so) rather than exiting.
+    "broker_connection_retry_on_startup": True,
+    # Nothing reads the results: their summaries are in the worker's log.
+    "task_ignore_result": True,
+}
+
+
+@dataclass(frozen=True)
+class GatewayTasks:
+    """The two tasks as registered on one Celery app (``.delay()``, ``.apply_async()``, ``.apply()``)."""
+
+    deliver_outbox: Any
+    reconcile: Any
+
+
+def celery_init_app(app: Flask) -> Any:
+    """A Celery app for ``app``, as Flask's documentation builds one, with the gateway's tasks.
+
+    Its configuration is :data:`RELIABILITY` and :data:`BEAT_SCHEDULE`, then ``app.config["CELERY"]`` (a
+    dict of Celery's lower-case settings: ``broker_url`` at least) over them; a ``beat_schedule`` there adds
+    to the gateway's entries (or replaces one of the same name). Every task of it, the shop's own too, runs
+    in ``app.app_context()``. It becomes Celery's default app and ``app.extensions["celery"]``; the gateway's
+    tasks are ``celery.tasks[DELIVER_OUTBOX]`` and ``celery.tasks[RECONCILE]``.
+    """
+    celery = Celery(app.name, task_cls=_flask_task(app, Task))
+    own: dict[str, Any] = dict(app.config.get("CELERY") or {})
+    schedule = {**BEAT_SCHEDULE, **own.pop("beat_schedule", {})}
+    celery.config_from_object({**RELIABILITY, **own, "beat_schedule": schedule})
+    celery.set_default()
+    app.extensions["celery"] = celery
+    _fresh_connections_after_fork(app)
+    _define(celery, base=None)  # its task class is Flask's already
+    return celery
+
+
+def register_tasks(celery: Any, app: Flask | None = None) -> GatewayTasks:
+    """Define ``flask_gateway.deliver_outbox`` and ``flask_gateway.reconcile`` on the Celery app ``celery``.
+
+    With ``app`` the tasks run in its app context, and each worker process forked by Celery's pool starts
+    with fresh database connections (never one inherited from the parent). Without it they run in the app
+    context the Celery app's own task class gives (Flask's ``FlaskTask``) and fail, saying so, outside one.
+    The reliability settings are set on the tasks themselves (``acks_late``, ``reject_on_worker_lost``);
+    the worker's (:data:`RELIABILITY`: prefetch, visibility timeout) are the Celery app's to set.
+    """
+    if app is None:
+        return _define(celery, base=None)
+    _fresh_connections_after_fork(app)
+    return _define(celery, base=_flask_task(app, celery.Task))
+
+
+def _define(celery: Any, base: type[Any] | None) -> GatewayTasks:
+    options: dict[str, Any] = {
+        "acks_late": True,
+        "reject_on_worker_lost": True,
+        "ignore_result": True,
+        # Registered on this Celery app only (Celery's default would add them to every app made later).
+        "shared": False,
+    }
+    if base is not None:
+        options["base"] = base
+    return GatewayTasks(
+        deliver_outbox=celery.task(name=DELIVER_OUTBOX, **options)(_deliver_outbox),
+        reconcile=celery.task(name=RECONCILE, **options)(_reconcile),
+    )
+
+
+# --- the tasks -------------------------------------------------------------------------------------------
+
+
+def _deliver_outbox(limit: int = DELIVER_LIMIT) -> str:
+    """Deliver up to ``limit`` due events, claiming them one at a time; the summary for the worker's log."""
+    _require_app_context(DELIVER_OUTBOX)
+    total = DeliveryReport()
+    for _ in range(limit):
+        # One event per claim: its lease (60 s) starts when its own delivery does, not when a batch was
+        # taken, so slow receivers early in a batch never let a later event's lease run out while it waits.
+        report = deliver_due(1)
+        if not (report.delivered or report.failed):
+            break
+        total.delivered += report.delivered
+        total.failed += report.failed
+        total.dead += report.dead
+        total.errors.extend(report.errors)
+    return f"Outbox: {total}."
+
+
+def _reconcile(**options: Any) -> str:
+    """One reconciliation run (``options``: :func:`~flask_gateway.reconciliation.reconcile`'s keywords)."""
+    _require_app_context(RECONCILE)
+    report = reconcile(**options)
+    summary = report.summary()
+    if report.errors:  # the task is recorded as failed (and logged); the next run tries again
+        raise RuntimeError(summary)
+    return summary
+
+
+# --- Flask's pattern -------------------------------------------------------------------------------------
+
+
+def _flask_task(app: Flask, base: type[Any]) -> type[Any]:
+    """Flask's ``FlaskTask``: a Task subclass whose every run is inside ``app.app_context()``."""
+
+    class FlaskTask(base):  # type: ignore[misc]  # celery is untyped
+        def __call__(self, *args: object, **kwargs: object) -> object:
+            with app.app_context():
+                return self.run(*args, **kwargs)
+
+    return FlaskTask
+
+
+def _require_app_context(task: str) -> None:
+    if not has_app_context():
+        raise RuntimeError(
+            f"{task} ran outside a Flask app context: register it with register_tasks(celery, app), or "
+            "give the Celery app Flask's FlaskTask (celery_init_app does both)"
+        )
+    get_state(current_app)  # the extension is set up on this app (a clear error otherwise)
+
+
+#: The apps whose engines are renewed in each forked pool process.
+_FORK_SAFE: weakref.WeakSet[Flask] = weakref.WeakSet()
+
+
+def _fresh_connections_after_fork(app: Flask) -> None:
+    """After Celery's prefork pool forks a worker process: drop the pooled connections it inherited.
+
+    A connection opened by the parent (the app's factory created tables, say) must not be used by two
+    processes at once; ``dispose(close=False)`` forgets them in the child without touching them
+    (SQLAlchemy's recipe for ``os.fork``), and the child opens its own.
+    """
+    if app in _FORK_SAFE:
+        return
+    _FORK_SAFE.add(app)
+    app_ref = weakref.ref(app)  # the signal keeps the receiver for good, not the app
+
+    def renew(**_signal: object) -> None:
+        forked = app_ref()
+        if forked is None:
+            return
+        with forked.app_context():
+            state = get_state(forked)
+            engines = {id(engine): engine for engine in (*state.db.engines.values(), state.engine)}
+            for engine in engines.values():
+                engine.dispose(close=False)
+
+    # Held strongly by the signal (the closure would otherwise be collected at once).
+    worker_process_init.connect(renew, weak=False)
