@@ -1,0 +1,142 @@
+"""flask_gateway.tasks in this process (no broker: ``apply()`` runs a task as a worker would): Flask's
+pattern, the reliability settings and the beat schedule, the app context, and one claim per event.
+
+The real thing, with worker processes, Redis and SIGKILL, is tests/tasks/test_workers.py.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import celery._state as celery_state
+import pytest
+from celery import Celery
+from flask import Flask, current_app
+from flask_sqlalchemy import SQLAlchemy
+
+from flask_gateway import Gateway, create_checkout, payment_confirmed
+from flask_gateway import tasks as gateway_tasks
+from flask_gateway.outbox import DeliveryReport, deliver_due
+from flask_gateway.tasks import (
+    BEAT_SCHEDULE,
+    DELIVER_OUTBOX,
+    RECONCILE,
+    RELIABILITY,
+    celery_init_app,
+    register_tasks,
+)
+from flask_gateway.testing import SHOP_URL, GatewayEmulator
+from tests.conftest import Databases
+from tests.extension.conftest import make_shop, sample_order
+
+
+@pytest.fixture(autouse=True)
+def _celery_default_app(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``celery_init_app`` makes its app Celery's default (Flask's pattern): undone after each test."""
+    monkeypatch.setattr(celery_state, "default_app", celery_state.default_app)
+
+
+@pytest.fixture
+def plugin_parts(databases: Databases) -> tuple[Flask, SQLAlchemy, Gateway]:
+    """The shop of tests/extension, its events left to the task queue (not delivered by the request)."""
+    return make_shop(databases.url("main"), GATEWAY_OUTBOX_DELIVER_AT_ONCE=False)
+
+
+@pytest.fixture
+def gateway_app(plugin_parts: tuple[Flask, SQLAlchemy, Gateway]) -> Flask:
+    return plugin_parts[0]
+
+
+@pytest.fixture
+def celery(gateway_app: Flask) -> Any:
+    gateway_app.config["CELERY"] = {
+        "broker_url": "memory://",
+        "beat_schedule": {"shop-newsletter": {"task": "shop.newsletter", "schedule": 86_400.0}},
+    }
+    return celery_init_app(gateway_app)
+
+
+def test_celery_init_app_is_flasks_pattern_with_the_reliability_settings_and_the_schedule(
+    gateway_app: Flask, celery: Any
+) -> None:
+    assert gateway_app.extensions["celery"] is celery
+    assert celery_state.default_app is celery
+    for key, value in RELIABILITY.items():
+        assert celery.conf[key] == value, key
+    assert celery.conf.task_acks_late and celery.conf.task_reject_on_worker_lost
+    assert celery.conf.worker_prefetch_multiplier == 1
+    assert celery.conf.broker_transport_options["visibility_timeout"] == 3600
+    schedule = celery.conf.beat_schedule
+    assert set(schedule) == {*BEAT_SCHEDULE, "shop-newsletter"}  # the shop's own entries are kept
+    assert schedule["flask-gateway-deliver-outbox"]["schedule"] == 30.0
+    assert schedule["flask-gateway-reconcile"]["schedule"] == 300.0
+    for name in BEAT_SCHEDULE:
+        task = celery.tasks[schedule[name]["task"]]  # beat names a registered task
+        assert task.acks_late and task.reject_on_worker_lost and task.ignore_result
+
+    # A task of the shop's own runs in the app context too (Flask's FlaskTask is the app's task class).
+    def app_name() -> str:
+        return str(current_app.name)  # the app context the task runs in
+
+    newsletter = celery.task(name="shop.newsletter", shared=False)(app_name)
+    assert newsletter.apply().get() == gateway_app.name
+
+
+def test_the_tasks_run_in_the_apps_context_outside_any(celery: Any) -> None:
+    assert celery.tasks[DELIVER_OUTBOX].apply().get() == "Outbox: 0 delivered, 0 failed, 0 dead."
+    summary = celery.tasks[RECONCILE].apply(kwargs={"limit": 5}).get()
+    assert summary == "The gateway is not installed: nothing to reconcile."
+
+
+def test_a_celery_app_of_the_shops_own(gateway_app: Flask) -> None:
+    """``register_tasks`` on an existing Celery app: with the Flask app, or inside the shop's app context."""
+    own = Celery("shop", broker="memory://")
+    bound = register_tasks(own, gateway_app)
+    assert bound.deliver_outbox.apply().get().startswith("Outbox: 0 delivered")
+
+    bare = register_tasks(Celery("shop-bare", broker="memory://"))
+    with pytest.raises(RuntimeError, match="outside a Flask app context"):
+        bare.deliver_outbox.apply().get()
+    with gateway_app.app_context():  # what Flask's FlaskTask gives each task
+        assert bare.deliver_outbox.apply().get().startswith("Outbox: 0 delivered")
+
+    # Registered on their own Celery app only, never on the apps made later (Celery's "shared" tasks).
+    later = Celery("later", broker="memory://")
+    later.finalize()
+    assert DELIVER_OUTBOX not in later.tasks and RECONCILE not in later.tasks
+
+
+def test_deliver_outbox_claims_one_event_at_a_time_and_stops_at_its_limit(
+    gateway_emulator: GatewayEmulator, gateway_app: Flask, celery: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fulfilled: list[tuple[str, int]] = []
+
+    def fulfil(sender: Any, checkout: Any, event_id: int, **extra: Any) -> None:
+        fulfilled.append((checkout.order_reference, event_id))
+
+    payment_confirmed.connect(fulfil, sender=gateway_app)
+    claims: list[int] = []
+    real = deliver_due
+
+    def counting(limit: int = 100) -> DeliveryReport:
+        claims.append(limit)
+        return real(limit)
+
+    monkeypatch.setattr(gateway_tasks, "deliver_due", counting)
+    try:
+        for reference in ("ORD-1", "ORD-2", "ORD-3"):
+            with gateway_app.test_request_context(base_url=SHOP_URL):
+                checkout = create_checkout(sample_order(reference))
+            gateway_emulator.pay(checkout.token)
+        assert gateway_emulator.deliver() == 3  # the callbacks: three events written, none delivered yet
+        assert fulfilled == []
+
+        deliver = celery.tasks[DELIVER_OUTBOX]
+        assert deliver.apply(kwargs={"limit": 2}).get() == "Outbox: 2 delivered, 0 failed, 0 dead."
+        assert claims == [1, 1]  # one claim per event: each lease starts with its own delivery
+        assert deliver.apply().get() == "Outbox: 1 delivered, 0 failed, 0 dead."
+        assert claims == [1, 1, 1, 1]  # the last claim found nothing due: the task ended
+        assert sorted(reference for reference, _ in fulfilled) == ["ORD-1", "ORD-2", "ORD-3"]
+        assert len({event_id for _, event_id in fulfilled}) == 3
+    finally:
+        payment_confirmed.disconnect(fulfil, sender=gateway_app)
