@@ -41,7 +41,7 @@ OWNER_PASSWORD = "owner-password-for-reliability"
 ACCESS_FORMAT = "ACCESS %(s)s %(m)s %(U)s"
 EMULATOR_WORKERS = 3
 SHOP_WORKERS = 4
-#: The shop's GATEWAY_OUTBOX_RETRY_SECONDS and GATEWAY_OUTBOX_MAX_ATTEMPTS (shop_wsgi reads them).
+#: The shop's GATEWAY_OUTBOX_RETRY_SECONDS and GATEWAY_OUTBOX_MAX_ATTEMPTS: retries come due within a test.
 OUTBOX_RETRY_SECONDS = 1
 OUTBOX_MAX_ATTEMPTS = 4
 
@@ -138,8 +138,8 @@ def start_stack(cluster: PostgresCluster, log_dir: Path) -> Stack:
         "SHOP_SECRET_KEY": "shop-secret-for-reliability",
         "SHOP_ADMIN_PASSWORD": OWNER_PASSWORD,
         "SHOP_AUTO_INSTALL": "1",
-        "RELIABILITY_OUTBOX_RETRY_SECONDS": str(OUTBOX_RETRY_SECONDS),
-        "RELIABILITY_OUTBOX_MAX_ATTEMPTS": str(OUTBOX_MAX_ATTEMPTS),
+        "GATEWAY_OUTBOX_RETRY_SECONDS": str(OUTBOX_RETRY_SECONDS),
+        "GATEWAY_OUTBOX_MAX_ATTEMPTS": str(OUTBOX_MAX_ATTEMPTS),
     }
     try:
         shop = start_gunicorn(

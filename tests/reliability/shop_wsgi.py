@@ -19,10 +19,6 @@ which process delivered it: ``RELIABILITY_PROCESS``, ``server`` unless a test's 
 
 The CLI subprocesses of a test (``flask --app tests.reliability.shop_wsgi:app gateway deliver``) load this
 same module, as cron runs the same app as the server: the failing receiver is there too.
-
-``RELIABILITY_OUTBOX_RETRY_SECONDS`` and ``RELIABILITY_OUTBOX_MAX_ATTEMPTS`` set the extension's
-``GATEWAY_OUTBOX_RETRY_SECONDS`` and ``GATEWAY_OUTBOX_MAX_ATTEMPTS`` (as numbers: the example shop copies
-these ``GATEWAY_*`` variables from the environment as text).
 """
 
 from __future__ import annotations
@@ -89,14 +85,7 @@ receiver_calls: Final = Table(
 _engine = create_engine(os.environ["SHOP_DATABASE_URL"], pool_size=2, max_overflow=10)
 create_all_safely(_engine, metadata)  # every worker process, at once
 
-_OUTBOX_KEYS: Final = ("GATEWAY_OUTBOX_RETRY_SECONDS", "GATEWAY_OUTBOX_MAX_ATTEMPTS")
-app = create_app(
-    {
-        key: int(os.environ[f"RELIABILITY_{key.removeprefix('GATEWAY_')}"])
-        for key in _OUTBOX_KEYS
-        if f"RELIABILITY_{key.removeprefix('GATEWAY_')}" in os.environ
-    }
-)
+app = create_app()
 PROCESS: Final = os.environ.get("RELIABILITY_PROCESS", "server")
 
 
