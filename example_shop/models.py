@@ -11,9 +11,12 @@ twice:
 ``refund_succeeded``              ``partially-refunded`` or ``refunded``, with the refunded amount
 ================================  ===========================================================================
 
-The extension sends each signal once per event. :func:`sync_with_gateway` is the safety net for a receiver
-that failed (its exception reached the gateway's callback, which the extension then records as a
-duplicate and does not signal again): pages that show an order bring it up to date from the checkout.
+The extension delivers each event at least once, through its outbox: a receiver that raised is called again
+later (``flask gateway deliver``), with the same ``event_id``; the conditional updates make a repeat
+harmless. Events may then arrive out of order (a refund before the payment it refunds, when the payment's
+delivery failed first): the payment's receiver also takes the refunded total from the checkout it is
+given. :func:`sync_with_gateway` is the safety net beside that: pages that show an order bring it up to
+date from the checkout record, whatever the deliveries did.
 """
 
 from __future__ import annotations
@@ -296,6 +299,12 @@ def _ours(sender: object) -> bool:
 def on_payment_confirmed(sender: object, checkout: GatewayCheckout, source: str, **extra: object) -> None:
     if _ours(sender):
         mark_paid(checkout.order_reference, source)
+        if checkout.refunded_cents > 0:  # a refund whose event came first, while the order was not paid
+            mark_refunded(
+                checkout.order_reference,
+                checkout.refunded_cents,
+                f"refunded {format_money(checkout.refunded_cents)} in all (caught up with the payment)",
+            )
 
 
 def on_checkout_cancelled(

@@ -16,6 +16,7 @@ from example_shop.models import (
     mark_paid,
     on_checkout_cancelled,
     on_payment_confirmed,
+    on_refund_succeeded,
 )
 from flask_gateway.signals import checkout_cancelled, payment_confirmed
 from flask_gateway.state import get_state
@@ -417,3 +418,24 @@ def test_an_order_refunded_at_the_gateway_before_its_payment_was_known_is_never_
     with shop.app.app_context():
         checkout = latest_checkout(reference)
         assert checkout is not None and checkout.flagged and checkout.payment_confirmed_at is None
+
+
+@pytest.mark.backends
+def test_a_refund_whose_event_came_before_the_payments_is_kept(shop: ShopHarness, shopper: Shopper) -> None:
+    """At-least-once delivery can reorder: the payment's event failed and is retried after the refund's was
+    delivered (and dropped: the order was not paid yet). The payment's receiver catches the refund up."""
+    shopper.add("enamel-kettle", 1)
+    shopper.checkout()
+    reference = shop.latest_reference()
+    with shop.app.app_context():
+        checkout = latest_checkout(reference)
+        assert checkout is not None
+        checkout.refunded_cents = 15000  # what the gateway record says once the refund was recorded
+        on_refund_succeeded(shop.app, checkout, refund=None, amount_cents=15000)
+        assert shop.order(reference).refunded_cents == 0  # not paid yet: nothing to refund
+        on_payment_confirmed(shop.app, checkout, source="deliver", event_id=1)
+        on_payment_confirmed(shop.app, checkout, source="deliver", event_id=1)  # delivered again
+    order = shop.order(reference)
+    assert (order.status, order.refunded_cents) == ("partially-refunded", 15000)
+    assert shop.events(reference, "paid") == 1
+    assert shop.events(reference, "refund") == 1
