@@ -6,6 +6,10 @@ The real thing, with worker processes, Redis and SIGKILL, is tests/tasks/test_wo
 
 from __future__ import annotations
 
+import re
+import sys
+import types
+from pathlib import Path
 from typing import Any
 
 import celery._state as celery_state
@@ -140,3 +144,25 @@ def test_deliver_outbox_claims_one_event_at_a_time_and_stops_at_its_limit(
         assert len({event_id for _, event_id in fulfilled}) == 3
     finally:
         payment_confirmed.disconnect(fulfil, sender=gateway_app)
+
+
+def test_the_operations_page_recipe_builds_the_celery_app(
+    gateway_app: Flask, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/operations.md's ``myshop/celery_app.py``, run as written (``myshop`` is this test's shop)."""
+    page = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", page, flags=re.DOTALL)
+    (recipe,) = [block for block in blocks if block.startswith("# myshop/celery_app.py")]
+    gateway_app.config["CELERY"] = {"broker_url": "memory://"}
+    myshop = types.ModuleType("myshop")
+    myshop.create_app = lambda: gateway_app  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "myshop", myshop)
+    namespace: dict[str, Any] = {"__name__": "myshop.celery_app"}
+    exec(compile(recipe, "docs/operations.md#myshop/celery_app.py", "exec"), namespace)  # noqa: S102
+
+    celery = namespace["celery"]
+    assert namespace["flask_app"].extensions["celery"] is celery
+    assert {DELIVER_OUTBOX, RECONCILE} <= set(celery.tasks)
+    assert celery.conf.task_acks_late and celery.conf.worker_prefetch_multiplier == 1
+    assert set(celery.conf.beat_schedule) == set(BEAT_SCHEDULE)
+    assert celery.tasks[DELIVER_OUTBOX].apply().get() == "Outbox: 0 delivered, 0 failed, 0 dead."
