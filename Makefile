@@ -20,7 +20,7 @@ setup: $(STAMP)
 demo: setup
 	$(BIN)/python -m example_shop.demo
 
-## System programs the tests use (chromium), installed with apt when missing.
+## System programs the tests use (chromium, PostgreSQL, redis-server), installed with apt when missing.
 system-packages:
 	scripts/ensure-system-packages
 

@@ -143,10 +143,17 @@ def deliver_now(queued: Iterable[Queued]) -> DeliveryReport:
 
 @leaves_no_transaction
 def deliver_due(limit: int = 100) -> DeliveryReport:
-    """Deliver up to ``limit`` events that are due (pending, their time come, not taken by another)."""
+    """Deliver up to ``limit`` events that are due (pending, their time come, not taken by another).
+
+    One claim per event, right before its delivery: a lease taken for a whole batch could run out while
+    earlier receivers of the batch run, and another worker then deliver the same event at the same time.
+    """
     report = DeliveryReport()
-    for event_id in _claim(limit):
-        _deliver_one(event_id, report)
+    for _ in range(limit):
+        claimed = _claim(1)
+        if not claimed:
+            break
+        _deliver_one(claimed[0], report)
     return report
 
 

@@ -111,7 +111,7 @@ def events(app: Flask) -> list[OutboxEvent]:
 
 
 def test_a_receiver_that_raises_twice_fulfils_once_on_the_third_delivery(
-    gateway_emulator: GatewayEmulator, gateway_app: Flask, connected: list, clock: Clock
+    gateway_emulator: GatewayEmulator, gateway_app: Flask, connected: list[tuple[Any, Any]], clock: Clock
 ) -> None:
     fulfilment = connect(connected, gateway_app, payment_confirmed, Fulfilment(failures=2))
     checkout = new_checkout(gateway_app)
@@ -151,7 +151,7 @@ def test_a_receiver_that_raises_twice_fulfils_once_on_the_third_delivery(
 
 
 def test_dead_after_the_last_attempt_tells_the_shop_and_a_person_delivers_it_again(
-    gateway_emulator: GatewayEmulator, gateway_app: Flask, connected: list, clock: Clock
+    gateway_emulator: GatewayEmulator, gateway_app: Flask, connected: list[tuple[Any, Any]], clock: Clock
 ) -> None:
     fulfilment = connect(connected, gateway_app, payment_confirmed, Fulfilment(failures=3))
     dead: list[dict[str, Any]] = []
@@ -187,7 +187,7 @@ def test_dead_after_the_last_attempt_tells_the_shop_and_a_person_delivers_it_aga
 
 @pytest.mark.parametrize("plugin_parts", [{"GATEWAY_OUTBOX_DELIVER_AT_ONCE": False}], indirect=True)
 def test_without_delivery_at_once_the_deliver_command_delivers(
-    gateway_emulator: GatewayEmulator, gateway_app: Flask, connected: list
+    gateway_emulator: GatewayEmulator, gateway_app: Flask, connected: list[tuple[Any, Any]]
 ) -> None:
     fulfilment = connect(connected, gateway_app, payment_confirmed, Fulfilment(failures=0))
     checkout = new_checkout(gateway_app)
@@ -209,7 +209,7 @@ def test_without_delivery_at_once_the_deliver_command_delivers(
 
 
 def test_a_failed_delivery_makes_the_deliver_command_exit_1(
-    gateway_emulator: GatewayEmulator, gateway_app: Flask, connected: list, clock: Clock
+    gateway_emulator: GatewayEmulator, gateway_app: Flask, connected: list[tuple[Any, Any]], clock: Clock
 ) -> None:
     connect(connected, gateway_app, payment_confirmed, Fulfilment(failures=2))
     checkout = new_checkout(gateway_app)
@@ -224,7 +224,7 @@ def test_a_failed_delivery_makes_the_deliver_command_exit_1(
 
 
 def test_a_refund_is_written_with_its_event_and_delivered_with_its_record(
-    gateway_emulator: GatewayEmulator, gateway_app: Flask, connected: list
+    gateway_emulator: GatewayEmulator, gateway_app: Flask, connected: list[tuple[Any, Any]]
 ) -> None:
     got: list[tuple[Any, int, int]] = []
 
@@ -253,7 +253,7 @@ def test_a_refund_is_written_with_its_event_and_delivered_with_its_record(
 
 
 def test_a_payment_after_the_shop_cancelled_sends_payment_after_close(
-    gateway_emulator: GatewayEmulator, gateway_app: Flask, connected: list
+    gateway_emulator: GatewayEmulator, gateway_app: Flask, connected: list[tuple[Any, Any]]
 ) -> None:
     late: list[dict[str, Any]] = []
     connect(connected, gateway_app, payment_after_close, lambda sender, **kwargs: late.append(kwargs))
@@ -274,7 +274,7 @@ def test_a_payment_after_the_shop_cancelled_sends_payment_after_close(
 @pytest.mark.backends
 @pytest.mark.parametrize("plugin_parts", [{"GATEWAY_OUTBOX_DELIVER_AT_ONCE": False}], indirect=True)
 def test_concurrent_deliveries_deliver_each_event_once(
-    gateway_emulator: GatewayEmulator, gateway_app: Flask, connected: list
+    gateway_emulator: GatewayEmulator, gateway_app: Flask, connected: list[tuple[Any, Any]]
 ) -> None:
     fulfilment = connect(connected, gateway_app, payment_confirmed, Fulfilment(failures=0))
     for number in range(6):
@@ -316,7 +316,7 @@ def test_the_admin_outbox_screen_shows_what_waits_and_delivers_it_again(
     gateway_emulator: GatewayEmulator,
     gateway_app: Flask,
     plugin_parts: tuple[Flask, SQLAlchemy, Gateway],
-    connected: list,
+    connected: list[tuple[Any, Any]],
     clock: Clock,
 ) -> None:
     client = gateway_app.test_client()
