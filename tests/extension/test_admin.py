@@ -58,7 +58,12 @@ def admin_rules(app: Flask) -> list[Any]:
 
 
 def url_of(app: Flask, rule: Any, checkout_id: int = 1) -> str:
-    values: dict[str, Any] = {"checkout_id": checkout_id, "event_id": 1, "filename": "gateway/admin.css"}
+    values: dict[str, Any] = {
+        "checkout_id": checkout_id,
+        "event_id": 1,
+        "log_id": 1,
+        "filename": "gateway/admin.css",
+    }
     with app.test_request_context():
         return url_for(rule.endpoint, **{name: values[name] for name in rule.arguments})
 

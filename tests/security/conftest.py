@@ -16,7 +16,7 @@ from werkzeug.routing import Rule
 
 from example_shop.links import order_token
 from flask_gateway import clear_payment_plan_cache
-from flask_gateway.models import GatewayCheckout, OutboxEvent
+from flask_gateway.models import CallbackLog, GatewayCheckout, OutboxEvent
 from flask_gateway.state import get_state
 from tests.conftest import Databases, dispose_engines
 from tests.extension.conftest import Harness, build_harness
@@ -121,6 +121,7 @@ def build_shop_world(databases: Databases, monkeypatch: pytest.MonkeyPatch) -> S
     with harness.app.app_context():
         checkout_id = get_state().session.scalars(select(GatewayCheckout.id)).one()
         event_id = get_state().session.scalars(select(OutboxEvent.id).order_by(OutboxEvent.id)).first()
+        log_id = get_state().session.scalars(select(CallbackLog.id).order_by(CallbackLog.id)).first()
         token = order_token(reference)
     owner = harness.shopper()
     assert owner.log_in().status_code == 303
@@ -130,6 +131,7 @@ def build_shop_world(databases: Databases, monkeypatch: pytest.MonkeyPatch) -> S
         "token": token,
         "checkout_id": checkout_id,
         "event_id": event_id,  # the payment's outbox event (delivered)
+        "log_id": log_id or 1,  # the payment's callback (verified), for its replay
         "kind": "confirm",
         "filename": "shop/shop.css",
     }
