@@ -178,9 +178,11 @@ def walk(shop: str, server: subprocess.Popen[bytes], log: Path, started: float) 
 
     # The gateway's signed callback arrives too (the emulator's worker, in-process), verified and confirmed,
     # and pays nothing twice: the order was paid already, so it is "already recorded" or the first record.
-    def callback_outcomes() -> list[str]:
+    def callback_outcomes() -> list[str] | None:
         page = browser.get(shop + "/gateway/admin/callbacks")
-        return re.findall(r'data-callback-outcome="([a-z-]+)"', page.text)
+        found = re.findall(r'data-callback-outcome="([a-z-]+)"', page.text)
+        # "received": stored and still being processed (the emulator's worker thread, in-process): not yet.
+        return found if found and "received" not in found else None
 
     outcomes = wait_for(callback_outcomes, timeout=20, what="the gateway's callback")
     assert outcomes in (["duplicate"], ["accepted"]), outcomes
