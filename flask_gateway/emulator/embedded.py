@@ -68,10 +68,6 @@ class EmbeddedEmulator:
     #: Its path in the host app (``/_gateway``).
     prefix: str
 
-    def url(self, origin: str) -> str:
-        """The emulator's base URL on ``origin`` (``http://127.0.0.1:5000`` -> ``.../_gateway``)."""
-        return f"{origin.rstrip('/')}{self.prefix}"
-
 
 def mount(
     host: Flask, prefix: str = DEFAULT_PREFIX, *, settings: EmulatorSettings | None = None

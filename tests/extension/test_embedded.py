@@ -52,6 +52,20 @@ def make_shop(tmp_path: Path, **config: Any) -> Flask:
     return app
 
 
+def install_the_demo_account() -> None:
+    """The emulator's demo account, installed with the shop's callback URL (in a request context)."""
+    install(
+        InstallSettings(
+            merchant_account_id="demo-merchant",
+            api_key="demo-api-key",
+            callback_url="http://127.0.0.1:5000/gateway/callback",
+            callback_failures_email=None,
+            minimum_cents=100,
+            maximum_cents=10_000_000,
+        )
+    )
+
+
 def close(app: Flask) -> None:
     embedded = embedded_emulator(app)
     if embedded is not None:
@@ -128,16 +142,7 @@ def test_a_payment_taken_with_the_gateway_inside_the_shop(shop: Flask) -> None:
     payment_confirmed.connect(receiver)
     try:
         with shop.test_request_context(base_url="http://127.0.0.1:5000"):
-            install(
-                InstallSettings(
-                    merchant_account_id="demo-merchant",
-                    api_key="demo-api-key",
-                    callback_url="http://127.0.0.1:5000/gateway/callback",
-                    callback_failures_email=None,
-                    minimum_cents=100,
-                    maximum_cents=10_000_000,
-                )
-            )
+            install_the_demo_account()
             assert setup_warnings() == []  # a local address is fine: the gateway is inside the shop
             checkout = create_checkout(
                 OrderDraft(
@@ -173,16 +178,7 @@ def test_a_v1_payment_taken_with_the_gateway_inside_the_shop(tmp_path: Path) -> 
     payment_confirmed.connect(receiver)
     try:
         with app.test_request_context(base_url="http://127.0.0.1:5000"):
-            install(
-                InstallSettings(
-                    merchant_account_id="demo-merchant",
-                    api_key="demo-api-key",
-                    callback_url="http://127.0.0.1:5000/gateway/callback",
-                    callback_failures_email=None,
-                    minimum_cents=100,
-                    maximum_cents=10_000_000,
-                )
-            )
+            install_the_demo_account()
             checkout = create_checkout(
                 OrderDraft(
                     reference="V1-1",
