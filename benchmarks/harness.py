@@ -1,0 +1,227 @@
+"""What every figure of ``benchmarks/bench.py`` shares: the result lines, wrk, alternating rounds of a
+baseline and its measurement, a throwaway PostgreSQL cluster."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+for entry in (str(ROOT), str(ROOT / "benchmarks")):
+    if entry not in sys.path:  # run as a script from anywhere: the project's code, the tests' helpers
+        sys.path.insert(0, entry)
+
+from flask_gateway.core.signing import sign  # noqa: E402
+from flask_gateway.core.wire import dumps  # noqa: E402
+
+LUA = ROOT / "benchmarks" / "wrk" / "requests.lua"
+ACCOUNT = "bench-merchant"
+API_KEY = "bench-api-key"
+
+#: Everything the run measured, written to the results file at the end.
+results: dict[str, Any] = {"figures": {}}
+
+
+def report(key: str, name: str, baseline: str, measured: str, ratio: float, target: str, met: bool) -> None:
+    verdict = "met" if met else "NOT MET"
+    print(
+        f"[{key}] {name:<38} baseline {baseline:>18}  measured {measured:>18}  ratio {ratio:6.3f}x "
+        f"(target {target}: {verdict})",
+        flush=True,
+    )
+
+
+def _wait_port(port: int, timeout: float = 30) -> None:
+    import socket
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise SystemExit(f"nothing listens on port {port}")
+
+
+# --- wrk -------------------------------------------------------------------------------------------
+
+
+def ensure_wrk() -> str:
+    found = shutil.which("wrk")
+    if found is None:
+        raise SystemExit("wrk is not installed: run 'make bench' (it installs it) or apt-get install -y wrk")
+    return found
+
+
+def run_wrk(
+    port: int, lines: list[str], folder: Path, args: argparse.Namespace, *, duration: float
+) -> dict[str, Any]:
+    """wrk over keep-alive connections, sending ``lines`` (see requests.lua) for ``duration`` seconds."""
+    path = folder / f"requests-{uuid.uuid4().hex[:8]}.txt"
+    path.write_text("\n".join(lines) + "\n")
+    command = [
+        ensure_wrk(),
+        f"-t{args.wrk_threads}",
+        f"-c{args.connections}",
+        f"-d{round(duration)}s",  # wrk takes whole seconds
+        "--timeout",
+        "30s",
+        "-s",
+        str(LUA),
+        f"http://127.0.0.1:{port}",
+        "--",
+        str(path),
+        str(args.wrk_threads),
+    ]
+    output = subprocess.run(command, capture_output=True, text=True, check=True).stdout  # noqa: S603
+    path.unlink()
+    match = re.search(r"^WRK_JSON (.*)$", output, re.MULTILINE)
+    if match is None:
+        raise SystemExit(f"wrk printed no summary:\n{output}")
+    data: dict[str, Any] = json.loads(match.group(1))
+    errors = (
+        data["status_errors"]
+        + data["connect_errors"]
+        + data["read_errors"]
+        + data["write_errors"]
+        + data["timeouts"]
+    )
+    seconds = data["duration_us"] / 1e6
+    data.update(
+        ok_per_s=round((data["requests"] - errors) / seconds, 1),
+        errors=errors,
+        p50_ms=round(data["p50_us"] / 1000, 2),
+        p99_ms=round(data["p99_us"] / 1000, 2),
+        pool=len(lines),
+    )
+    return data
+
+
+@dataclass
+class Load:
+    """One load of an alternating measurement: a server and the requests it gets."""
+
+    name: str
+    port: int
+    make_lines: Callable[[int], list[str]]
+    unique: bool = True
+    runs: list[dict[str, Any]] = field(default_factory=list)
+
+
+def alternate(loads: list[Load], folder: Path, args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """A warm-up run of each load, then ``--rounds`` rounds in which each load runs once, one after the
+    other (``--duration`` split between the rounds). All servers are up the whole time (idle when not
+    loaded), so a baseline and its measurement always run minutes apart at most, seconds apart usually.
+    Returns, per load, the totals (requests/s over all its runs) and the median p50/p99 of its runs."""
+    pool = max(1000, args.pool // args.rounds)
+    for load in loads:
+        run_wrk(load.port, load.make_lines(pool), folder, args, duration=args.warmup)
+    for _ in range(args.rounds):
+        for load in loads:
+            figure = run_wrk(
+                load.port,
+                load.make_lines(pool),
+                folder,
+                args,
+                duration=max(1, round(args.duration / args.rounds)),
+            )
+            if load.unique and figure["requests"] > figure["pool"]:
+                print(
+                    f"warning: {load.name}: {figure['requests']} requests from a pool of {pool}",
+                    file=sys.stderr,
+                )
+            load.runs.append(figure)
+    out = {}
+    for load in loads:
+        seconds = sum(run["duration_us"] for run in load.runs) / 1e6
+        ok = sum(run["requests"] - run["errors"] for run in load.runs)
+        out[load.name] = {
+            "ok_per_s": round(ok / seconds, 1),
+            "errors": sum(run["errors"] for run in load.runs),
+            "p50_ms": round(statistics.median(run["p50_ms"] for run in load.runs), 1),
+            "p99_ms": round(statistics.median(run["p99_ms"] for run in load.runs), 1),
+            "round_ok_per_s": [run["ok_per_s"] for run in load.runs],
+            "runs": load.runs,
+        }
+    return out
+
+
+def round_ratios(base: dict[str, Any], ours: dict[str, Any]) -> list[float]:
+    return [o / b for o, b in zip(ours["round_ok_per_s"], base["round_ok_per_s"], strict=True) if b]
+
+
+def line(path: str, headers: dict[str, str], body: bytes) -> str:
+    fields = [path, *(f"{name}={value}" for name, value in headers.items()), body.decode("ascii")]
+    if any("\t" in field or "\n" in field for field in fields):
+        raise ValueError("a request line cannot hold a tab or a newline")
+    return "\t".join(fields)
+
+
+def throughput_line(key: str, name: str, base: dict[str, Any], ours: dict[str, Any]) -> dict[str, Any]:
+    """The ratio is the median of the rounds' ratios (each round: baseline, then measurement)."""
+    ratios = round_ratios(base, ours)
+    ratio = statistics.median(ratios) if ratios else 0.0
+    report(
+        key,
+        f"{name} (p50 {ours['p50_ms']} ms, p99 {ours['p99_ms']} ms)",
+        f"{base['ok_per_s']:,.0f} req/s",
+        f"{ours['ok_per_s']:,.0f} req/s",
+        ratio,
+        ">= 0.5",
+        ratio >= 0.5,
+    )
+    if ours["errors"] or base["errors"]:
+        print(f"    errors: baseline {base['errors']}, measured {ours['errors']}", flush=True)
+    return {
+        "baseline": base,
+        "measured": ours,
+        "ratio": round(ratio, 3),
+        "round_ratios": [round(r, 3) for r in ratios],
+        "target": ">= 0.5",
+        "met": ratio >= 0.5,
+    }
+
+
+# --- PostgreSQL ------------------------------------------------------------------------------------
+
+
+@contextmanager
+def postgres() -> Iterator[Any]:
+    from tests.postgres import start_cluster
+
+    cluster = start_cluster()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def _pg_version(cluster: Any) -> str:
+    import psycopg
+
+    with psycopg.connect(host="127.0.0.1", port=cluster.port, user=cluster.user, dbname="postgres") as conn:
+        row = conn.execute("SHOW server_version").fetchone()
+        return str(row[0]) if row else "?"
+
+
+def signed_line(path: str, body: dict[str, Any], key: str) -> str:
+    raw = dumps(body)
+    headers = {
+        "Content-Type": "application/json",
+        "X-Merchant-Account-ID": ACCOUNT,
+        "X-Signature": sign(raw, key),
+    }
+    return line(path, headers, raw)
