@@ -511,7 +511,9 @@ class GatewayEmulator:
             return
         self._closed = True
         for signal, receiver in self._receivers:
-            signal.disconnect(receiver, sender=self.shop)
+            # From every sender: blinker keeps a receiver disconnected from one sender only (and with it
+            # this object, the shop app and the wiring) for the rest of the process.
+            signal.disconnect(receiver)
         self._receivers.clear()
         state = get_state(self.shop)
         state.client_options.clear()

@@ -89,7 +89,7 @@ def make_shop(database_uri: str, **config: Any) -> Flask:
 
 
 def close_shop(app: Flask) -> None:
-    payment_confirmed.disconnect(app.extensions[_RECEIVER], sender=app)
+    payment_confirmed.disconnect(app.extensions[_RECEIVER])  # from every sender: none is left behind
     with app.app_context():
         get_state(app).dispose()
         db.engine.dispose()

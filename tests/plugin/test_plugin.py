@@ -3,12 +3,14 @@ what it says (each test fails if its helper broke)."""
 
 from __future__ import annotations
 
+import gc
 import os
 import re
 import subprocess
 import sys
 import tempfile
 import time
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +19,15 @@ import requests
 from flask import Flask
 from sqlalchemy import select
 
-from flask_gateway import GatewayCheckout, payment_confirmed, refresh
+from flask_gateway import (
+    GatewayCheckout,
+    callback_rejected,
+    checkout_cancelled,
+    checkout_expired,
+    checkout_flagged,
+    payment_confirmed,
+    refresh,
+)
 from flask_gateway.emulator import embedded_emulator
 from flask_gateway.models import CallbackLog, Installation
 from flask_gateway.state import get_state
@@ -233,6 +243,21 @@ def test_closing_gives_the_shop_its_http_back_and_stops_recording(app: Flask, tm
     with app.app_context():
         payment_confirmed.send(app, checkout=_Fake("v2.x.y", "R-1"), source="callback")
     assert gateway.signals == []
+
+
+def test_closing_leaves_nothing_connected_to_the_signals(app: Flask, tmp_path: Path) -> None:
+    """A closed emulator is no longer reachable from the extension's signals: each test's emulator, shop app
+    and wiring would otherwise live (and be walked by the garbage collector) until the process ends."""
+    watched = (payment_confirmed, checkout_cancelled, checkout_expired, callback_rejected, checkout_flagged)
+    before = [len(signal.receivers) for signal in watched]
+    gateway = GatewayEmulator.start(app, database_url=f"sqlite:///{tmp_path / 'e.sqlite3'}")
+    assert [len(signal.receivers) for signal in watched] == [n + 1 for n in before]
+    gateway.close()
+    assert [len(signal.receivers) for signal in watched] == before
+    gone = weakref.ref(gateway)
+    del gateway
+    gc.collect()
+    assert gone() is None
 
 
 def test_the_pool_hands_out_one_emulator_reset_for_each_use(app: Flask, tmp_path: Path) -> None:
