@@ -166,6 +166,8 @@ class SecretWatchPlugin:
         self.handler = _Capture(watch)
         self.levels: dict[str, int] = {}
         self.patches: list[tuple[Any, str, Any]] = []
+        #: Under pytest-xdist, on the controller: each worker's verdict (its leaks' report, its counts).
+        self.worker_verdicts: list[dict[str, Any]] = []
 
     def _patch(self, owner: Any, name: str, value: Any) -> None:
         self.patches.append((owner, name, getattr(owner, name)))
@@ -205,9 +207,20 @@ class SecretWatchPlugin:
             setattr(owner, name, value)
         active = None
         leaks = self.watch.scan()
+        message = self.watch.report(leaks) if leaks else None
+        counts = (len(self.watch.secrets), len(self.watch.lines), len(self.watch.files))
+        worker_output = getattr(session.config, "workeroutput", None)
+        if worker_output is not None:
+            # A pytest-xdist worker: its verdict goes to the controller (pytest_testnodedown below), whose
+            # exit status is the run's; a worker's own exit status is not.
+            worker_output["secret_watch"] = {"leaks": message, "counts": counts}
+        else:
+            for verdict in self.worker_verdicts:
+                counts = tuple(a + b for a, b in zip(counts, verdict["counts"], strict=True))
+                if verdict["leaks"]:
+                    message = "\n".join(filter(None, (message, verdict["leaks"])))
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-        if leaks:
-            message = self.watch.report(leaks)
+        if message:
             if reporter is not None:
                 reporter.write_sep("=", "secret watch", red=True, bold=True)
                 reporter.write_line(message)
@@ -217,9 +230,18 @@ class SecretWatchPlugin:
         elif reporter is not None:
             reporter.write_sep(
                 "-",
-                f"secret watch: {len(self.watch.secrets)} secrets, {len(self.watch.lines)} log records, "
-                f"{len(self.watch.files)} server log files: no secret found",
+                f"secret watch: {counts[0]} secrets, {counts[1]} log records, {counts[2]} server log files"
+                + (f" ({len(self.worker_verdicts)} workers)" if self.worker_verdicts else "")
+                + ": no secret found",
             )
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node: Any, error: object) -> None:
+        """pytest-xdist's controller: a worker ended; keep its verdict for the session's end. A worker
+        that died without one is an error of the run already (xdist reports it)."""
+        verdict = getattr(node, "workeroutput", {}).get("secret_watch")
+        if verdict is not None:
+            self.worker_verdicts.append(verdict)
 
 
 def watch_file(path: Path) -> None:

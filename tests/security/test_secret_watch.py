@@ -94,15 +94,18 @@ def test_leaky():
 """
 
 
+@pytest.mark.parametrize("workers", [(), ("-n", "2")], ids=["one-process", "xdist-workers"])
 @pytest.mark.parametrize("leak", [True, False], ids=["planted-leak", "clean"])
 def test_a_session_with_a_leak_fails_with_the_test_id(
-    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, leak: bool
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, leak: bool, workers: tuple[str, ...]
 ) -> None:
+    """Under pytest-xdist (the README's ``make test``) the leak is found in a worker, and the controller,
+    whose exit status is the run's, fails the run."""
     pytester.makeconftest(PLANTED_CONFTEST)
     tests = PLANTED_TESTS if leak else PLANTED_TESTS.replace("with key the-planted", "with key ****")
     pytester.makepyfile(test_planted=tests)
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-W", "error")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-W", "error", *workers)
     if leak:
         assert result.ret == pytest.ExitCode.TESTS_FAILED
         result.stdout.fnmatch_lines(
@@ -115,4 +118,10 @@ def test_a_session_with_a_leak_fails_with_the_test_id(
     else:
         assert result.ret == pytest.ExitCode.OK
         assert "SECRET LEAK" not in result.stdout.str()
+        result.stdout.fnmatch_lines(
+            [
+                "*secret watch: * secrets, * log records, * server log files*"
+                + ("(2 workers)*" if workers else "")
+            ]
+        )
     result.assert_outcomes(passed=2)
