@@ -1,20 +1,27 @@
-"""Figure 4: the emulator's create and getstatus under gunicorn, against their yardsticks."""
+"""Figure 4: the emulator's create and getstatus under gunicorn, each against its yardstick
+(``emulator_yardsticks.py``: the least work its contract needs, on the same stack, database and table),
+with the bare JSON endpoint of the first round printed for reference."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
+import time
 import uuid
 from pathlib import Path
+from typing import Any
 
-from emulator_throughput import ServerOptions, call, create_body, serve
+from emulator_throughput import Request, ServerOptions, call, create_body, serve
 from harness import (
     ACCOUNT,
     API_KEY,
     Load,
     alternate,
     line,
+    report,
     results,
+    round_ratios,
     signed_line,
     throughput_line,
 )
@@ -33,8 +40,13 @@ def figure_emulator(args: argparse.Namespace, folder: Path, backend: str, databa
     log = folder / "servers.log"
     with (
         serve("apps:bare_app()", options, {}, log) as bare_port,
+        serve("emulator_yardsticks:yardstick_app()", options, env, log) as yardstick_port,
         serve("flask_gateway.emulator:create_app()", options, env, log) as port,
     ):
+        # gunicorn listens before its workers have booted (12 of them here, on a busy machine): wait for them.
+        _ready(bare_port, ("POST", "/bare", b"{}", {"Content-Type": "application/json"}))
+        _ready(port, ("GET", "/_emulator/clock", b"", {}))  # its tables exist from then on
+        _ready(yardstick_port, ("POST", "/yardstick/getstatus", b"{}", {}), expect=401)
         install = {
             "merchantAccountId": ACCOUNT,
             "merchantAccountApiKey": API_KEY,
@@ -61,24 +73,75 @@ def figure_emulator(args: argparse.Namespace, folder: Path, backend: str, databa
             tokens.append(json.loads(answer)["checkoutToken"])
         statuses = [signed_line("/v2/getstatus", {"checkoutToken": token}, key) for token in tokens]
         bare_line = line("/bare", {"Content-Type": "application/json"}, b"{}")
+
+        def yardstick(lines: list[str]) -> list[str]:
+            return [item.replace("/v2/", "/yardstick/", 1) for item in lines]
+
         figures = alternate(
             [
                 Load("bare", bare_port, lambda count: [bare_line] * 100, unique=False),
+                Load("yardstick-create", yardstick_port, lambda count: yardstick(creates(count))),
                 Load("create", port, creates),
+                Load("yardstick-getstatus", yardstick_port, lambda count: yardstick(statuses), unique=False),
                 Load("getstatus", port, lambda count: statuses, unique=False),
             ],
             folder,
             args,
         )
-    bare, create, getstatus = figures["bare"], figures["create"], figures["getstatus"]
+    bare = figures["bare"]
     print(
         f"[4] bare Flask JSON endpoint ({backend} rounds): {bare['ok_per_s']:,.0f} req/s "
         f"(p50 {bare['p50_ms']} ms, p99 {bare['p99_ms']} ms)",
         flush=True,
     )
-    out = {
-        "bare": bare,
-        "create": throughput_line("4", f"emulator create, {backend}", bare, create),
-        "getstatus": throughput_line("4", f"emulator getstatus, {backend}", bare, getstatus),
-    }
+    out: dict[str, Any] = {"bare": bare}
+    for operation in ("create", "getstatus"):
+        base, ours = figures[f"yardstick-{operation}"], figures[operation]
+        print(
+            f"[4] yardstick {operation}, {backend}: {base['ok_per_s']:,.0f} req/s "
+            f"(p50 {base['p50_ms']} ms, p99 {base['p99_ms']} ms)",
+            flush=True,
+        )
+        out[f"yardstick_{operation}"] = base
+        out[operation] = throughput_line("4", f"emulator {operation} vs yardstick, {backend}", base, ours)
+        out[f"{operation}_vs_bare"] = _reference(f"emulator {operation} vs bare JSON, {backend}", bare, ours)
+    if backend == "sqlite":
+        create = figures["create"]
+        spread = create["p99_ms"] / create["p50_ms"] if create["p50_ms"] else float("inf")
+        report(
+            "4",
+            f"emulator create p99/p50, {backend}",
+            f"p50 {create['p50_ms']} ms",
+            f"p99 {create['p99_ms']} ms",
+            spread,
+            "<= 5",
+            spread <= 5,
+        )
+        out["create_p99_over_p50"] = {"ratio": round(spread, 2), "target": "<= 5", "met": spread <= 5}
     results["figures"][f"4_emulator_{backend}"] = out
+
+
+def _ready(port: int, request: Request, *, expect: int = 200, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            status, _ = call(port, request)
+            if status == expect:
+                return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise SystemExit(f"the server on port {port} did not answer {request[1]} within {timeout:g} s")
+        time.sleep(0.5)
+
+
+def _reference(name: str, bare: dict[str, Any], ours: dict[str, Any]) -> dict[str, Any]:
+    """Against the bare JSON endpoint (the first round's yardstick): printed for reference, no target."""
+    ratios = round_ratios(bare, ours)
+    ratio = statistics.median(ratios) if ratios else 0.0
+    print(
+        f"[4] {name:<38} baseline {bare['ok_per_s']:>12,.0f} req/s  measured {ours['ok_per_s']:>12,.0f} req/s"
+        f"  ratio {ratio:6.3f}x (reference, no target)",
+        flush=True,
+    )
+    return {"ratio": round(ratio, 3), "round_ratios": [round(r, 3) for r in ratios]}

@@ -6,7 +6,7 @@ import os
 import secrets
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from flask import Flask, Response, request
 from flask_wtf.csrf import CSRFProtect
@@ -25,7 +25,10 @@ from flask_gateway.emulator.models import db
 from flask_gateway.emulator.settings import EmulatorSettings
 from flask_gateway.emulator.views import control, dashboard, deliveries, hosted, v1, v2
 
-__all__ = ["create_app"]
+__all__ = ["ENGINE_OPTIONS", "create_app"]
+
+#: The engine options of the emulator's database (Flask-SQLAlchemy's ``SQLALCHEMY_ENGINE_OPTIONS``).
+ENGINE_OPTIONS: Final[Mapping[str, Any]] = {"pool_pre_ping": True}
 
 
 def create_app(test_config: Mapping[str, Any] | None = None, *, instance_path: str | None = None) -> Flask:
@@ -44,7 +47,7 @@ def create_app(test_config: Mapping[str, Any] | None = None, *, instance_path: s
         SECRET_KEY=secret or _instance_secret(Path(app.instance_path)),
         SQLALCHEMY_DATABASE_URI=settings.database_url
         or f"sqlite:///{Path(app.instance_path) / 'emulator.sqlite3'}",
-        SQLALCHEMY_ENGINE_OPTIONS={"pool_pre_ping": True},
+        SQLALCHEMY_ENGINE_OPTIONS=dict(ENGINE_OPTIONS),
         MAX_CONTENT_LENGTH=MAX_BODY_BYTES,
         WTF_CSRF_TIME_LIMIT=None,
         # Cookies on one host are shared across ports: a shop on 127.0.0.1 must keep its own session.
