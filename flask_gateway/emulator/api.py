@@ -9,13 +9,14 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any, Final, TypeVar
 
-from flask import Flask, Response, current_app, request
+from flask import Flask, Response, current_app, g, request
 from pydantic import ValidationError
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from flask_gateway.core.auth import ACCOUNT_HEADER, SIGNATURE_HEADER
 from flask_gateway.core.signing import sign, verify
 from flask_gateway.core.wire import WireModel, dumps
+from flask_gateway.emulator import clock
 from flask_gateway.emulator.models import Account, db
 from flask_gateway.emulator.problems import ApiProblem, ResponseDropped, field_path, validation_problem
 from flask_gateway.emulator.settings import EmulatorSettings
@@ -60,7 +61,7 @@ def read_json() -> dict[str, Any]:
     raw = raw_body()
     if not raw.strip():
         raise ApiProblem(400, "The request body is empty: send a JSON object.")
-    data = _loads(raw)
+    data = _parsed(raw)
     if not isinstance(data, dict):
         raise ApiProblem(400, "The request body must be a JSON object.")
     nul = _nul_at(data)
@@ -91,7 +92,17 @@ def refuse_malformed_json() -> None:
     raw = raw_body()
     if not raw.strip():
         return
-    _loads(raw)
+    _parsed(raw)
+
+
+def _parsed(raw: bytes) -> Any:
+    """``raw`` parsed (``_loads``), once per request: the route reads the body the check parsed."""
+    cached = g.get("_emulator_json")
+    if cached is not None and cached[0] is raw:
+        return cached[1]
+    data = _loads(raw)
+    g._emulator_json = (raw, data)
+    return data
 
 
 #: No request of the API nests deeper than a few levels; deeper JSON is refused before it is parsed (the
@@ -101,6 +112,8 @@ MAX_JSON_DEPTH: Final = 32
 
 def _depth_over(raw: bytes, limit: int) -> bool:
     """Whether ``raw`` opens more than ``limit`` arrays/objects at once (brackets inside strings ignored)."""
+    if raw.count(b"[") + raw.count(b"{") <= limit:
+        return False  # cannot nest deeper than it opens (the usual body: no walk over its bytes)
     depth = 0
     in_string = escaped = False
     for byte in raw:
@@ -180,7 +193,7 @@ def authenticate_v2() -> Account:
     signature = request.headers.get(SIGNATURE_HEADER, "")
     # U+0000 cannot name an account (and PostgreSQL refuses it in a query: a 500).
     known = account_id and "\x00" not in account_id
-    account = db.session.get(Account, account_id) if known else None
+    account = (clock.request_account(account_id) or db.session.get(Account, account_id)) if known else None
     if account is None:
         raise ApiProblem(401, f"Missing or unknown {ACCOUNT_HEADER}.")
     if not account.installed or not account.signing_key:

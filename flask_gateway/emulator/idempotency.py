@@ -10,10 +10,10 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Final
+from typing import Final, cast
 
 from flask import Response
-from sqlalchemy import delete, select, update
+from sqlalchemy import Table, bindparam, delete, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from flask_gateway.core.signing import canonicalize
@@ -69,32 +69,37 @@ def run_idempotent(
         raise
     # One UPDATE with the work's changes (no re-read of the key); no row only if a reset ran meanwhile.
     db.session.execute(
-        update(IdempotencyKey)
-        .where(IdempotencyKey.id == key)
-        .values(
-            completed=True, status_code=response.status_code, response_body=response.get_data(as_text=True)
-        )
-        .execution_options(synchronize_session=False)
+        _COMPLETE,
+        {"key": key, "status_code": response.status_code, "response_body": response.get_data(as_text=True)},
     )
     db.session.commit()
     return response
+
+
+_KEYS: Final = cast(Table, IdempotencyKey.__table__)
+#: Built once, on the table (SQLAlchemy Core: no unit of work, no ORM statement compilation per request).
+_INSERT: Final = insert(_KEYS).returning(_KEYS.c.id)
+_COMPLETE: Final = (
+    update(_KEYS)
+    .where(_KEYS.c.id == bindparam("key"))
+    .values(completed=True, status_code=bindparam("status_code"), response_body=bindparam("response_body"))
+)
 
 
 def _claim(account_id: str, operation: str, request_id: str, body_hash: str) -> int | Response:
     """The new key's id, or the answer for an existing key (replay, 409 in flight, 422 mismatch)."""
     for _ in range(3):
         now = clock.now()
-        key = IdempotencyKey(
-            account_id=account_id,
-            operation=operation,
-            request_id=request_id,
-            body_hash=body_hash,
-            created_at=now,
-        )
-        db.session.add(key)
+        row = {
+            "account_id": account_id,
+            "operation": operation,
+            "request_id": request_id,
+            "body_hash": body_hash,
+            "completed": False,
+            "created_at": now,
+        }
         try:
-            db.session.flush()
-            key_id = key.id
+            key_id: int = db.session.execute(_INSERT, row).scalar_one()
             # The work goes on with the account the request authenticated, without reading it again.
             commit_keeping_loaded(db.session())
             return key_id

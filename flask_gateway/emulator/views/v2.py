@@ -199,7 +199,7 @@ def getstatus() -> Response:
     data = read_json()
     account = authenticate_v2()
     request = parse(GetStatusRequest, data)
-    checkout = checkouts.find(account.merchant_account_id, request.checkoutToken)
+    checkout = checkouts.snapshot(account.merchant_account_id, request.checkoutToken)
     if checkouts.needs_expiry(checkout):
         checkout = checkouts.lock(account.merchant_account_id, request.checkoutToken)
         db.session.commit()
