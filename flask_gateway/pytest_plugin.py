@@ -17,6 +17,9 @@ Fixtures (docs/testing.md):
 - ``gateway_emulator``: a :class:`flask_gateway.testing.GatewayEmulator` wired to ``gateway_app`` and,
   unless ``@pytest.mark.gateway_emulator(install=False)``, installed on the shop.
 
+The ini option ``gateway_sqlite_no_fsync`` (default false) lets ``gateway_emulator`` write the shop's SQLite
+file database without ``fsync`` for the test (:func:`flask_gateway.testing.sqlite_without_fsync`).
+
 The marker ``@pytest.mark.gateway_emulator(...)`` takes ``install`` (default True), ``minimum_cents``
 (100), ``maximum_cents`` (10,000,000), ``callback_failures_email`` (None) and ``callback_retry_delays``
 (the gateway's ``(2.0, 10.0)``, seconds of the emulator's clock).
@@ -38,6 +41,7 @@ if TYPE_CHECKING:
 __all__ = [
     "APP_FIXTURE_INI",
     "MARKER",
+    "NO_FSYNC_INI",
     "gateway_app",
     "gateway_emulator",
     "gateway_emulator_database_url",
@@ -47,6 +51,8 @@ __all__ = [
 
 #: The ini option naming the shop's app fixture.
 APP_FIXTURE_INI: Final = "gateway_app_fixture"
+#: The ini option that lets the kit write the shop's SQLite file database without fsync.
+NO_FSYNC_INI: Final = "gateway_sqlite_no_fsync"
 #: The marker with the ``gateway_emulator`` fixture's options.
 MARKER: Final = "gateway_emulator"
 
@@ -60,6 +66,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         APP_FIXTURE_INI,
         "flask_gateway plugin: the name of the fixture that gives the shop's Flask app (default: app)",
         default="app",
+    )
+    parser.addini(
+        NO_FSYNC_INI,
+        "flask_gateway plugin: write the shop's SQLite file database without fsync during gateway_emulator "
+        "tests (PRAGMA synchronous=OFF; default: false, the shop's own setting)",
+        type="bool",
+        default=False,
     )
 
 
@@ -161,6 +174,7 @@ def gateway_emulator(
         settings=gateway_emulator_settings,
         pool=gateway_emulator_pool if pooled else None,
         install=bool(options.get("install", True)),
+        sqlite_no_fsync=bool(request.config.getini(NO_FSYNC_INI)),
         **{key: options[key] for key in _INSTALL_OPTIONS if key in options},
     )
     try:

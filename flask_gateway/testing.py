@@ -46,7 +46,8 @@ import requests
 from flask import Flask, request
 from flask.testing import FlaskClient
 from requests.adapters import BaseAdapter
-from sqlalchemy import select
+from sqlalchemy import event, select
+from sqlalchemy.engine import Engine
 
 from flask_gateway.core.errors import AlreadyInstalledError
 from flask_gateway.core.timestamps import parse_timestamp
@@ -87,6 +88,7 @@ __all__ = [
     "gateway_config",
     "make_emulator",
     "shop_base_url",
+    "sqlite_without_fsync",
     "token_of",
 ]
 
@@ -330,6 +332,58 @@ def _reset(emulator: Flask) -> None:
         raise GatewayEmulatorError(f"The emulator could not be reset: {answer.get_data(as_text=True)}")
 
 
+def sqlite_without_fsync(shop: Flask) -> Callable[[], None]:
+    """Write the shop's SQLite file databases without ``fsync`` until the returned function is called.
+
+    Every connection the shop's engines (Flask-SQLAlchemy's, each bind, and the extension's own) hand out
+    gets ``PRAGMA synchronous=OFF``, and its own setting back when it returns to the pool: what a commit
+    proves (locks, transactions, isolation, constraints) is unchanged; only the flush to disk a power cut
+    would need is skipped. In-memory databases and other backends are left alone. The returned function
+    removes the listeners (connections already handed out get their setting back when returned).
+    """
+    state = get_state(shop)
+    with shop.app_context():
+        engines = {id(engine): engine for engine in (*state.db.engines.values(), state.engine)}
+    undo: list[Callable[[], None]] = []
+    for engine in engines.values():
+        if engine.dialect.name != "sqlite" or (engine.url.database or "") in ("", ":memory:"):
+            continue
+        if "mode=memory" in str(engine.url):
+            continue
+        undo.append(_without_fsync(engine))
+
+    def restore() -> None:
+        for step in undo:
+            step()
+
+    return restore
+
+
+def _without_fsync(engine: Engine) -> Callable[[], None]:
+    own: dict[int, Any] = {}  # connection id -> its synchronous setting before the checkout
+
+    def checkout(dbapi_connection: Any, _record: Any, _proxy: Any) -> None:
+        cursor = dbapi_connection.cursor()
+        own[id(dbapi_connection)] = cursor.execute("PRAGMA synchronous").fetchone()[0]
+        cursor.execute("PRAGMA synchronous=OFF")
+        cursor.close()
+
+    def checkin(dbapi_connection: Any, _record: Any) -> None:
+        setting = own.pop(id(dbapi_connection), None)
+        if setting is not None and dbapi_connection is not None:
+            dbapi_connection.execute(f"PRAGMA synchronous={int(setting)}")
+
+    event.listen(engine, "checkout", checkout)
+    event.listen(engine, "checkin", checkin)
+
+    def remove() -> None:
+        event.remove(engine, "checkout", checkout)
+        if not own:  # else a connection is still handed out: it gets its setting back when returned
+            event.remove(engine, "checkin", checkin)
+
+    return remove
+
+
 def token_of(checkout: object) -> str:
     """The checkout token in ``checkout``: a ``GatewayCheckout`` (or anything with ``.token``), a token, a
     payment page URL (``.../app/checkout/<token>``), or the shop's response redirecting to one."""
@@ -439,6 +493,8 @@ class GatewayEmulator:
     signals: list[SignalRecord] = field(default_factory=list)
     _receivers: list[tuple[Any, Callable[..., None]]] = field(default_factory=list, repr=False)
     _client_options: dict[str, Any] = field(default_factory=dict, repr=False)
+    #: Called by :meth:`close`: what :meth:`start` changed on the shop for the test, undone.
+    _undo: list[Callable[[], None]] = field(default_factory=list, repr=False)
     _closed: bool = field(default=False, repr=False)
     #: The emulator app was made for this object alone (closed with it).
     _owned: bool = field(default=False, repr=False)
@@ -457,6 +513,7 @@ class GatewayEmulator:
         maximum_cents: int = 10_000_000,
         callback_failures_email: str | None = None,
         pool: EmulatorPool | None = None,
+        sqlite_no_fsync: bool = False,
     ) -> GatewayEmulator:
         """An emulator on ``database_url`` wired to ``shop`` (:func:`connect_configured`) and, unless
         ``install`` is false, the gateway installed on the shop with the emulator's demo account.
@@ -464,7 +521,12 @@ class GatewayEmulator:
         With ``pool`` the emulator app comes from it (reset) and stays there after :meth:`close`; without,
         a new one is made and closed with this object. A shop with ``GATEWAY_ENVIRONMENT="embedded"``
         brings its own emulator, already wired: that one is used (reset), and ``database_url``,
-        ``settings`` and ``pool`` do not apply."""
+        ``settings`` and ``pool`` do not apply.
+
+        ``sqlite_no_fsync``: while it runs, the shop's SQLite file database is written without ``fsync``
+        (:func:`sqlite_without_fsync`): a test's database needs no durability against a power cut, and a
+        commit then costs microseconds instead of one or more disk flushes. Only when asked: it is the
+        shop's database."""
         state = get_state(shop)
         saved = dict(state.client_options)
         embedded = embedded_emulator(shop)
@@ -491,6 +553,8 @@ class GatewayEmulator:
             _owned=embedded is None and pool is None,
         )
         gateway._watch()
+        if sqlite_no_fsync:
+            gateway._undo.append(sqlite_without_fsync(shop))
         clear_payment_plan_cache()  # plans cached by another test's gateway must not leak into this one
         try:
             if install:
@@ -515,6 +579,8 @@ class GatewayEmulator:
             # this object, the shop app and the wiring) for the rest of the process.
             signal.disconnect(receiver)
         self._receivers.clear()
+        while self._undo:
+            self._undo.pop()()
         state = get_state(self.shop)
         state.client_options.clear()
         state.client_options.update(self._client_options)

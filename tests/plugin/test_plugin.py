@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import requests
 from flask import Flask
-from sqlalchemy import select
+from sqlalchemy import Engine, select
 
 from flask_gateway import (
     GatewayCheckout,
@@ -41,7 +41,7 @@ from flask_gateway.testing import (
     make_emulator,
     token_of,
 )
-from tests.plugin.conftest import close_shop, make_shop, place_order, shipments
+from tests.plugin.conftest import close_shop, db, make_shop, place_order, shipments
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs" / "testing.md"
@@ -89,6 +89,7 @@ def test_the_docs_example_passes_with_the_installed_plugin(
 
 MISUSES = """
 import pytest
+from sqlalchemy import text
 
 from shop import create_app, db
 
@@ -108,6 +109,11 @@ def test_the_app_fixture_named_in_the_ini(gateway_emulator, shop_app):
     assert gateway_emulator.shop is shop_app
 
 
+def test_the_ini_lets_the_shop_database_skip_fsync(gateway_emulator, shop_app):
+    with shop_app.app_context():
+        assert db.session.execute(text("PRAGMA synchronous")).scalar_one() == 0  # OFF
+
+
 @pytest.mark.gateway_emulator(instal=False)
 def test_a_misspelt_option(gateway_emulator):
     pass
@@ -119,12 +125,14 @@ def test_a_positional_option(gateway_emulator):
 """
 
 
-def test_the_ini_option_names_the_app_fixture_and_misuses_are_explained(pytester: pytest.Pytester) -> None:
+def test_the_ini_options_and_misuses_are_explained(pytester: pytest.Pytester) -> None:
     pytester.path.joinpath("shop.py").write_text(example_files()["shop.py"])
     pytester.makepyfile(test_misuses=MISUSES)
-    pytester.makeini("[pytest]\nfilterwarnings = error\ngateway_app_fixture = shop_app\n")
+    pytester.makeini(
+        "[pytest]\nfilterwarnings = error\ngateway_app_fixture = shop_app\ngateway_sqlite_no_fsync = true\n"
+    )
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
-    result.assert_outcomes(passed=1, errors=2)
+    result.assert_outcomes(passed=2, errors=2)
     result.stdout.fnmatch_lines(
         [
             "*@pytest.mark.gateway_emulator: unknown option(s) instal (known: install, minimum_cents,*",
@@ -258,6 +266,54 @@ def test_closing_leaves_nothing_connected_to_the_signals(app: Flask, tmp_path: P
     del gateway
     gc.collect()
     assert gone() is None
+
+
+def synchronous(engine: Engine) -> int:
+    """The ``PRAGMA synchronous`` of a connection from ``engine`` (0 OFF, 1 NORMAL, 2 FULL)."""
+    with engine.connect() as connection:
+        setting: int = connection.exec_driver_sql("PRAGMA synchronous").scalar_one()
+        return setting
+
+
+def test_sqlite_no_fsync_is_only_while_the_emulator_runs(app: Flask, tmp_path: Path) -> None:
+    with app.app_context():
+        host, own = db.engine, get_state(app).engine
+    assert (synchronous(host), synchronous(own)) == (2, 2)  # FULL: the shop's (SQLite's default) setting
+    unasked = GatewayEmulator.start(app, database_url=f"sqlite:///{tmp_path / 'e.sqlite3'}")
+    assert (synchronous(host), synchronous(own)) == (2, 2)  # not asked: the shop's database is the shop's
+    unasked.close()
+
+    gateway = GatewayEmulator.start(
+        app, database_url=f"sqlite:///{tmp_path / 'e.sqlite3'}", sqlite_no_fsync=True
+    )
+    assert (synchronous(host), synchronous(own)) == (0, 0)
+    answer = pay_button(app)
+    gateway.pay(answer)
+    assert gateway.deliver() == 1  # the same payment, callback and fulfilment as with every flush
+    gateway.assert_fulfilled_once("R-1")
+    assert shipments(app) == 1
+    held = host.connect()  # handed out when the emulator closes: its own setting comes back when returned
+    gateway.close()
+    assert held.exec_driver_sql("PRAGMA synchronous").scalar_one() == 0
+    held.close()
+    with host.connect() as first, host.connect() as second:  # both pooled connections are back at FULL
+        assert [c.exec_driver_sql("PRAGMA synchronous").scalar_one() for c in (first, second)] == [2, 2]
+    assert synchronous(own) == 2
+
+
+def test_sqlite_no_fsync_leaves_an_in_memory_shop_alone(tmp_path: Path) -> None:
+    shop = make_shop("sqlite://")
+    try:
+        with GatewayEmulator.start(
+            shop, database_url=f"sqlite:///{tmp_path / 'e.sqlite3'}", sqlite_no_fsync=True
+        ) as gateway:
+            gateway.pay(pay_button(shop))
+            assert gateway.deliver() == 1
+            gateway.assert_fulfilled_once("R-1")
+            with shop.app_context():
+                assert not db.engine.pool.dispatch.checkout  # nothing listens: no file, no fsync
+    finally:
+        close_shop(shop)
 
 
 def test_the_pool_hands_out_one_emulator_reset_for_each_use(app: Flask, tmp_path: Path) -> None:
