@@ -1,10 +1,10 @@
 """``flask gateway ...``: create the tables, reconcile, look at one checkout.
 
 - ``flask gateway init-db``: create the extension's ``gateway_*`` tables (only those) when missing.
-- ``flask gateway reconcile [--limit N] [--older-than S] [--paid-window HOURS] [--paid-recheck S]``: poll
-  the checkouts whose outcome the shop may have missed, then the recently paid ones for refunds made at
-  the gateway (see :mod:`flask_gateway.reconciliation`); exits 1 when a checkout could not be polled, so a
-  cron job reports it.
+- ``flask gateway reconcile [--limit N] [--older-than S] [--paid-window HOURS] [--paid-recheck S]
+  [--concurrency N]``: poll the checkouts whose outcome the shop may have missed, then the recently paid
+  ones for refunds made at the gateway (see :mod:`flask_gateway.reconciliation`); exits 1 when a checkout
+  could not be polled, so a cron job reports it.
 - ``flask gateway status TOKEN [--refresh]``: the local record and the gateway's getstatus answer.
 - ``flask gateway check-settings``: compare the gateway's settings (callback URL, e-mail, limits) with the
   shop's (see :mod:`flask_gateway.drift`); exits 1 when they differ or the gateway cannot be asked.
@@ -27,7 +27,7 @@ import click
 from flask.cli import AppGroup
 from sqlalchemy import CursorResult, delete, inspect, or_, select
 
-from flask_gateway.config import MAX_PAID_WINDOW_HOURS
+from flask_gateway.config import MAX_PAID_WINDOW_HOURS, MAX_RECONCILE_CONCURRENCY
 from flask_gateway.core.errors import GatewayError
 from flask_gateway.core.sql import create_all_safely
 from flask_gateway.core.timestamps import utcnow
@@ -95,12 +95,19 @@ def init_db() -> None:
     help="Only paid checkouts unchanged and unpolled for this many seconds "
     f"[default: {PAID_RECHECK_SECONDS}].",
 )
+@click.option(
+    "--concurrency",
+    type=click.IntRange(1, MAX_RECONCILE_CONCURRENCY),
+    default=None,
+    help="Getstatus calls in flight at once; 1: one at a time [default: GATEWAY_RECONCILE_CONCURRENCY].",
+)
 @click.option("--quiet", is_flag=True, help="No progress bar; only the summary.")
 def reconcile_command(
     limit: int | None,
     older_than: float | None,
     paid_window: float | None,
     paid_recheck: float | None,
+    concurrency: int | None,
     quiet: bool,
 ) -> None:
     """Ask the gateway about checkouts that are not final, and recently paid ones, and apply the answers."""
@@ -124,6 +131,7 @@ def reconcile_command(
             progress=progress,
             paid_window_hours=paid_window,
             paid_recheck_seconds=paid_recheck,
+            concurrency=concurrency,
         )
     click.echo(report.summary())
     if report.errors:

@@ -50,6 +50,9 @@ EMBEDDED_ORIGIN: Final = "http://localhost"
 #: ``GATEWAY_RECONCILE_PAID_WINDOW_HOURS`` at most (a year): a longer window polls a shop's whole history.
 MAX_PAID_WINDOW_HOURS: Final = 8760
 
+#: ``GATEWAY_RECONCILE_CONCURRENCY`` at most: more threads than this only wait on the database's locks.
+MAX_RECONCILE_CONCURRENCY: Final = 64
+
 #: Every key with its default (``None``: no default).
 DEFAULTS: Final[Mapping[str, Any]] = {
     "GATEWAY_ENVIRONMENT": "emulator",
@@ -68,6 +71,7 @@ DEFAULTS: Final[Mapping[str, Any]] = {
     "GATEWAY_ENCRYPTION_KEY": None,
     "GATEWAY_RECONCILE_AFTER_SECONDS": 300,
     "GATEWAY_RECONCILE_PAID_WINDOW_HOURS": 72,
+    "GATEWAY_RECONCILE_CONCURRENCY": 8,
     "GATEWAY_CURRENCY_SYMBOL": "R",
     "GATEWAY_WAF": "strict",
     "GATEWAY_WIRE_NAMES": OPERATOR.key,
@@ -129,6 +133,8 @@ class GatewayConfig:
     #: minutes while at least ``callback_silence_payments`` v2 payments were confirmed another way.
     callback_silence_minutes: int = 30
     callback_silence_payments: int = 3
+    #: Getstatus calls a reconciliation run keeps in flight at once (worker threads); 1: one at a time.
+    reconcile_concurrency: int = 8
 
     def __repr__(self) -> str:  # the encryption key never appears in a repr or a log line
         return (
@@ -286,6 +292,12 @@ class GatewayConfig:
             plan_rate_limit=config["GATEWAY_PLAN_RATE_LIMIT"] or None,
             callback_silence_minutes=silence_minutes,
             callback_silence_payments=silence_payments,
+            reconcile_concurrency=_whole(
+                "GATEWAY_RECONCILE_CONCURRENCY",
+                config["GATEWAY_RECONCILE_CONCURRENCY"],
+                1,
+                MAX_RECONCILE_CONCURRENCY,
+            ),
         )
 
 

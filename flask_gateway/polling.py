@@ -10,7 +10,8 @@ answer to a question sent before the payment) may be stale, so ``apply`` does no
 
 from __future__ import annotations
 
-from typing import Final
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Final
 
 from flask_gateway import signals
 from flask_gateway.core.sql import commit_keeping_loaded
@@ -18,9 +19,12 @@ from flask_gateway.core.timestamps import utcnow
 from flask_gateway.core.wire import CheckoutStatus
 from flask_gateway.models import GatewayCheckout
 from flask_gateway.state import get_state, leaves_no_transaction
-from flask_gateway.transitions import RANK, Observation, Transition, apply, rank, send_pending
+from flask_gateway.transitions import RANK, Observation, Transition, apply, lock, rank, send_pending
 
-__all__ = ["refresh"]
+if TYPE_CHECKING:
+    from flask_gateway.core.wire import CheckoutStatusPayload
+
+__all__ = ["Polled", "record_answer", "refresh"]
 
 #: The rank of the paid statuses (``transitions.RANK``): the shop's record at or above it has the payment.
 _PAID_RANK: Final = RANK[CheckoutStatus.PAID]
@@ -41,7 +45,31 @@ def refresh(checkout: GatewayCheckout, *, source: str = "poll") -> Transition:
     # (BEGIN IMMEDIATE), which would stall callbacks for the whole call. Like every operation of the
     # extension this commits the app's session; the lock below starts a fresh transaction.
     state.session.commit()
-    payload = client.get_status(token).data
+    return _apply_answer(client.get_status(token).data, checkout_id, known, source).transition
+
+
+@dataclass(frozen=True)
+class Polled:
+    """What ``record_answer`` did: the transition, and the checkout as the answer found it (row-locked)."""
+
+    transition: Transition
+    refunded_before: int
+    flagged_before: bool
+
+
+def _apply_answer(payload: CheckoutStatusPayload, checkout_id: int, known: str, source: str) -> Polled:
+    polled = record_answer(payload, checkout_id, known, source)
+    commit_keeping_loaded(get_state().session)
+    send_pending(polled.transition)
+    return polled
+
+
+def record_answer(payload: CheckoutStatusPayload, checkout_id: int, known: str, source: str) -> Polled:
+    """Apply a getstatus answer for checkout ``checkout_id`` (``known``: its status as the shop recorded it
+    before the question was sent) in the current transaction, without committing: the caller commits
+    (its events are in the outbox with the change) and then sends them (``transitions.send_pending``).
+    Reconciliation applies the answers its threads gathered this way, several per transaction."""
+    session = get_state().session
     status = str(payload.checkoutPaymentStatus)
     contradiction = _contradiction(known, status)
     detail = f"getstatus: {status}" + (f"; {contradiction}" if contradiction else "")
@@ -54,7 +82,9 @@ def refresh(checkout: GatewayCheckout, *, source: str = "poll") -> Transition:
         reported_at=payload.updatedAt,
         detail=detail,
     )
-    transition = apply(state.session, checkout_id, observed, commit=False)
+    locked = lock(session, checkout_id)  # apply() reuses this lock (and row) in the same transaction
+    refunded_before, flagged_before = locked.refunded_cents, locked.flagged
+    transition = apply(session, checkout_id, observed, commit=False)
     polled = transition.checkout
     polled.last_polled_at = utcnow()
     if contradiction is not None and not transition.applied:
@@ -62,9 +92,7 @@ def refresh(checkout: GatewayCheckout, *, source: str = "poll") -> Transition:
             transition.queue(signals.checkout_flagged, reason=contradiction, source=source)
         polled.flagged, polled.flag_reason = True, contradiction
         transition.flagged, transition.reason = True, contradiction
-    commit_keeping_loaded(state.session)
-    send_pending(transition)
-    return transition
+    return Polled(transition, refunded_before, flagged_before)
 
 
 def _contradiction(known: str, answered: str) -> str | None:

@@ -41,22 +41,34 @@ flagged (it does not go back). ``limit`` counts both passes, the open checkouts 
 from __future__ import annotations
 
 import logging
+import queue
+import threading
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Final
 
+from flask import Flask, current_app
 from sqlalchemy import ColumnElement, and_, func, or_, select, update
+from sqlalchemy.engine import Engine
 
 from flask_gateway.config import MAX_PAID_WINDOW_HOURS
+from flask_gateway.core.client import GatewayClient
+from flask_gateway.core.sql import commit_keeping_loaded
 from flask_gateway.core.timestamps import utcnow
-from flask_gateway.core.wire import OPEN_STATUSES, PAID_STATUSES, PAYMENT_STATUSES, CheckoutStatus
+from flask_gateway.core.wire import (
+    OPEN_STATUSES,
+    PAID_STATUSES,
+    PAYMENT_STATUSES,
+    CheckoutStatus,
+    CheckoutStatusPayload,
+)
 from flask_gateway.health import check_callback_health
 from flask_gateway.models import GatewayCheckout, LocalStatus
-from flask_gateway.polling import refresh
+from flask_gateway.polling import record_answer
 from flask_gateway.state import get_state, leaves_no_transaction
-from flask_gateway.transitions import Observation, apply
+from flask_gateway.transitions import Observation, Transition, apply, send_pending
 
 __all__ = [
     "CLAIM_LEASE_SECONDS",
@@ -253,12 +265,17 @@ def reconcile(
     progress: Progress | None = None,
     paid_window_hours: float | None = None,
     paid_recheck_seconds: float | None = None,
+    concurrency: int | None = None,
 ) -> ReconcileReport:
     """Poll the due checkouts (at most ``limit``), apply the answers, and report; see the module docstring.
 
     ``paid_window_hours`` (default ``GATEWAY_RECONCILE_PAID_WINDOW_HOURS``; 0: none) and
     ``paid_recheck_seconds`` (default :data:`PAID_RECHECK_SECONDS`) choose the paid checkouts asked about.
-    Never raises for one checkout's failure: it is counted in ``errors`` and the run goes on.
+    ``concurrency`` (default ``GATEWAY_RECONCILE_CONCURRENCY``) is how many getstatus calls are in flight
+    at once: worker threads, each in its own app context (its own database session) with its own
+    keep-alive HTTP session, fed by this thread's claims through a bounded queue; 1 polls one checkout at a
+    time in this thread. ``progress`` is always called in this thread, and the report is only ever written
+    here. Never raises for one checkout's failure: it is counted in ``errors`` and the run goes on.
     """
     if limit is not None and limit < 0:
         raise ValueError("limit must be 0 or more")
@@ -266,7 +283,10 @@ def reconcile(
         raise ValueError(f"paid_window_hours must be from 0 to {MAX_PAID_WINDOW_HOURS}")
     if paid_recheck_seconds is not None and paid_recheck_seconds < 0:
         raise ValueError("paid_recheck_seconds must be 0 or more")
+    if concurrency is not None and concurrency < 1:
+        raise ValueError("concurrency must be 1 or more")
     state = get_state()
+    concurrency = state.config.reconcile_concurrency if concurrency is None else concurrency
     session = state.session
     started = utcnow()
     report = ReconcileReport(started_at=started)
@@ -316,20 +336,12 @@ def reconcile(
     total = report.due + report.paid_due
     if progress is not None:
         progress(0, total)
-    done = 0
-    seen: set[int] = set()  # at most one poll per checkout per run, whichever pass would take it again
-    for where, paid in passes:
-        while limit is None or done < limit:
-            batch = min(BATCH_SIZE, limit - done) if limit is not None else BATCH_SIZE
-            claimed = [i for i in _claim(where, batch) if i not in seen]
-            if not claimed:
-                break
-            for checkout_id in claimed:
-                seen.add(checkout_id)
-                _reconcile_one(checkout_id, report, paid=paid)
-                done += 1
-                if progress is not None:
-                    progress(done, max(total, done))
+    signer = (account, state.box.decrypt_cached(installation.signing_key_encrypted))
+    workers = min(concurrency, total)
+    if workers <= 1 or _single_connection(state.engine):
+        _run_in_turn(passes, report, limit, total, progress, signer)
+    else:
+        _run_concurrently(passes, report, limit, total, progress, signer, workers)
     try:
         # Callbacks gone silent while payments go on (callbacks_silent, once per silent spell): each run
         # looks, so a shop whose callbacks stopped hears of it within one schedule.
@@ -369,84 +381,367 @@ def _count_unpolled(report: ReconcileReport, now: datetime) -> None:
     )
 
 
-def _claim(where: ColumnElement[bool], size: int) -> list[int]:
+@dataclass(frozen=True)
+class _Claimed:
+    """A checkout claimed for polling: what the poll needs, read in the claim (no read before the poll)."""
+
+    id: int
+    token: str
+    #: The status the shop had recorded when it was claimed, so before the question was sent.
+    status: str
+    paid: bool
+
+
+def _claim(where: ColumnElement[bool], size: int, *, paid: bool) -> list[_Claimed]:
     """Take up to ``size`` due checkouts for this run: mark them polled now, in one short transaction."""
     session = get_state().session
     try:
-        ids = list(
-            session.scalars(
-                select(GatewayCheckout.id)
-                .where(where)
-                .order_by(GatewayCheckout.updated_at, GatewayCheckout.id)
-                .limit(size)
-                .with_for_update(skip_locked=True)
-            )
-        )
-        if ids:
-            session.execute(
-                update(GatewayCheckout)
-                .where(GatewayCheckout.id.in_(ids))
-                .values(last_polled_at=utcnow())
-                .execution_options(synchronize_session=False)
-            )
+        rows = _claim_rows(where, size, paid=paid)
         session.commit()
     except BaseException:
         session.rollback()
         raise
-    return ids
+    return rows
 
 
-def _reconcile_one(checkout_id: int, report: ReconcileReport, *, paid: bool) -> None:
+def _claim_rows(where: ColumnElement[bool], size: int, *, paid: bool) -> list[_Claimed]:
+    """``_claim`` in the current transaction (the caller commits)."""
     session = get_state().session
-    token: str | None = None
+    rows = [
+        _Claimed(id=row.id, token=row.token or "", status=row.status, paid=paid)
+        for row in session.execute(
+            select(GatewayCheckout.id, GatewayCheckout.token, GatewayCheckout.status)
+            .where(where)
+            .order_by(GatewayCheckout.updated_at, GatewayCheckout.id)
+            .limit(size)
+            .with_for_update(skip_locked=True)
+        )
+    ]
+    ids = [row.id for row in rows]
+    if ids:
+        session.execute(
+            update(GatewayCheckout)
+            .where(GatewayCheckout.id.in_(ids))
+            .values(last_polled_at=utcnow())
+            .execution_options(synchronize_session=False)
+        )
+    return rows
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    """What polling one checkout did: recorded into the report by the run's own thread."""
+
+    paid: bool
+    error: ReconcileError | None = None
+    status: str = ""
+    changed: bool = False
+    confirmed: bool = False
+    expired: int = 0
+    refunded_cents: int = 0
+    flagged: bool = False
+
+
+def _record(report: ReconcileReport, outcome: _Outcome) -> None:
+    if outcome.error is not None:
+        report.errors.append(outcome.error)
+        if outcome.paid:
+            report.paid_failed += 1
+        return
+    if outcome.paid:
+        report.paid_polled += 1
+        report.paid_changed += outcome.changed
+    else:
+        report.polled += 1
+        report.changed += outcome.changed
+        report.confirmed += outcome.confirmed
+        report.expired += outcome.expired
+    if outcome.refunded_cents > 0:
+        report.refunded += 1
+        report.refunded_cents += outcome.refunded_cents
+    report.flagged += outcome.flagged
+    (report.paid_statuses if outcome.paid else report.statuses)[outcome.status] += 1
+
+
+def _reconcile_one(claimed: _Claimed, client: GatewayClient) -> _Outcome:
+    """Poll one claimed checkout and apply the answer in a transaction of its own (concurrency 1)."""
+    session = get_state().session
     try:
-        checkout = session.get_one(GatewayCheckout, checkout_id, populate_existing=True)
-        token = checkout.token
-        refunded_before, flagged_before = checkout.refunded_cents, checkout.flagged
-        transition = refresh(checkout, source="reconcile")
-        checkout = transition.checkout
-        if paid:
-            report.paid_polled += 1
-            if transition.applied:
-                report.paid_changed += 1
-        else:
-            report.polled += 1
-            if transition.applied:
-                report.changed += 1
-                if transition.after in PAYMENT_STATUSES and transition.before not in PAID_STATUSES:
-                    report.confirmed += 1
-                if transition.after == S.EXPIRED:
-                    report.expired += 1
-            if (
-                checkout.status == S.PENDING_ORDER
-                and checkout.expires_at is not None
-                and checkout.expires_at < utcnow() - EXPIRY_GRACE
-            ):
-                expired = apply(
-                    session,
-                    checkout_id,
-                    Observation(
-                        status=S.EXPIRED.value,
-                        source="reconcile",
-                        detail=f"the gateway still says PENDING_ORDER past expiresAt "
-                        f"{checkout.expires_at.isoformat()}: treated as expired",
-                    ),
-                )
-                if expired.applied:
-                    report.expired += 1
-                    if not transition.applied:
-                        report.changed += 1
-                checkout = expired.checkout
-        if checkout.refunded_cents > refunded_before:
-            report.refunded += 1
-            report.refunded_cents += checkout.refunded_cents - refunded_before
-        if checkout.flagged and not flagged_before:
-            report.flagged += 1
-        (report.paid_statuses if paid else report.statuses)[checkout.status] += 1
-        session.commit()  # end the read: no transaction (SQLite: no write lock) held between polls
+        payload = client.get_status(claimed.token).data
+        outcome, transitions = _apply_answer(claimed, payload)
+        commit_keeping_loaded(session)  # no transaction (SQLite: no write lock) held between polls
     except Exception as error:  # one checkout's failure never stops the run
         session.rollback()
-        log.warning("reconcile: checkout #%s failed: %s", checkout_id, error, exc_info=True)
-        report.errors.append(ReconcileError(checkout_id=checkout_id, token=token, message=str(error)))
-        if paid:
-            report.paid_failed += 1
+        return _failed(claimed, error)
+    for transition in transitions:
+        send_pending(transition)
+    return outcome
+
+
+def _failed(claimed: _Claimed, error: BaseException) -> _Outcome:
+    log.warning("reconcile: checkout #%s failed: %s", claimed.id, error, exc_info=True)
+    return _Outcome(
+        paid=claimed.paid,
+        error=ReconcileError(checkout_id=claimed.id, token=claimed.token, message=str(error)),
+    )
+
+
+def _apply_answer(claimed: _Claimed, payload: CheckoutStatusPayload) -> tuple[_Outcome, list[Transition]]:
+    """Apply the gateway's answer about ``claimed`` in the current transaction (not committed); what it
+    did, and the transitions whose events are sent once the caller committed."""
+    session = get_state().session
+    polled = record_answer(payload, claimed.id, claimed.status, "reconcile")
+    transition = polled.transition
+    transitions = [transition]
+    checkout = transition.checkout
+    changed, confirmed, expired = transition.applied, False, 0
+    if not claimed.paid:
+        if transition.applied:
+            confirmed = transition.after in PAYMENT_STATUSES and transition.before not in PAID_STATUSES
+            expired += transition.after == S.EXPIRED
+        if (
+            checkout.status == S.PENDING_ORDER
+            and checkout.expires_at is not None
+            and checkout.expires_at < utcnow() - EXPIRY_GRACE
+        ):
+            expiry = apply(
+                session,
+                claimed.id,
+                Observation(
+                    status=S.EXPIRED.value,
+                    source="reconcile",
+                    detail=f"the gateway still says PENDING_ORDER past expiresAt "
+                    f"{checkout.expires_at.isoformat()}: treated as expired",
+                ),
+                commit=False,
+            )
+            transitions.append(expiry)
+            if expiry.applied:
+                expired += 1
+                changed = True
+            checkout = expiry.checkout
+    outcome = _Outcome(
+        paid=claimed.paid,
+        status=checkout.status,
+        changed=changed,
+        confirmed=confirmed,
+        expired=expired,
+        refunded_cents=max(0, checkout.refunded_cents - polled.refunded_before),
+        flagged=checkout.flagged and not polled.flagged_before,
+    )
+    return outcome, transitions
+
+
+# --- the polling loops ------------------------------------------------------------------------------
+
+#: The passes of a run: which checkouts are due, and whether they are the paid ones.
+Passes = list[tuple[ColumnElement[bool], bool]]
+#: The installed account and its signing key: each polling thread makes its own client with them.
+_Signer = tuple[str, str]
+
+
+def _single_connection(engine: Engine) -> bool:
+    """An in-memory SQLite database: one connection for the whole app, so one thread polls."""
+    if engine.dialect.name != "sqlite":
+        return False
+    database = engine.url.database or ""
+    return database in ("", ":memory:") or "mode=memory" in str(engine.url)
+
+
+def _run_in_turn(
+    passes: Passes,
+    report: ReconcileReport,
+    limit: int | None,
+    total: int,
+    progress: Progress | None,
+    signer: _Signer,
+) -> None:
+    """One checkout at a time, in this thread: claim a batch, poll it, claim the next."""
+    client = get_state().signed_client(*signer)
+    done = 0
+    seen: set[int] = set()  # at most one poll per checkout per run, whichever pass would take it again
+    for where, paid in passes:
+        while limit is None or done < limit:
+            batch = min(BATCH_SIZE, limit - done) if limit is not None else BATCH_SIZE
+            claimed = [c for c in _claim(where, batch, paid=paid) if c.id not in seen]
+            if not claimed:
+                break
+            for checkout in claimed:
+                seen.add(checkout.id)
+                _record(report, _reconcile_one(checkout, client))
+                done += 1
+                if progress is not None:
+                    progress(done, max(total, done))
+
+
+#: Answers applied in one transaction at most (those that came in while the last one was written).
+WRITE_BATCH: Final = 100
+#: Claimed checkouts a run holds at most (waiting, in flight, answered and not yet applied), per thread;
+#: plus :data:`BATCH_SIZE`.
+AHEAD_PER_THREAD: Final = 4
+
+#: What a polling thread hands back: the claimed checkout, and the gateway's answer or why none came.
+_Answer = tuple[_Claimed, CheckoutStatusPayload | BaseException]
+
+
+def _run_concurrently(
+    passes: Passes,
+    report: ReconcileReport,
+    limit: int | None,
+    total: int,
+    progress: Progress | None,
+    signer: _Signer,
+    workers: int,
+) -> None:
+    """``workers`` threads send the getstatus requests; this thread claims, hands out, and applies the
+    answers.
+
+    The threads only wait on the gateway: they touch no database. This thread loops: it takes the answers
+    that came in (waiting for one when it has nothing else to do), applies them in one transaction, in
+    which it also claims the next checkouts when there is room for a batch of them, commits, then hands
+    the claimed checkouts out and sends the answers' events. So the database is written by one thread of
+    the run, in short transactions (one commit for many checkouts: on SQLite, where writers serialise and
+    a commit may cost an fsync, that is what lets the run keep up with the gateway), while the threads'
+    HTTP waits overlap. The run holds at most ``AHEAD_PER_THREAD * workers + BATCH_SIZE`` claimed
+    checkouts at once, whatever the number due (memory bounded by the pool), every thread has its next
+    checkout at hand, and a claimed checkout is polled seconds after its claim, well within
+    :data:`CLAIM_LEASE_SECONDS`; a concurrent run claims the others. The report and ``progress`` are only
+    touched by this thread.
+    """
+    app = current_app._get_current_object()  # type: ignore[attr-defined]
+    capacity = AHEAD_PER_THREAD * workers + BATCH_SIZE
+    tasks: queue.Queue[_Claimed | None] = queue.Queue(maxsize=capacity)
+    answers: queue.SimpleQueue[_Answer] = queue.SimpleQueue()
+    threads = [
+        threading.Thread(
+            target=_work, args=(app, signer, tasks, answers), name=f"gateway-reconcile-{n}", daemon=True
+        )
+        for n in range(workers)
+    ]
+    for thread in threads:
+        thread.start()
+    remaining = list(passes)
+    claimed = done = 0
+    seen: set[int] = set()  # at most one poll per checkout per run, whichever pass would take it again
+
+    def claim() -> list[_Claimed]:
+        """The next checkouts to hand out, in the current transaction (as many as there is room for)."""
+        while remaining:
+            size = capacity - (claimed - done)
+            if limit is not None:
+                size = min(size, limit - claimed)
+            where, paid = remaining[0]
+            fresh = [c for c in _claim_rows(where, size, paid=paid) if c.id not in seen]
+            if fresh:
+                return fresh
+            remaining.pop(0)  # this pass is done
+        return []
+
+    try:
+        while True:
+            can_claim = (
+                bool(remaining)
+                and (limit is None or claimed < limit)
+                and capacity - (claimed - done) >= BATCH_SIZE
+            )
+            if not can_claim and claimed == done:
+                break
+            batch: list[_Answer] = []
+            if not can_claim:
+                batch.append(_next_answer(answers, threads))
+            while len(batch) < WRITE_BATCH:
+                try:
+                    batch.append(answers.get_nowait())
+                except queue.Empty:
+                    break
+            outcomes, fresh = _write(batch, claim if can_claim else None)
+            for checkout in fresh:
+                seen.add(checkout.id)
+                tasks.put_nowait(checkout)
+            claimed += len(fresh)
+            if can_claim and not fresh:
+                remaining.clear()  # nothing left to claim (or the limit is reached)
+            for outcome in outcomes:
+                _record(report, outcome)
+                done += 1
+                if progress is not None:
+                    progress(done, max(total, done))
+    finally:
+        # Normally the queue is empty here. After an error (a claim, the progress callback) the checkouts
+        # not handed out yet stay claimed (due again after the lease); those in flight finish.
+        while True:
+            try:
+                tasks.get_nowait()
+            except queue.Empty:
+                break
+        for _ in threads:
+            tasks.put(None)
+        for thread in threads:
+            thread.join()
+
+
+def _write(
+    batch: list[_Answer], claim: Callable[[], list[_Claimed]] | None
+) -> tuple[list[_Outcome], list[_Claimed]]:
+    """Apply the answers of ``batch`` and make the ``claim`` in one transaction, then send the answers'
+    events; what the answers did, and the checkouts claimed.
+
+    Should one answer fail to apply (or the commit fail), the transaction is rolled back, each answer is
+    applied again in a transaction of its own, so that only the failing checkout fails (nothing is asked
+    again: the answers are in hand), and the claim is made in a transaction of its own: a claim that fails
+    on its own ends the run, as it always did.
+    """
+    session = get_state().session
+    failed = [_failed(claimed, answer) for claimed, answer in batch if isinstance(answer, BaseException)]
+    answered = [(claimed, answer) for claimed, answer in batch if not isinstance(answer, BaseException)]
+    outcomes: list[_Outcome] = []
+    transitions: list[Transition] = []
+    fresh: list[_Claimed] = []
+    try:
+        for claimed, answer in answered:
+            outcome, applied = _apply_answer(claimed, answer)
+            outcomes.append(outcome)
+            transitions.extend(applied)
+        if claim is not None:
+            fresh = claim()
+        commit_keeping_loaded(session)
+    except Exception as error:
+        session.rollback()
+        if not answered:
+            raise
+        if len(answered) == 1 and claim is None:
+            return [*failed, _failed(answered[0][0], error)], []
+        alone = [outcome for item in answered for outcome in _write([item], None)[0]]
+        return failed + alone, _write([], claim)[1] if claim is not None else []
+    for transition in transitions:
+        send_pending(transition)
+    return failed + outcomes, fresh
+
+
+def _work(
+    app: Flask, signer: _Signer, tasks: queue.Queue[_Claimed | None], answers: queue.SimpleQueue[_Answer]
+) -> None:
+    """A polling thread: ask about the checkouts handed out until told to end. Its client uses the
+    extension's HTTP session of this thread, so a connection of its own, kept alive from one request to
+    the next; it touches no database."""
+    with app.app_context():
+        client: GatewayClient | None = None
+        while (checkout := tasks.get()) is not None:
+            answer: CheckoutStatusPayload | BaseException
+            try:
+                client = client or get_state().signed_client(*signer)
+                answer = client.get_status(checkout.token).data
+            except BaseException as error:  # an answer for every checkout: the run waits for each one
+                answer = error
+            answers.put((checkout, answer))
+
+
+def _next_answer(answers: queue.SimpleQueue[_Answer], threads: list[threading.Thread]) -> _Answer:
+    while True:
+        try:
+            return answers.get(timeout=1.0)
+        except queue.Empty:
+            if not any(thread.is_alive() for thread in threads):
+                raise RuntimeError(
+                    "reconcile: every polling thread stopped before the run was done"
+                ) from None

@@ -107,7 +107,8 @@ def test_default_age_leaves_fresh_checkouts_alone(installed):
 
 
 def test_a_run_started_while_another_is_polling_takes_other_checkouts(installed):
-    """Run B starts inside run A (from A's progress callback, in its own app context and session)."""
+    """Run B starts inside run A (from A's progress callback, in its own app context and session); one
+    thread each, so A has claimed exactly one batch when B starts."""
     tokens = {new_checkout(installed, sample_order(f"ORD-{n}"))[1] for n in range(14)}
     transport = spy(installed)
     inner: list[ReconcileReport] = []
@@ -115,9 +116,9 @@ def test_a_run_started_while_another_is_polling_takes_other_checkouts(installed)
     def progress(done: int, total: int) -> None:
         if done == 1 and not inner:
             with installed.shop.app_context():
-                inner.append(reconcile(older_than_seconds=0))
+                inner.append(reconcile(older_than_seconds=0, concurrency=1))
 
-    outer = run(installed, progress=progress)
+    outer = run(installed, progress=progress, concurrency=1)
     (nested,) = inner
     assert outer.due == 14
     assert outer.polled + nested.polled == 14

@@ -341,7 +341,8 @@ def test_a_window_of_zero_for_one_run(installed: Harness) -> None:
 
 @backends
 def test_a_run_started_while_another_is_polling_paid_checkouts_takes_other_ones(installed: Harness) -> None:
-    """Run B starts inside run A (from A's progress callback, in its own app context and session)."""
+    """Run B starts inside run A (from A's progress callback, in its own app context and session); one
+    thread each, so A has claimed exactly one batch when B starts."""
     tokens = set()
     for n in range(14):
         checkout_id, token = paid_checkout(installed, f"ORD-{n}")
@@ -353,9 +354,9 @@ def test_a_run_started_while_another_is_polling_paid_checkouts_takes_other_ones(
     def progress(done: int, total: int) -> None:
         if done == 1 and not inner:
             with installed.shop.app_context():
-                inner.append(reconcile(older_than_seconds=0))
+                inner.append(reconcile(older_than_seconds=0, concurrency=1))
 
-    outer = run(installed, progress=progress)
+    outer = run(installed, progress=progress, concurrency=1)
     (nested,) = inner
     assert outer.paid_due == 14
     # A claimed its first batch (10) before B started; B took the other 4; nobody polled twice.
