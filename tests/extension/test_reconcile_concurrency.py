@@ -17,7 +17,7 @@ from requests.adapters import BaseAdapter
 from requests.structures import CaseInsensitiveDict
 from sqlalchemy import select
 
-from flask_gateway import reconciliation, signals
+from flask_gateway import polling, reconciliation, signals
 from flask_gateway.config import GatewayConfig
 from flask_gateway.core.timestamps import format_timestamp, utcnow
 from flask_gateway.errors import ConfigurationError
@@ -50,7 +50,7 @@ class StubGateway(BaseAdapter):
         self.asked: list[str] = []
         self.threads: set[int] = set()
 
-    def send(self, request: Any, **_kwargs: Any) -> requests.Response:
+    def send(self, request: Any, *_args: Any, **_kwargs: Any) -> requests.Response:  # type: ignore[override]
         token = json.loads(request.body)["checkoutToken"]
         with self.lock:
             self.asked.append(token)
@@ -207,7 +207,7 @@ def test_an_answer_that_does_not_apply_fails_alone(
     its batch are applied, and nothing is asked twice."""
     tokens = pending(installed, 30)
     broken = tokens[7]
-    record_answer = reconciliation.record_answer
+    record_answer = polling.record_answer
 
     def flaky(payload: Any, checkout_id: int, known: str, source: str) -> Any:
         if payload.checkoutToken == broken:
