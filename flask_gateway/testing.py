@@ -46,7 +46,7 @@ import requests
 from flask import Flask, request
 from flask.testing import FlaskClient
 from requests.adapters import BaseAdapter
-from sqlalchemy import event, select
+from sqlalchemy import event, insert, select
 from sqlalchemy.engine import Engine
 
 from flask_gateway.core.errors import AlreadyInstalledError
@@ -87,6 +87,7 @@ __all__ = [
     "emulator_settings_for",
     "gateway_config",
     "make_emulator",
+    "reset_tables",
     "shop_base_url",
     "sqlite_without_fsync",
     "token_of",
@@ -315,7 +316,8 @@ class EmulatorPool:
         app = self._apps.get(key)
         if app is None:
             app = self._apps[key] = make_emulator(database_url, settings)
-        _reset(app)  # also a new app: another one (other settings) may have used the same database before
+        # Also a new app: another one (other settings) may have used the same database before.
+        reset_tables(app, settings)
         return app
 
     def close(self) -> None:
@@ -323,6 +325,25 @@ class EmulatorPool:
             with app.app_context():
                 emulator_models.db.engine.dispose()
         self._apps.clear()
+
+
+def reset_tables(emulator: Flask, settings: EmulatorSettings) -> None:
+    """What the control API's reset leaves (``POST /_emulator/reset``: no checkout, key, delivery, e-mail,
+    fault or clock offset; the accounts of ``settings`` as issued, not installed), in one transaction on
+    one connection: every table of the emulator emptied, the accounts and the clock row inserted again.
+
+    The pool's reset: the view's work without a request, the ORM or a second commit. The emulator keeps
+    all of its state in those tables; ``tests/plugin`` compares the two resets row by row.
+    """
+    with emulator.app_context(), emulator_models.db.engine.begin() as connection:
+        for table in reversed(emulator_models.db.metadata.sorted_tables):
+            connection.execute(table.delete())
+        if settings.accounts:
+            connection.execute(
+                insert(emulator_models.Account),
+                [{"merchant_account_id": a, "api_key": k} for a, k in settings.accounts.items()],
+            )
+        connection.execute(insert(emulator_models.ClockState), [{"id": 1}])
 
 
 def _reset(emulator: Flask) -> None:

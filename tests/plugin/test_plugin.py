@@ -29,6 +29,7 @@ from flask_gateway import (
     refresh,
 )
 from flask_gateway.emulator import embedded_emulator
+from flask_gateway.emulator import models as emulator_models
 from flask_gateway.models import CallbackLog, Installation
 from flask_gateway.state import get_state
 from flask_gateway.testing import (
@@ -39,6 +40,7 @@ from flask_gateway.testing import (
     connect_configured,
     emulator_settings_for,
     make_emulator,
+    reset_tables,
     token_of,
 )
 from tests.plugin.conftest import close_shop, db, make_shop, place_order, shipments
@@ -332,6 +334,51 @@ def test_the_pool_hands_out_one_emulator_reset_for_each_use(app: Flask, tmp_path
         other = emulator_settings_for(app, callback_retry_delays=(1.0,))
         with GatewayEmulator.start(app, database_url=pool.database_url, settings=other, pool=pool) as third:
             assert third.app is not first.app
+    finally:
+        pool.close()
+
+
+def emulator_rows(emulator: Flask) -> dict[str, list[tuple[Any, ...]]]:
+    """Every row of every table of ``emulator``, by table."""
+    with emulator.app_context(), emulator_models.db.engine.connect() as connection:
+        return {
+            table.name: sorted((tuple(row) for row in connection.execute(select(table))), key=repr)
+            for table in emulator_models.db.metadata.sorted_tables
+        }
+
+
+def test_the_pools_reset_leaves_what_the_control_apis_reset_leaves(app: Flask, tmp_path: Path) -> None:
+    def make_a_mess(gateway: GatewayEmulator, paid: str, dead: str) -> None:
+        """A row in every table: a checkout paid and refunded, one whose callbacks all fail (a dead
+        letter, an e-mail), a fault waiting, the clock moved."""
+        answer = pay_button(app, paid)
+        gateway.pay(answer)
+        gateway.deliver()
+        gateway.control(f"checkouts/{token_of(answer)}/refund", {"amountCents": 100})
+        gateway.pay(pay_button(app, dead))
+        gateway.fail_next_callback(times=3)
+        gateway.deliver()
+        gateway.advance_clock(60)
+        gateway.control("faults", {"operation": "create", "kind": "status", "status": 503, "count": 1})
+
+    pool = EmulatorPool(tmp_path)
+    email = "ops@shop.example"
+    try:
+        with GatewayEmulator.start(
+            app, database_url=pool.database_url, pool=pool, callback_failures_email=email
+        ) as gateway:
+            settings = gateway.app.extensions["gateway_emulator"]
+            make_a_mess(gateway, "R-1", "R-2")
+            messy = emulator_rows(gateway.app)
+            assert [name for name, rows in messy.items() if not rows] == []
+            gateway.control("reset")
+            by_the_view = emulator_rows(gateway.app)
+            gateway.install(callback_failures_email=email)
+            make_a_mess(gateway, "R-3", "R-4")
+            assert emulator_rows(gateway.app) != by_the_view
+            reset_tables(gateway.app, settings)
+            assert emulator_rows(gateway.app) == by_the_view
+            assert by_the_view["emulator_accounts"] != []  # the accounts seeded again
     finally:
         pool.close()
 
