@@ -698,10 +698,14 @@ def _write(
     transitions: list[Transition] = []
     fresh: list[_Claimed] = []
     try:
-        for claimed, answer in answered:
-            outcome, applied = _apply_answer(claimed, answer)
-            outcomes.append(outcome)
-            transitions.extend(applied)
+        # One flush for the batch, at the commit (the checkouts' updates and new events sent together),
+        # not one before each checkout's row lock: the answers are about different checkouts, and nothing
+        # one of them does reads what another changed.
+        with session.no_autoflush:
+            for claimed, answer in answered:
+                outcome, applied = _apply_answer(claimed, answer)
+                outcomes.append(outcome)
+                transitions.extend(applied)
         if claim is not None:
             fresh = claim()
         commit_keeping_loaded(session)
