@@ -1,19 +1,37 @@
-"""Figure 6: ``reconcile()`` of due pending checkouts against the emulator over real HTTP."""
+"""Figure 6: ``reconcile()`` of due pending checkouts against the emulator over real HTTP, against the rate
+the same emulator serves getstatus alone (wrk, as many connections as reconcile's pool), in one run.
+
+The order of one run: wrk getstatus alone (the baseline), reconcile of every due checkout (timed, the
+figure), wrk getstatus alone again (the baseline is the mean of the two wrk runs, so a change of the
+machine's load during the run shows as their spread), then two runs of ``reconcile()`` at once on the
+same checkouts made due again (the work split, no checkout polled twice; peak memory with ``tracemalloc``
+there, as it slows the process too much to run during the timed run), then ``concurrency=1`` on a part of
+them (what a run was before the pool).
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import threading
 import time
 import tracemalloc
+from collections import Counter
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import requests
 from emulator_throughput import ServerOptions, serve
-from harness import (
-    results,
-)
+from harness import line, results, run_wrk
+
+from flask_gateway.core.signing import sign
+from flask_gateway.core.wire import dumps
+
+#: The sequential comparison (``concurrency=1``) polls at most this many checkouts.
+SEQUENTIAL_ROWS = 500
+#: Seconds of each wrk run of getstatus alone (after a warm-up of ``--warmup`` seconds).
+WRK_SECONDS = 5
 
 
 def figure_reconcile(args: argparse.Namespace, folder: Path) -> None:
@@ -22,10 +40,10 @@ def figure_reconcile(args: argparse.Namespace, folder: Path) -> None:
     import dataclasses
 
     import urllib3.connectionpool
-    from sqlalchemy import update
+    from sqlalchemy import select, update
 
     from flask_gateway.models import GatewayCheckout
-    from flask_gateway.reconciliation import reconcile
+    from flask_gateway.reconciliation import ReconcileReport, reconcile
     from flask_gateway.state import get_state
     from tests.extension.conftest import ACCOUNT as SHOP_ACCOUNT
     from tests.extension.conftest import API_KEY as SHOP_API_KEY
@@ -44,16 +62,34 @@ def figure_reconcile(args: argparse.Namespace, folder: Path) -> None:
         "EMULATOR_PUBLIC_URL": EMULATOR_URL,
     }
     options = ServerOptions(workers=args.workers, threads=args.threads)
-    sent = {"requests": 0, "connections": 0}
+    lock = threading.Lock()
+    sent: Counter[str] = Counter()
+    polled_tokens: Counter[str] = Counter()
+    record_tokens = False
     send, new_conn = requests.Session.send, urllib3.connectionpool.HTTPConnectionPool._new_conn
 
-    def counted_send(self: requests.Session, *a: Any, **k: Any) -> Any:
-        sent["requests"] += 1
-        return send(self, *a, **k)
+    def counted_send(self: requests.Session, request: Any, **k: Any) -> Any:
+        with lock:
+            sent["requests"] += 1
+        if record_tokens and request.body:
+            token = json.loads(request.body)["checkoutToken"]
+            with lock:
+                polled_tokens[token] += 1
+        return send(self, request, **k)
 
     def counted_conn(self: Any) -> Any:
-        sent["connections"] += 1
+        with lock:
+            sent["connections"] += 1
         return new_conn(self)
+
+    def made_due(session: Any) -> None:
+        """Every checkout due again: last changed an hour ago, never polled."""
+        session.execute(
+            update(GatewayCheckout).values(
+                updated_at=datetime.now(UTC) - timedelta(hours=1), last_polled_at=None
+            )
+        )
+        session.commit()
 
     with (
         serve("flask_gateway.emulator:create_app()", options, env, folder / "servers.log") as port,
@@ -63,40 +99,176 @@ def figure_reconcile(args: argparse.Namespace, folder: Path) -> None:
         state.client_options.clear()  # the extension's own sessions, over the network
         url = f"http://127.0.0.1:{port}"
         state.config = dataclasses.replace(state.config, base_url=url, install_url=f"{url}/install")
+        concurrency = getattr(args, "reconcile_concurrency", None) or state.config.reconcile_concurrency
         session = state.session
-        # Due for reconciliation: last changed an hour ago, never polled.
-        session.execute(update(GatewayCheckout).values(updated_at=datetime.now(UTC) - timedelta(hours=1)))
-        session.commit()
+        installation = state.require_installation()
+        key = state.box.decrypt(installation.signing_key_encrypted)
+        tokens = [t for t in session.scalars(select(GatewayCheckout.token)) if t]
+        made_due(session)
+
+        # The baseline: the emulator's getstatus alone, signed for the shop's own checkouts, over as many
+        # keep-alive connections as reconcile's pool has threads.
+        def getstatus_line(token: str) -> str:
+            raw = dumps({"checkoutToken": token})
+            headers = {
+                "Content-Type": "application/json",
+                "X-Merchant-Account-ID": SHOP_ACCOUNT,
+                "X-Signature": sign(raw, key),
+            }
+            return line("/v2/getstatus", headers, raw)
+
+        lines = [getstatus_line(token) for token in tokens]
+        wrk_args = argparse.Namespace(
+            **{**vars(args), "connections": concurrency, "wrk_threads": min(args.wrk_threads, concurrency)}
+        )
+        for _ in range(10):  # until every gunicorn worker has started and answers (slow on a busy machine)
+            warm = run_wrk(port, lines, folder, wrk_args, duration=max(1, args.warmup))
+            if warm["ok_per_s"] > 0 and not warm["errors"]:
+                break
+        else:
+            raise SystemExit(f"the emulator does not answer getstatus: {warm}")
+        alone = [run_wrk(port, lines, folder, wrk_args, duration=WRK_SECONDS)]
+
         requests.Session.send = counted_send  # type: ignore[method-assign]
         urllib3.connectionpool.HTTPConnectionPool._new_conn = counted_conn  # type: ignore[method-assign]
         try:
-            tracemalloc.start()
+            emulator_cpu, shop_cpu = _server_cpu(port), time.process_time()
             started = time.perf_counter()
-            result = reconcile(older_than_seconds=60)
+            result = reconcile(older_than_seconds=60, concurrency=concurrency)
             seconds = time.perf_counter() - started
+            emulator_cpu, shop_cpu = _server_cpu(port) - emulator_cpu, time.process_time() - shop_cpu
+            timed = dict(sent)
+            sent.clear()
+            alone.append(run_wrk(port, lines, folder, wrk_args, duration=WRK_SECONDS))
+
+            # Two runs at once, on the same checkouts made due again: the work split, none polled twice.
+            made_due(session)
+            record_tokens = True
+            reports: list[ReconcileReport] = []
+
+            def one_run() -> None:
+                with h.shop.app_context():
+                    reports.append(reconcile(older_than_seconds=60, concurrency=concurrency))
+
+            tracemalloc.start()
+            split_started = time.perf_counter()
+            runs = [threading.Thread(target=one_run) for _ in range(2)]
+            for run in runs:
+                run.start()
+            for run in runs:
+                run.join()
+            split_seconds = time.perf_counter() - split_started
             _, peak = tracemalloc.get_traced_memory()
             tracemalloc.stop()
+            split = dict(sent)
+            record_tokens = False
+            sent.clear()
+
+            # What a run was before the pool: one checkout at a time (on a part of them).
+            made_due(session)
+            sequential_rows = min(SEQUENTIAL_ROWS, checkouts)
+            sequential_started = time.perf_counter()
+            sequential = reconcile(older_than_seconds=60, concurrency=1, limit=sequential_rows)
+            sequential_seconds = time.perf_counter() - sequential_started
         finally:
             requests.Session.send = send  # type: ignore[method-assign]
             urllib3.connectionpool.HTTPConnectionPool._new_conn = new_conn  # type: ignore[method-assign]
+
     polled = result.polled
-    ok = sent["requests"] <= checkouts and polled == checkouts and not result.errors
+    rate = polled / seconds
+    alone_rates = [run["ok_per_s"] for run in alone]
+    baseline = sum(alone_rates) / len(alone_rates)
+    ratio = rate / baseline if baseline else 0.0
+    per_checkout = timed.get("requests", 0) / checkouts
+    counts_ok = timed.get("requests", 0) <= checkouts and polled == checkouts and not result.errors
+    split_polls = [r.polled for r in reports]
+    split_ok = (
+        sum(split_polls) == checkouts
+        and all(split_polls)
+        and len(polled_tokens) == checkouts
+        and max(polled_tokens.values(), default=0) == 1
+        and not any(r.errors for r in reports)
+    )
+    sequential_rate = sequential.polled / sequential_seconds
+    met = counts_ok and split_ok and ratio >= 0.8
     print(
-        f"[6] reconcile {checkouts:,} pending: {sent['requests']:,} requests "
-        f"({sent['requests'] / checkouts:.2f} per checkout, target <= 1: {'met' if ok else 'NOT MET'}) "
-        f"over {sent['connections']} connection(s), polled {polled:,}, errors {len(result.errors)}, "
-        f"peak memory {peak / 2**20:.1f} MiB (tracemalloc), {seconds:.1f} s ({checkouts / seconds:,.0f} "
-        "checkouts/s; emulator under gunicorn on SQLite)",
+        f"[6] emulator getstatus alone (wrk -c{concurrency}, {WRK_SECONDS} s before and after): "
+        f"{' / '.join(f'{r:,.0f}' for r in alone_rates)} req/s",
+        flush=True,
+    )
+    print(
+        f"[6] reconcile {checkouts:,} pending, concurrency {concurrency}: {rate:,.0f} checkouts/s "
+        f"({seconds:.1f} s), {ratio:.3f}x the emulator's getstatus alone (target >= 0.8x: "
+        f"{'met' if ratio >= 0.8 else 'NOT MET'}); {timed.get('requests', 0):,} requests "
+        f"({per_checkout:.2f} per checkout, target <= 1: {'met' if counts_ok else 'NOT MET'}) over "
+        f"{timed.get('connections', 0)} new connection(s), polled {polled:,}, errors {len(result.errors)}; "
+        f"CPU per checkout: reconcile's process {shop_cpu / checkouts * 1000:.2f} ms, the emulator's "
+        f"{emulator_cpu / checkouts * 1000:.2f} ms",
+        flush=True,
+    )
+    print(
+        f"[6] two runs at once: polled {' + '.join(f'{p:,}' for p in split_polls)} = {sum(split_polls):,} "
+        f"of {checkouts:,}, {split.get('requests', 0):,} requests for {len(polled_tokens):,} checkouts "
+        f"(most polls of one checkout: {max(polled_tokens.values(), default=0)}; "
+        f"{'split, none twice' if split_ok else 'NOT SPLIT CLEANLY'}), {split.get('connections', 0)} new "
+        f"connection(s), {split_seconds:.1f} s with tracemalloc on, peak memory {peak / 2**20:.1f} MiB",
+        flush=True,
+    )
+    print(
+        f"[6] concurrency 1 (as before the pool), {sequential.polled:,} checkouts: "
+        f"{sequential_rate:,.0f} checkouts/s; the pool is {rate / sequential_rate:.1f}x that",
         flush=True,
     )
     results["figures"]["6_reconcile"] = {
         "checkouts": checkouts,
-        "requests": sent["requests"],
-        "connections": sent["connections"],
+        "concurrency": concurrency,
+        "checkouts_per_s": round(rate, 1),
+        "getstatus_alone_per_s": round(baseline, 1),
+        "getstatus_alone_runs_per_s": alone_rates,
+        "ratio": round(ratio, 3),
+        "target": ">= 0.8",
+        "requests": timed.get("requests", 0),
+        "requests_per_checkout": round(per_checkout, 3),
+        "connections": timed.get("connections", 0),
         "polled": polled,
         "errors": len(result.errors),
         "statuses": dict(result.statuses),
-        "peak_memory_mib": round(peak / 2**20, 1),
         "seconds": round(seconds, 1),
-        "met": ok,
+        "cpu_ms_per_checkout": {
+            "reconcile": round(shop_cpu / checkouts * 1000, 2),
+            "emulator": round(emulator_cpu / checkouts * 1000, 2),
+        },
+        "split": {
+            "polled": split_polls,
+            "requests": split.get("requests", 0),
+            "distinct_checkouts": len(polled_tokens),
+            "max_polls_of_one": max(polled_tokens.values(), default=0),
+            "connections": split.get("connections", 0),
+            "seconds_with_tracemalloc": round(split_seconds, 1),
+            "ok": split_ok,
+        },
+        "peak_memory_mib": round(peak / 2**20, 1),
+        "sequential": {"polled": sequential.polled, "checkouts_per_s": round(sequential_rate, 1)},
+        "met": met,
     }
+
+
+def _server_cpu(port: int) -> float:
+    """CPU seconds used so far by the processes serving ``port`` (gunicorn's arbiter and workers; Linux)."""
+    import os
+    import subprocess
+
+    pids = subprocess.run(  # noqa: S603
+        ["pgrep", "-f", f"127.0.0.1:{port}"],  # noqa: S607
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.split()
+    total = 0.0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
