@@ -19,6 +19,16 @@ polled; SQLite: ``BEGIN IMMEDIATE`` serialises the claims). A claimed row is not
 same run takes it twice; a run that dies after claiming leaves its rows to the next run after the lease.
 No extra column is needed.
 
+Concurrency (``GATEWAY_RECONCILE_CONCURRENCY``, ``concurrency=``): a run keeps that many getstatus calls
+in flight. A pool of threads sends them, each over a keep-alive HTTP session of its own (the extension's
+session of that thread), touching no database; the run's own thread claims the next checkouts (reading
+their token and status in the claim, so nothing is read before a request), hands them out through a
+bounded queue, and applies the answers that came in, several per transaction, then sends their events.
+The run never holds more than ``AHEAD_PER_THREAD * concurrency + BATCH_SIZE`` claimed checkouts, whatever
+the number due; the report and ``progress`` are only ever touched by the run's thread. With
+``concurrency=1`` (or an in-memory SQLite database) the run polls one checkout at a time in its own thread,
+claiming :data:`BATCH_SIZE` at a time, each answer applied in a transaction of its own.
+
 Not polled, reported: ``CREATING`` checkouts older than a minute (the create's answer never came, so
 there is no token to ask about), v1 orders (the v1 API has no status query; their outcome arrives on the
 success/fail URLs), and checkouts of another merchant account than the installed one.
@@ -32,7 +42,7 @@ of the merchant's): after the open checkouts, a run asks about the ``PAID`` and 
 checkouts whose payment the shop recorded within the last ``GATEWAY_RECONCILE_PAID_WINDOW_HOURS`` (0:
 none), each at most once per :data:`PAID_RECHECK_SECONDS` (nothing changed or polled it for that long),
 claimed as above. ``PAID_PENDING_CALLBACK`` checkouts are already among the open pass's. What a poll
-learns is recorded by ``transitions.apply`` and ``polling.refresh``: a full refund as a ``RefundRecord``
+learns is recorded by ``transitions.apply`` and ``polling.record_answer``: a full refund as a ``RefundRecord``
 of the missing amount with ``refund_succeeded`` once; a partial one the shop cannot account for (the
 status answer carries no amount) flagged; a paid checkout the gateway calls cancelled, expired or open
 flagged (it does not go back). ``limit`` counts both passes, the open checkouts first.
