@@ -24,9 +24,10 @@ demo: setup
 system-packages:
 	scripts/ensure-system-packages
 
-## The whole test suite.
+## The whole test suite, in parallel worker processes (pytest-xdist; TEST_WORKERS=0 runs it in one).
+TEST_WORKERS ?= auto
 test: setup system-packages
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS)
 
 ## Static checks: ruff (lint and format) and mypy (strict on flask_gateway).
 lint: setup

@@ -141,8 +141,27 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("database_backend", backends, ids=backends, indirect=True)
 
 
+#: Session fixtures that start something expensive (a wheel built and installed, a stack of servers, a
+#: browser, a broker): the tests that use one run in the same pytest-xdist worker (``--dist loadgroup``),
+#: which starts it once. Other tests go to whichever worker is free.
+XDIST_GROUPS = {
+    "wheel_venv": "wheel",
+    "flask_gateway_wheel": "wheel",
+    "flask_gateway_distributions": "wheel",
+    "reliability_stack": "reliability",
+    "browser": "browser",
+    "redis_server": "redis",
+}
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Misplaced ``backends`` marks are usage errors: they would silently not do what they say."""
+    """Misplaced ``backends`` marks are usage errors: they would silently not do what they say. Tests
+    that share an expensive session fixture are grouped for pytest-xdist (``XDIST_GROUPS``)."""
+    for item in items:
+        names = getattr(item, "fixturenames", ())
+        group = next((XDIST_GROUPS[name] for name in names if name in XDIST_GROUPS), None)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
     marked = config.stash.get(_MARKED_DEFINITIONS, set())
     problems = []
     for item in items:
