@@ -73,7 +73,8 @@ from typing import Any, Final, Literal, NoReturn
 
 from flask import current_app
 from pydantic import ValidationError
-from sqlalchemy import select
+from sqlalchemy import bindparam, select
+from sqlalchemy.orm import Session
 from werkzeug.datastructures import Headers
 from werkzeug.exceptions import NotFound
 
@@ -347,6 +348,7 @@ def process_callback(headers: Headers, body: bytes, client: str | None = None) -
     ``HTTPException``) for every refusal.
     """
     state = get_state()
+    _statement_by_statement(state.session)
     installed = state.installation_key()
     if installed is None:
         _refuse_unverified(
@@ -375,6 +377,21 @@ def process_callback(headers: Headers, body: bytes, client: str | None = None) -
             f"{SIGNATURE_HEADER} is missing or does not match the body",
         )
     return _verified(_new_log(headers, body, client), body, installed_account, signing_key_encrypted, client)
+
+
+def _statement_by_statement(session: Session) -> None:
+    """Until its next commit or rollback, each statement of ``session`` commits on its own (PostgreSQL:
+    autocommit, so no ``BEGIN`` and ``COMMIT`` round trips).
+
+    For a callback's first steps, up to the log row's commit: they read (the installation, the checkout)
+    and write one row (the log), one statement each, with nothing to undo together; under PostgreSQL's READ
+    COMMITTED each statement saw its own snapshot in the transaction too. The connection's mode is reset
+    when it goes back to the pool, so the transaction that applies the callback (row lock, changes, log
+    outcome) is a transaction as before. Other databases keep the transaction (SQLite: ``BEGIN IMMEDIATE``
+    takes the write lock the log row's INSERT needs, as before).
+    """
+    if not session.in_transaction() and session.get_bind().dialect.name == "postgresql":
+        session.connection(execution_options={"isolation_level": "AUTOCOMMIT"})
 
 
 def replay_callback(log_id: int) -> CallbackResult:
@@ -427,8 +444,8 @@ def _verified(
         payload = CheckoutStatusPayload.from_json(body)
     except ValidationError as exc:
         _reject(CallbackBodyInvalid, log, describe_validation_error(exc), client=client)
-    checkout = _find(payload.checkoutToken)
-    if checkout is None:
+    found = _find(payload.checkoutToken)
+    if found is None:
         _reject(
             CallbackCheckoutUnknown,
             log,
@@ -437,13 +454,13 @@ def _verified(
         )
     session = state.session
     session.add(log)
-    # Stored before it is processed. Kept loaded: the callback goes on with this row and the checkout
-    # without reading them again.
+    # Stored before it is processed. Kept loaded: the callback goes on with this row without reading it
+    # again.
     commit_keeping_loaded(session)
     log_id = log.id
     try:
         result = _process(
-            log, payload, checkout, installed_account, state.box.decrypt_cached(signing_key_encrypted), client
+            log, payload, found, installed_account, state.box.decrypt_cached(signing_key_encrypted), client
         )
     except CallbackRejected:
         raise
@@ -455,17 +472,26 @@ def _verified(
     return result
 
 
-def _find(token: str) -> GatewayCheckout | None:
+#: The callback's lookup, built once: the id and status of the v2 checkout with a token (two columns, no
+#: ORM entity: the checkout is read whole once, under its row lock, by ``transitions.apply``).
+_FIND: Final = select(GatewayCheckout.id, GatewayCheckout.status).where(
+    GatewayCheckout.token == bindparam("token"), GatewayCheckout.api_version == "v2"
+)
+
+
+@dataclass(frozen=True)
+class _Found:
+    """The checkout a callback names, as it was before the callback (not locked)."""
+
+    id: int
+    status: str
+
+
+def _find(token: str) -> _Found | None:
     if "\x00" in token:  # no token has one, and PostgreSQL refuses it in a query
         return None
-    found: GatewayCheckout | None = (
-        get_state()
-        .session.scalars(
-            select(GatewayCheckout).where(GatewayCheckout.token == token, GatewayCheckout.api_version == "v2")
-        )
-        .first()
-    )
-    return found
+    row = get_state().session.execute(_FIND, {"token": token}).first()
+    return None if row is None else _Found(id=row[0], status=row[1])
 
 
 def _disagreement(claim: CheckoutStatusPayload, answer: CheckoutStatusPayload) -> str | None:
@@ -487,7 +513,7 @@ def _disagreement(claim: CheckoutStatusPayload, answer: CheckoutStatusPayload) -
 
 def _confirm(
     log: CallbackLog,
-    checkout: GatewayCheckout,
+    found: _Found,
     payload: CheckoutStatusPayload,
     account: str,
     signing_key: str,
@@ -501,7 +527,11 @@ def _confirm(
     state = get_state()
     # Signed with the key that verified the callback: the installation read once, for both.
     client_api = state.signed_client(account, signing_key)
-    state.session.commit()  # no transaction (SQLite: no write lock) while the gateway answers
+    # No transaction (SQLite: no write lock) while the gateway answers. The callback's own transaction
+    # committed already: nothing is open here as a rule, and nothing is expired either (the log row stays
+    # loaded; ``apply`` reads the checkout under its row lock).
+    if state.session.in_transaction():
+        commit_keeping_loaded(state.session)
     try:
         answer = client_api.get_status(payload.checkoutToken).data
     except NotFoundError:
@@ -512,7 +542,7 @@ def _confirm(
             log,
             f"could not confirm with getstatus ({error.message}); answered 503 so the gateway retries",
             client=client,
-            checkout=checkout,
+            checkout=state.session.get(GatewayCheckout, found.id),
         )
     return answer, _disagreement(payload, answer)
 
@@ -520,7 +550,7 @@ def _confirm(
 def _process(
     log: CallbackLog,
     payload: CheckoutStatusPayload,
-    checkout: GatewayCheckout,
+    checkout_found: _Found,
     account: str,
     signing_key: str,
     client: str | None,
@@ -531,11 +561,11 @@ def _process(
     status = storable_text(str(payload.checkoutPaymentStatus))
     confirming = state.config.confirm_callbacks
     acted_on = status in _APPLIED_FROM_CALLBACK or (confirming and status in _APPLIED_WHEN_CONFIRMED)
-    found, before = checkout.id, checkout.status
+    found, before = checkout_found.id, checkout_found.status
     unconfirmed: str | None = None
     truth: CheckoutStatusPayload | None = payload
     if acted_on and confirming and would_apply(before, status):
-        truth, unconfirmed = _confirm(log, checkout, payload, account, signing_key, client)
+        truth, unconfirmed = _confirm(log, checkout_found, payload, account, signing_key, client)
     if not acted_on:
         # A status the shop does not act on is recorded as an observation of the status we have: the
         # account is still checked and the timeline shows the callback, but nothing moves.

@@ -1,0 +1,55 @@
+"""A callback's first steps (the installation read, the checkout found, the log row stored) run statement by
+statement on PostgreSQL, with no ``BEGIN``/``COMMIT`` round trips; the connection they used must go back to
+the pool as it came, so that the next transaction on it, the callback's own or the shop's, is one."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import select, text
+
+from flask_gateway import create_checkout
+from flask_gateway.models import CallbackLog, GatewayCheckout
+from flask_gateway.state import get_state
+from flask_gateway.testing import SHOP_URL
+from tests.conftest import Databases
+from tests.extension.conftest import build_harness, sample_order
+from tests.extension.test_statement_counts import signed_callback
+
+pytestmark = pytest.mark.backends
+
+
+def test_after_a_callback_the_shops_rollback_still_undoes_its_changes(
+    databases: Databases, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # One connection in the pool: the shop's next transaction gets the one the callback used.
+    h = build_harness(databases, monkeypatch, SQLALCHEMY_ENGINE_OPTIONS={"pool_size": 1, "max_overflow": 0})
+    h.install()
+    with h.shop.test_request_context(base_url=SHOP_URL):
+        checkout = create_checkout(sample_order("R-TX"))
+        checkout_id, token = checkout.id, checkout.token
+        get_state().session.commit()
+    assert token is not None
+    assert h.emulator.pay(token).status_code == 200
+    body, headers = signed_callback(h, token, "PAID")
+
+    answer = h.client.post("/gateway/callback", data=body, headers=headers)
+
+    assert answer.status_code == 200, answer.get_data(as_text=True)
+    assert answer.get_json()["outcome"] == "accepted"
+    with h.shop.app_context():
+        session = h.db.session
+        session.execute(
+            text("UPDATE gateway_checkouts SET order_reference = 'CHANGED' WHERE id = :id"),
+            {"id": checkout_id},
+        )
+        session.rollback()
+        reference = session.scalar(
+            select(GatewayCheckout.order_reference).where(GatewayCheckout.id == checkout_id)
+        )
+        status = session.scalar(select(GatewayCheckout.status).where(GatewayCheckout.id == checkout_id))
+        logged = session.scalars(select(CallbackLog.outcome)).all()
+        session.commit()
+        h.db.engine.dispose()
+    assert reference == "R-TX"
+    assert status == "PAID"
+    assert logged == ["accepted"]
