@@ -36,14 +36,17 @@ from tests.extension.conftest import ACCOUNT, Harness, make_shop, sample_order
 # Statements counted on each backend's engine (SQLite's BEGIN IMMEDIATE included).
 pytestmark = pytest.mark.backends
 
-#: Upper bounds (shop side, emulator side) per operation, SQLite's ``BEGIN IMMEDIATE`` included (PostgreSQL
-#: counts fewer: psycopg sends BEGIN itself). Today's SQLite counts are 10/7, 7/3 and 11/3 (before the
-#: performance work of issue 7: 11/12, 8/5 and 13/0; the callback's 11/3 since issue 12: it is confirmed
-#: with a getstatus call, made between two transactions); a new N+1 or an extra round trip fails here.
+#: Upper bounds (shop side, emulator side) per operation, SQLite's ``BEGIN`` and ``BEGIN IMMEDIATE`` included
+#: (PostgreSQL counts fewer: psycopg sends BEGIN itself). The shop's side is counted on the extension's
+#: engine (on a SQLite file an engine of its own: until issue 16 the shop's engine was counted there, which
+#: saw none of the extension's statements). Today's counts, SQLite / PostgreSQL, shop + emulator: create
+#: 8+7 / 7+5, poll 7+3 / 5+2, callback 15+3 / 11+2 (the callback: the rate limit's read, the installation,
+#: the checkout, the log row; getstatus; the row lock, the log's outcome, the checkout, its event, the
+#: outbox row; the outbox row marked delivered). A new N+1 or an extra round trip fails here.
 BOUNDS: dict[str, tuple[int, int]] = {
     "create": (12, 8),
     "poll": (9, 4),
-    "callback": (12, 4),
+    "callback": (15, 4),
 }
 
 
@@ -170,7 +173,8 @@ def signed_callback(h: Harness, token: str, status: str = "PAID") -> tuple[bytes
 def statement_counts(h: Harness) -> dict[str, dict[str, int]]:
     """Statements per operation, ``{"create": {"shop": n, "emulator": m}, ...}``, once warmed up."""
     with h.shop.app_context():
-        shop_engine = get_state().db.engine
+        # The extension's engine: the shop's on PostgreSQL, its own on a SQLite file (state.py).
+        shop_engine = get_state().engine
     with h.emulator.client.application.app_context():
         emulator_engine = emulator_db.engine
 
