@@ -632,7 +632,9 @@ def _run_concurrently(
         thread.start()
     remaining = list(passes)
     claimed = done = 0
-    seen: set[int] = set()  # at most one poll per checkout per run, whichever pass would take it again
+    # No set of the ids polled (it would grow with the run): a claimed checkout is not due again in this
+    # run, in either pass, as the claim set its last_polled_at after the run started, and both passes only
+    # take checkouts unpolled since before it started (the lease).
 
     def claim() -> list[_Claimed]:
         """The next checkouts to hand out, in the current transaction (as many as there is room for)."""
@@ -641,7 +643,7 @@ def _run_concurrently(
             if limit is not None:
                 size = min(size, limit - claimed)
             where, paid = remaining[0]
-            fresh = [c for c in _claim_rows(where, size, paid=paid) if c.id not in seen]
+            fresh = _claim_rows(where, size, paid=paid)
             if fresh:
                 return fresh
             remaining.pop(0)  # this pass is done
@@ -666,7 +668,6 @@ def _run_concurrently(
                     break
             outcomes, fresh = _write(batch, claim if can_claim else None)
             for checkout in fresh:
-                seen.add(checkout.id)
                 tasks.put_nowait(checkout)
             claimed += len(fresh)
             if can_claim and not fresh:
