@@ -40,7 +40,7 @@ def load_request_state(account_id: str | None = None) -> None:
     """
     row = None
     if account_id and "\x00" not in account_id:  # PostgreSQL refuses U+0000 in a query
-        row = db.session.execute(_REQUEST_STATE_AND_ACCOUNT, {"account_id": account_id}).first()
+        row = db.session.connection().execute(_REQUEST_STATE_AND_ACCOUNT, {"account_id": account_id}).first()
     if row is None:
         stored, faults = db.session.execute(_REQUEST_STATE).one()
     else:

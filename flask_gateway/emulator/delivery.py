@@ -57,8 +57,9 @@ from datetime import datetime, timedelta
 from typing import Any, Final
 
 from flask import Flask, current_app, has_request_context, request
-from sqlalchemy import or_, select
+from sqlalchemy import ColumnElement, or_, select
 
+from flask_gateway.core.sql import sqlite_read_transactions
 from flask_gateway.core.timestamps import format_timestamp, utcnow
 from flask_gateway.core.wire import CheckoutStatus, V1FailReason, V1OutcomeStatus
 from flask_gateway.emulator import checkouts, clock, faults, mail, merchant
@@ -67,6 +68,7 @@ from flask_gateway.emulator.api import settings
 from flask_gateway.emulator.merchant import CALLBACK_TIMEOUT, MerchantReply
 from flask_gateway.emulator.models import (
     Account,
+    Checkout,
     Delivery,
     DeliveryAttempt,
     DeliveryKind,
@@ -203,16 +205,39 @@ def redeliver(delivery_id: int) -> int | None:
     return _attempt(delivery_id)
 
 
+def _due(lease_now: datetime) -> tuple[ColumnElement[bool], ...]:
+    """The conditions of a delivery whose attempt is due and that no worker holds."""
+    return (
+        Delivery.state == DeliveryState.PENDING.value,
+        Delivery.next_attempt_at <= clock.now(),
+        or_(Delivery.claimed_until.is_(None), Delivery.claimed_until < lease_now),
+    )
+
+
+def anything_due() -> bool:
+    """Whether :func:`run_due` would find anything to do now (an expiry, or an attempt): one read-only
+    query, which on SQLite takes no write lock (``run_due`` takes it twice even when there is nothing)."""
+    with sqlite_read_transactions():
+        try:
+            found = db.session.execute(
+                select(
+                    or_(
+                        select(Checkout.id).where(*checkouts.expiry_due(clock.now())).exists(),
+                        select(Delivery.id).where(*_due(utcnow())).exists(),
+                    )
+                )
+            ).scalar()
+        finally:
+            db.session.rollback()  # the next transaction (run_due's) begins as a writing one
+    return bool(found)
+
+
 def _claim_next(*, exclude: list[int]) -> int | None:
     """Lease the oldest due delivery (skipping rows another worker holds); its id, or None."""
     lease_now = utcnow()
     query = (
         select(Delivery)
-        .where(
-            Delivery.state == DeliveryState.PENDING.value,
-            Delivery.next_attempt_at <= clock.now(),
-            or_(Delivery.claimed_until.is_(None), Delivery.claimed_until < lease_now),
-        )
+        .where(*_due(lease_now))
         .order_by(Delivery.next_attempt_at, Delivery.id)
         .limit(1)
         .with_for_update(skip_locked=True)
@@ -480,7 +505,9 @@ class _Worker(threading.Thread):
                 with self.app.app_context():
                     # Wait until this process knows its own address, so no callback carries a guessed
                     # paymentUrl (and the watcher process of `flask run --debug` never delivers).
-                    if address_known():
+                    # Most ticks find nothing: then no write transaction at all (SQLite: no write lock
+                    # taken from the API's requests).
+                    if address_known() and anything_due():
                         run_due()
             except Exception:
                 self.app.logger.exception("the emulator's delivery worker failed; it runs again shortly")

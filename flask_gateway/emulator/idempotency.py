@@ -68,7 +68,7 @@ def run_idempotent(
         db.session.commit()
         raise
     # One UPDATE with the work's changes (no re-read of the key); no row only if a reset ran meanwhile.
-    db.session.execute(
+    db.session.connection().execute(
         _COMPLETE,
         {"key": key, "status_code": response.status_code, "response_body": response.get_data(as_text=True)},
     )
@@ -99,7 +99,7 @@ def _claim(account_id: str, operation: str, request_id: str, body_hash: str) -> 
             "created_at": now,
         }
         try:
-            key_id: int = db.session.execute(_INSERT, row).scalar_one()
+            key_id: int = db.session.connection().execute(_INSERT, row).scalar_one()
             # The work goes on with the account the request authenticated, without reading it again.
             commit_keeping_loaded(db.session())
             return key_id

@@ -21,7 +21,7 @@ import responses
 from flask_gateway.core.signing import verify
 from flask_gateway.core.timestamps import parse_timestamp
 from flask_gateway.emulator import delivery
-from flask_gateway.emulator.models import Delivery, db
+from flask_gateway.emulator.models import Checkout, Delivery, db
 from tests.conftest import fetch_all
 from tests.emulator.conftest import make_emulator
 from tests.emulator.support import ACCOUNT, CALLBACK_URL, Gateway, create_body, v1_checkout_body
@@ -609,3 +609,34 @@ def test_a_changed_callback_url_is_followed_by_retries_and_redelivery(installed,
     assert installed.status(token)["checkoutPaymentStatus"] == "PAID"
     events = installed.client.get(f"/_emulator/checkouts/{token}").json["events"]
     assert any(e["kind"] == "callback-url-changed" for e in events)
+
+
+@pytest.mark.backends
+def test_the_worker_looks_for_due_work_without_taking_the_write_lock(emulator_app, installed, merchant):
+    """``anything_due`` (the worker's check before ``run_due``) sees exactly what ``run_due`` would do:
+    nothing, a due attempt, a held one, an expiry."""
+    answer(merchant, 200)
+    with emulator_app.test_request_context():
+        assert delivery.anything_due() is False  # nothing at all
+    token = installed.create(create_body(request_id="due-1"))["checkoutToken"]
+    with emulator_app.test_request_context():
+        assert delivery.anything_due() is False  # a checkout that expires in an hour
+    assert installed.pay(token).status_code == 200
+    with emulator_app.test_request_context():
+        assert delivery.anything_due() is True  # its callback is due
+        row = db.session.query(Delivery).one()
+        row.claimed_until = datetime.now(UTC) + delivery.CLAIM_LEASE
+        db.session.commit()
+    with emulator_app.test_request_context():
+        assert delivery.anything_due() is False  # another worker holds it
+        assert delivery.run_due() == 0
+    second = installed.create(create_body(request_id="due-2"))["checkoutToken"]
+    with emulator_app.test_request_context():
+        overdue = db.session.query(Checkout).filter_by(token=second).one()
+        overdue.expires_at = datetime.now(UTC) - timedelta(seconds=1)
+        db.session.commit()
+    with emulator_app.test_request_context():
+        assert delivery.anything_due() is True  # the second checkout's expiry is due
+        assert delivery.run_due() == 0  # it expires (no attempt: the first callback is still held)
+    with emulator_app.test_request_context():
+        assert delivery.anything_due() is False
