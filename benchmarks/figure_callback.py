@@ -62,7 +62,7 @@ def _copy_emulator_checkouts(cluster: Any, rows: int, now: Any, paid_at: Any) ->
     expires = now + timedelta(hours=1)
     with (
         psycopg.connect(
-            host="127.0.0.1", port=cluster.port, user=cluster.user, dbname="bench_emulator"
+            host="127.0.0.1", port=cluster.port, user=cluster.user, dbname="bench_callback_emulator"
         ) as conn,
         conn.cursor() as cursor,
         cursor.copy(f"COPY emulator_checkouts ({columns}) FROM STDIN") as copy,
@@ -74,7 +74,7 @@ def _copy_emulator_checkouts(cluster: Any, rows: int, now: Any, paid_at: Any) ->
                  700_000_000 + n, 0)
             )  # fmt: skip
     with psycopg.connect(
-        host="127.0.0.1", port=cluster.port, user=cluster.user, dbname="bench_emulator"
+        host="127.0.0.1", port=cluster.port, user=cluster.user, dbname="bench_callback_emulator"
     ) as conn:
         conn.execute("ANALYZE emulator_checkouts")
 
@@ -90,7 +90,7 @@ def figure_callback(args: argparse.Namespace, folder: Path, cluster: Any) -> Non
     from flask_gateway.state import get_state
 
     url = cluster.create_database("bench_shop")
-    emulator_url = cluster.create_database("bench_emulator")
+    emulator_url = cluster.create_database("bench_callback_emulator")
     options = ServerOptions(workers=args.workers, threads=args.threads)
     log = folder / "servers.log"
     emulator_env = {
