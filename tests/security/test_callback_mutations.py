@@ -16,6 +16,9 @@ content: it is an authentic callback, not a forgery. Those are set apart and che
 are answered, never pay twice). Characters Python calls whitespace but JavaScript does not (U+0085,
 U+001C-U+001F, U+180E, U+200B) do change the signed content, and are refused like any other edit.
 
+The 10,000 are sent in ``SHARDS`` tests of their own (each with its own seed, shop and emulator), so that
+the suite's parallel workers share them; every check below holds for each.
+
 Every other mutation must be refused with a 4xx (401, or 413 for the oversize ones), and the database
 must be unchanged but for new rows in ``gateway_callback_log`` (each one unverified, with the answer's
 status): every table's rows are compared before and after.
@@ -50,8 +53,10 @@ from tests.security.conftest import table_contents
 
 received = pytest.fixture(record_signals)
 
-#: The refused mutations the test sends (at least).
+#: The refused mutations the shards send (at least), in all.
 REFUSED_TARGET = 10_000
+#: Tests the corpus is split into: shard ``n`` draws from ``random.Random(SEED + n)``.
+SHARDS = 4
 SEED = 20261122
 
 #: JavaScript's ``\s``, spelled out independently of flask_gateway.core.signing.
@@ -96,10 +101,10 @@ class Mutant:
 
 
 class Corpus:
-    """Deterministic mutations of the two base bodies (``random.Random(SEED)``)."""
+    """Deterministic mutations of the two base bodies (``random.Random(seed)``)."""
 
-    def __init__(self, paid_body: bytes, forged_body: bytes, key: str) -> None:
-        self.rng = random.Random(SEED)
+    def __init__(self, paid_body: bytes, forged_body: bytes, key: str, seed: int = SEED) -> None:
+        self.rng = random.Random(seed)
         self.key = key
         self.bases = {"paid": paid_body, "forged": forged_body}
         self.other_key = "other-" + key[::-1]
@@ -305,9 +310,11 @@ def _send(h: Harness, client: Any, mutant: Mutant) -> Any:
     return client.post("/gateway/callback", data=mutant.body, headers=list(mutant.headers))
 
 
+@pytest.mark.parametrize("shard", range(SHARDS), ids=[f"shard-{n + 1}-of-{SHARDS}" for n in range(SHARDS)])
 def test_ten_thousand_mutated_callbacks_are_refused_and_change_nothing(
-    sqlite_harness: Harness, sqlite_databases, received, capsys
+    sqlite_harness: Harness, sqlite_databases, received, capsys, shard: int
 ) -> None:
+    target = REFUSED_TARGET // SHARDS
     h = sqlite_harness
     h.install()
     paid_id, paid_token = create_v2_checkout(h, "ORD-A")
@@ -330,8 +337,8 @@ def test_ten_thousand_mutated_callbacks_are_refused_and_change_nothing(
     refused: Counter[str] = Counter()
     authentic: list[Mutant] = []
     statuses: list[int] = []
-    for mutant in Corpus(paid_body, forged_body, key):
-        if sum(refused.values()) >= REFUSED_TARGET:
+    for mutant in Corpus(paid_body, forged_body, key, seed=SEED + shard):
+        if sum(refused.values()) >= target:
             break
         if mutant.authentic(key) and not mutant.oversize:
             authentic.append(mutant)
@@ -372,11 +379,11 @@ def test_ten_thousand_mutated_callbacks_are_refused_and_change_nothing(
     with capsys.disabled():
         total = sum(refused.values())
         print(  # noqa: T201 - the brief asks for the count in the output
-            f"\n{total} mutated callbacks refused ({dict(sorted(refused.items()))}, "
+            f"\nshard {shard + 1} of {SHARDS}: {total} mutated callbacks refused ({dict(sorted(refused.items()))}, "
             f"{statuses.count(413)} of them 413 for their size); "
             f"{len(authentic)} mutations kept the signed content and were answered {dict(answers)}"
         )
-    assert total >= REFUSED_TARGET
+    assert total >= target
     assert authentic, "the corpus should include whitespace-only (still valid) mutations"
 
 
