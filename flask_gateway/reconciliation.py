@@ -282,10 +282,11 @@ def reconcile(
     ``paid_window_hours`` (default ``GATEWAY_RECONCILE_PAID_WINDOW_HOURS``; 0: none) and
     ``paid_recheck_seconds`` (default :data:`PAID_RECHECK_SECONDS`) choose the paid checkouts asked about.
     ``concurrency`` (default ``GATEWAY_RECONCILE_CONCURRENCY``) is how many getstatus calls are in flight
-    at once: worker threads, each in its own app context (its own database session) with its own
-    keep-alive HTTP session, fed by this thread's claims through a bounded queue; 1 polls one checkout at a
-    time in this thread. ``progress`` is always called in this thread, and the report is only ever written
-    here. Never raises for one checkout's failure: it is counted in ``errors`` and the run goes on.
+    at once: polling threads that touch no database, each with its own keep-alive HTTP session, fed by
+    this thread's claims through a bounded queue, their answers applied by this thread; 1 polls one
+    checkout at a time in this thread. ``progress`` is always called in this thread, and the report is
+    only ever written here. Never raises for one checkout's failure: it is counted in ``errors`` and the
+    run goes on.
     """
     if limit is not None and limit < 0:
         raise ValueError("limit must be 0 or more")
@@ -475,16 +476,12 @@ def _record(report: ReconcileReport, outcome: _Outcome) -> None:
 
 def _reconcile_one(claimed: _Claimed, client: GatewayClient) -> _Outcome:
     """Poll one claimed checkout and apply the answer in a transaction of its own (concurrency 1)."""
-    session = get_state().session
+    answer: CheckoutStatusPayload | BaseException
     try:
-        payload = client.get_status(claimed.token).data
-        outcome, transitions = _apply_answer(claimed, payload)
-        commit_keeping_loaded(session)  # no transaction (SQLite: no write lock) held between polls
+        answer = client.get_status(claimed.token).data
     except Exception as error:  # one checkout's failure never stops the run
-        session.rollback()
-        return _failed(claimed, error)
-    for transition in transitions:
-        send_pending(transition)
+        answer = error
+    [outcome] = _write([(claimed, answer)], None)[0]
     return outcome
 
 
