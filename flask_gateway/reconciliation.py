@@ -61,11 +61,10 @@ from typing import Final
 
 from flask import Flask, current_app
 from sqlalchemy import ColumnElement, and_, func, or_, select, update
-from sqlalchemy.engine import Engine
 
 from flask_gateway.config import MAX_PAID_WINDOW_HOURS
 from flask_gateway.core.client import GatewayClient
-from flask_gateway.core.sql import commit_keeping_loaded
+from flask_gateway.core.sql import commit_keeping_loaded, sqlite_in_memory
 from flask_gateway.core.timestamps import utcnow
 from flask_gateway.core.wire import (
     OPEN_STATUSES,
@@ -349,7 +348,7 @@ def reconcile(
         progress(0, total)
     signer = (account, state.box.decrypt_cached(installation.signing_key_encrypted))
     workers = min(concurrency, total)
-    if workers <= 1 or _single_connection(state.engine):
+    if workers <= 1 or sqlite_in_memory(state.engine):  # one connection: one thread
         _run_in_turn(passes, report, limit, total, progress, signer)
     else:
         _run_concurrently(passes, report, limit, total, progress, signer, workers)
@@ -545,14 +544,6 @@ def _apply_answer(claimed: _Claimed, payload: CheckoutStatusPayload) -> tuple[_O
 Passes = list[tuple[ColumnElement[bool], bool]]
 #: The installed account and its signing key: each polling thread makes its own client with them.
 _Signer = tuple[str, str]
-
-
-def _single_connection(engine: Engine) -> bool:
-    """An in-memory SQLite database: one connection for the whole app, so one thread polls."""
-    if engine.dialect.name != "sqlite":
-        return False
-    database = engine.url.database or ""
-    return database in ("", ":memory:") or "mode=memory" in str(engine.url)
 
 
 def _run_in_turn(

@@ -31,7 +31,7 @@ from sqlalchemy.orm import Session, scoped_session, sessionmaker
 from flask_gateway.config import GatewayConfig
 from flask_gateway.core.client import GatewayClient, V1Client
 from flask_gateway.core.money import format_money
-from flask_gateway.core.sql import commit_keeping_loaded, configure_sqlite
+from flask_gateway.core.sql import commit_keeping_loaded, configure_sqlite, sqlite_in_memory
 from flask_gateway.errors import ConfigurationError, NotInstalledError
 from flask_gateway.models import Installation
 from flask_gateway.secrets import SecretBox
@@ -138,7 +138,7 @@ class GatewayState:
                 ) from None
             engine = host
             if host.dialect.name == "sqlite":
-                if _in_memory(host):
+                if sqlite_in_memory(host):
                     self._uses_host_session = True
                 else:
                     engine = create_engine(host.url)
@@ -268,11 +268,6 @@ def _end(*, commit: bool) -> None:
         commit_keeping_loaded(session)
     else:
         session.rollback()
-
-
-def _in_memory(engine: Engine) -> bool:
-    database = engine.url.database or ""
-    return database in ("", ":memory:") or "mode=memory" in str(engine.url)
 
 
 def get_state(app: Flask | None = None) -> GatewayState:

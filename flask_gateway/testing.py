@@ -50,6 +50,7 @@ from sqlalchemy import event, insert, select
 from sqlalchemy.engine import Engine
 
 from flask_gateway.core.errors import AlreadyInstalledError
+from flask_gateway.core.sql import sqlite_in_memory
 from flask_gateway.core.timestamps import parse_timestamp
 from flask_gateway.core.wire import OPEN_STATUSES
 from flask_gateway.core.wsgi import WSGIAdapter
@@ -367,9 +368,7 @@ def sqlite_without_fsync(shop: Flask) -> Callable[[], None]:
         engines = {id(engine): engine for engine in (*state.db.engines.values(), state.engine)}
     undo: list[Callable[[], None]] = []
     for engine in engines.values():
-        if engine.dialect.name != "sqlite" or (engine.url.database or "") in ("", ":memory:"):
-            continue
-        if "mode=memory" in str(engine.url):
+        if engine.dialect.name != "sqlite" or sqlite_in_memory(engine):
             continue
         undo.append(_without_fsync(engine))
 

@@ -38,6 +38,7 @@ __all__ = [
     "configure_sqlite",
     "copy_tables_as_stored",
     "create_all_safely",
+    "sqlite_in_memory",
     "sqlite_read_transactions",
     "storable_text",
 ]
@@ -133,6 +134,15 @@ def storable_text(value: str, max_length: int | None = None) -> str:
     """``value`` as a text column keeps it on every backend: U+0000 becomes U+FFFD, cut to ``max_length``."""
     text = value.replace("\x00", "\ufffd")
     return text if max_length is None else text[:max_length]
+
+
+def sqlite_in_memory(engine: Engine) -> bool:
+    """A SQLite database in memory (``sqlite://``, ``:memory:``, ``mode=memory``): no file, and one
+    connection for the whole app, so it cannot be shared between threads or reopened by another engine."""
+    if engine.dialect.name != "sqlite":
+        return False
+    database = engine.url.database or ""
+    return database in ("", ":memory:") or "mode=memory" in str(engine.url)
 
 
 def configure_sqlite(engine: Engine, *, busy_timeout_ms: int = 30_000, wal: bool = True) -> None:
