@@ -273,7 +273,9 @@ def test_two_runs_at_once_split_the_work(installed: Harness, concurrency: int) -
     """Two runs started together, each with its own pool: every checkout is asked about once, by one of
     them, and both do some of the work."""
     tokens = pending(installed, 80)
-    gateway = stub(installed, StubGateway(delay=0.01))
+    # Each answer takes 50 ms: a run lasts a second or more, so on a loaded machine the other run is not
+    # left waiting for the CPU until every checkout is taken (both must do some of the work).
+    gateway = stub(installed, StubGateway(delay=0.05))
     start = threading.Barrier(2)
     reports: list[ReconcileReport] = []
     failures: list[BaseException] = []
