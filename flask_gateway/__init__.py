@@ -66,6 +66,7 @@ if TYPE_CHECKING:
         CheckoutStateError,
         CheckoutUnavailableError,
         ConfigurationError,
+        DatabaseUnavailable,
         GatewayExtensionError,
         InvalidOrderError,
         InvalidReturnLink,
@@ -82,6 +83,7 @@ if TYPE_CHECKING:
     from flask_gateway.metrics import register_metrics
     from flask_gateway.models import GatewayCheckout, LocalStatus, RefundRecord, RefundState
     from flask_gateway.orders import Address, Customer, OrderDraft, OrderLine
+    from flask_gateway.outages import DATABASE_ERRORS, database_unavailable, is_database_outage
     from flask_gateway.outbox import DeliveryReport, deliver_due, redeliver
     from flask_gateway.plans import (
         PaymentPlan,
@@ -150,11 +152,13 @@ _LAZY: dict[str, tuple[str, ...]] = {
         "refund_succeeded",
     ),
     "flask_gateway.outbox": ("DeliveryReport", "deliver_due", "redeliver"),
+    "flask_gateway.outages": ("DATABASE_ERRORS", "database_unavailable", "is_database_outage"),
     "flask_gateway.errors": (
         "CallbackRejected",
         "CheckoutStateError",
         "CheckoutUnavailableError",
         "ConfigurationError",
+        "DatabaseUnavailable",
         "GatewayExtensionError",
         "InvalidOrderError",
         "InvalidReturnLink",
@@ -169,6 +173,7 @@ _MODULE_OF: dict[str, str] = {name: module for module, names in _LAZY.items() fo
 
 __all__ = [
     "CHANGEABLE_STATUSES",
+    "DATABASE_ERRORS",
     "OPEN_STATUSES",
     "PAID_STATUSES",
     "PAYMENT_STATUSES",
@@ -186,6 +191,7 @@ __all__ = [
     "ConflictError",
     "Customer",
     "DatabaseStorage",
+    "DatabaseUnavailable",
     "DeliveryReport",
     "FirewallRejectedError",
     "FlaskGatewayError",
@@ -243,6 +249,7 @@ __all__ = [
     "configure_sqlite",
     "create_all_safely",
     "create_checkout",
+    "database_unavailable",
     "deliver_due",
     "format_instalment_hint",
     "format_money",
@@ -251,6 +258,7 @@ __all__ = [
     "get_state",
     "install",
     "is_available",
+    "is_database_outage",
     "payment_after_close",
     "payment_confirmed",
     "payment_limits",

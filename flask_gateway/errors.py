@@ -16,7 +16,8 @@
         |-- RefundDeclinedError            the gateway declined the refund; ``cause`` is its GatewayError
         |-- CallbackRejected (HTTP 4xx/5xx)  a status callback was refused (one subclass per answer)
         |-- V1OutcomeRejected (HTTP 4xx)   a call to the v1 success/fail URL was refused
-        `-- InvalidReturnLink (HTTP 400)   a return link's signed reference is missing or forged
+        |-- InvalidReturnLink (HTTP 400)   a return link's signed reference is missing or forged
+        `-- DatabaseUnavailable (HTTP 503) the database is away for now: try again after ``Retry-After``
 
 The errors a view turns into an HTTP answer are werkzeug ``HTTPException`` subclasses too, with their
 ``code``, after flask-wtf's ``CSRFError(BadRequest)``: an app changes the answer with
@@ -45,6 +46,7 @@ from werkzeug.exceptions import (
 )
 
 from flask_gateway.core.errors import FlaskGatewayError, GatewayError
+from flask_gateway.core.outages import RETRY_AFTER_SECONDS
 from flask_gateway.models import CallbackOutcome
 
 if TYPE_CHECKING:
@@ -63,6 +65,7 @@ __all__ = [
     "CheckoutStateError",
     "CheckoutUnavailableError",
     "ConfigurationError",
+    "DatabaseUnavailable",
     "FlaskGatewayError",
     "GatewayError",
     "GatewayExtensionError",
@@ -245,3 +248,24 @@ class InvalidReturnLink(GatewayExtensionError, BadRequest):
         "This payment link is not valid. Open your order from the shop's order history, or contact the "
         "shop if you were charged."
     )
+
+
+class DatabaseUnavailable(GatewayExtensionError, JSONHTTPException, ServiceUnavailable):
+    """503 with ``Retry-After``: the database cannot answer right now (restarting, failing over, its pool
+    exhausted). The request did not finish: send it again after ``retry_after`` seconds.
+
+    Built by ``flask_gateway.outages.database_unavailable(error)``, which also records the outage (one log
+    line per outage). The body is ``{"message": ...}``, as every JSON error of the extension: a gateway
+    retrying a callback reads it; a shop renders its own page for people instead.
+    """
+
+    description = "The service is briefly unavailable: its database is not answering. Try again shortly."
+
+    def __init__(self, description: str | None = None, *, retry_after: int = RETRY_AFTER_SECONDS) -> None:
+        super().__init__(description)
+        self.retry_after = retry_after
+
+    def get_headers(
+        self, environ: WSGIEnvironment | None = None, scope: dict[str, Any] | None = None
+    ) -> list[tuple[str, str]]:
+        return [*super().get_headers(environ, scope), ("Retry-After", str(self.retry_after))]

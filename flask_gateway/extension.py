@@ -20,6 +20,7 @@ from flask_gateway.core.wsgi import WSGIAdapter
 from flask_gateway.emulator import mount
 from flask_gateway.errors import ConfigurationError
 from flask_gateway.models import GatewayBase
+from flask_gateway.outages import watch_recovery
 from flask_gateway.ratelimit import RateLimit, make_storage
 from flask_gateway.secrets import SecretBox
 from flask_gateway.state import EXTENSION_KEY, AdminGuard, GatewayState
@@ -97,6 +98,7 @@ class Gateway:
         )
         app.extensions[EXTENSION_KEY] = state
         app.teardown_appcontext(lambda _error: state.remove_session())
+        watch_recovery(app)
         # Copies with the types the database stores, so that Flask-Migrate's scripts run as written
         # (docs/migrations.md); the extension reads and writes through GatewayBase's own tables.
         copy_tables_as_stored(GatewayBase.metadata, database.metadata)

@@ -15,6 +15,7 @@ shared.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ from sqlalchemy.orm import Session, scoped_session, sessionmaker
 from flask_gateway.config import GatewayConfig
 from flask_gateway.core.client import GatewayClient, V1Client
 from flask_gateway.core.money import format_money
+from flask_gateway.core.outages import OutageWatch, describe_database_error, is_database_outage
 from flask_gateway.core.sql import commit_keeping_loaded, configure_sqlite, sqlite_in_memory
 from flask_gateway.errors import ConfigurationError, NotInstalledError
 from flask_gateway.models import Installation
@@ -43,6 +45,8 @@ __all__ = ["EXTENSION_KEY", "AdminGuard", "GatewayState", "Limit", "get_state", 
 
 #: ``app.extensions`` key of the state.
 EXTENSION_KEY = "gateway"
+
+_log = logging.getLogger("flask_gateway.state")
 
 #: ``GatewayState.installation_key``: built once (the newest installation of an environment).
 _INSTALLATION_KEY = (
@@ -97,6 +101,12 @@ class GatewayState:
     #: connections to the gateway are kept alive and reused (a session per call would open a new TCP and
     #: TLS connection for every poll of a reconciliation run, and leave it for the garbage collector).
     _http: threading.local = field(default_factory=threading.local, repr=False)
+    #: This process's view of the database (``flask_gateway.outages``): one WARNING when an outage
+    #: starts, one when it ends, whatever the number of requests refused meanwhile.
+    outages: OutageWatch = field(
+        default_factory=lambda: OutageWatch("flask_gateway", logging.getLogger("flask_gateway.outages")),
+        repr=False,
+    )
     _sessions: scoped_session[Session] | None = field(default=None, repr=False)
     _engine: Engine | None = field(default=None, repr=False)
     _uses_host_session: bool = field(default=False, repr=False)
@@ -119,9 +129,28 @@ class GatewayState:
         return sessions()
 
     def remove_session(self) -> None:
-        """End the current app context's session (``teardown_appcontext``): its transaction rolls back."""
-        if self._sessions is not None:
-            self._sessions.remove()
+        """End the current app context's session (``teardown_appcontext``): its transaction rolls back.
+
+        Never raises. A teardown that raises escapes Flask after the answer was chosen (the server logs a
+        500 of its own, with a traceback), and the rollback of a connection the database dropped (a
+        restart) does fail: the session's connections are then invalidated (the pool opens new ones) and
+        the registry is cleared all the same, so the next request of this thread starts clean."""
+        sessions = self._sessions
+        if sessions is None:
+            return
+        try:
+            sessions.remove()
+        except Exception as error:
+            if is_database_outage(error):
+                _log.debug("the extension's session could not roll back: %s", describe_database_error(error))
+            else:
+                _log.error("the extension's session could not be closed", exc_info=True)
+            try:
+                if sessions.registry.has():
+                    sessions.registry().invalidate()
+            except Exception as again:  # the connection is gone either way; the pool replaces it
+                _log.debug("invalidating the session failed too: %s", describe_database_error(again))
+            sessions.registry.clear()
 
     def _open(self) -> tuple[Engine, scoped_session[Session]]:
         if self._engine is not None and self._sessions is not None:

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Final, TypeVar
 
+from flask import Blueprint, render_template, request
+from flask.typing import ResponseReturnValue
 from werkzeug.wrappers import Response
 
 from flask_gateway.core.framing import never_framed
+from flask_gateway.outages import DATABASE_ERRORS, database_unavailable, is_database_outage
 
-__all__ = ["POLICY", "deny_framing"]
+__all__ = ["POLICY", "answer_outages", "deny_framing"]
 
 R = TypeVar("R", bound=Response)
 
@@ -28,3 +32,24 @@ def deny_framing(response: R) -> R:
     is ever framed, nor runs a script from another origin or an inline one."""
     never_framed(response.headers, policy=POLICY)
     return response
+
+
+def answer_outages(blueprint: Blueprint, *, pages: Callable[[], bool]) -> None:
+    """Answer a database outage in ``blueprint`` (in its views, hooks or the app's hooks for its requests)
+    with a 503 and ``Retry-After``; any other database error is raised again (a 500, with its traceback).
+
+    ``pages()`` says whether the current request is a page for a person (the ``gateway/unavailable.html``
+    page) rather than a caller that reads JSON (``{"message": ...}``: the gateway retries on a 503)."""
+
+    def database_away(error: Exception) -> ResponseReturnValue:
+        if not is_database_outage(error):
+            raise error
+        unavailable = database_unavailable(error)
+        if not pages():
+            return unavailable.get_response()
+        admin = request.blueprint is not None and request.blueprint.startswith("gateway_admin")
+        body = render_template("gateway/unavailable.html", retry_after=unavailable.retry_after, admin=admin)
+        return body, 503, {"Retry-After": str(unavailable.retry_after), "Cache-Control": "no-store"}
+
+    for error_class in DATABASE_ERRORS:
+        blueprint.register_error_handler(error_class, database_away)

@@ -58,7 +58,7 @@ from flask_gateway.refunds import refund
 from flask_gateway.secrets import mask
 from flask_gateway.state import GatewayState, get_state
 from flask_gateway.urls import callback_url
-from flask_gateway.views import deny_framing
+from flask_gateway.views import answer_outages, deny_framing
 
 __all__ = ["bp"]
 
@@ -71,6 +71,9 @@ bp = Blueprint(
 )
 
 _log = logging.getLogger("flask_gateway.admin")
+
+# The outbox screen's blueprint is nested in this one: its requests are answered so too.
+answer_outages(bp, pages=lambda: True)
 
 PER_PAGE: Final = 25
 #: Page numbers past this are this (an offset the database cannot take would be a 500).

@@ -42,13 +42,18 @@ from flask_gateway.inbound import (
 )
 from flask_gateway.models import GatewayCheckout, LocalStatus
 from flask_gateway.state import get_state
-from flask_gateway.views import deny_framing
+from flask_gateway.views import answer_outages, deny_framing
 
 __all__ = ["bp"]
 
 bp = Blueprint("gateway", __name__, template_folder="../templates")
 
 S = CheckoutStatus
+
+#: The endpoints a person's browser opens (an outage shows a page); the others are called by the gateway
+#: and answer JSON (a 503 the gateway retries).
+_PAGES = frozenset({"gateway.return_page"})
+answer_outages(bp, pages=lambda: request.endpoint in _PAGES)
 
 
 @bp.after_request

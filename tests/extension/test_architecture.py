@@ -39,6 +39,7 @@ FLOORS = {
             "urls",
             "transitions",
             "outbox",
+            "outages",
         ],
         3,
     ),

@@ -1,0 +1,106 @@
+"""The extension while the database is away: a 503 with ``Retry-After`` instead of a 500, one log line when
+an outage starts and one when it ends, and the recovery noticed on the first request after it.
+
+The rules (what counts as an outage, the two log lines) are the core's (:mod:`flask_gateway.core.outages`,
+shared with the emulator); this module ties them to Flask. Each app has one
+:class:`~flask_gateway.core.outages.OutageWatch` per process (``get_state().outages``).
+
+An app answers its own pages during an outage with handlers like these (the example shop's, with its own
+page for people)::
+
+    from flask_gateway import DATABASE_ERRORS, database_unavailable, is_database_outage
+
+    def database_away(error):
+        if not is_database_outage(error):
+            raise error  # a constraint, a missing table, a bug: still a 500 with its traceback
+        unavailable = database_unavailable(error)  # counted; the first of an outage logs one WARNING
+        headers = {"Retry-After": str(unavailable.retry_after)}
+        return render_template("unavailable.html"), 503, headers
+
+    for error_class in DATABASE_ERRORS:
+        app.register_error_handler(error_class, database_away)
+
+(``database_unavailable(error)`` is also a response on its own: ``{"message": ...}`` as JSON, for an API.)
+The extension's own endpoints (the callback, the v1 URLs, the return pages, the admin screens) answer so
+without the app's help.
+
+**Recovery.** While the watch is down, every request of the app ends with a probe of the database (one
+``SELECT 1``, at most once a second per process, :func:`probe_while_down`): the line "the database answers
+again" is logged on the first request after the database returned, whatever that request did. While the
+database is up the probe costs one attribute read.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Final
+
+from flask import Flask, current_app, has_app_context
+from werkzeug.wrappers import Response
+
+from flask_gateway.core.outages import (
+    DATABASE_ERRORS,
+    RETRY_AFTER_SECONDS,
+    OutageWatch,
+    is_database_outage,
+    ping,
+)
+from flask_gateway.errors import DatabaseUnavailable
+from flask_gateway.state import EXTENSION_KEY, GatewayState
+
+__all__ = [
+    "DATABASE_ERRORS",
+    "RETRY_AFTER_SECONDS",
+    "DatabaseUnavailable",
+    "database_unavailable",
+    "is_database_outage",
+    "probe_while_down",
+    "watch_recovery",
+]
+
+_log = logging.getLogger("flask_gateway.outages")
+
+#: The watch of a process whose app has no Flask-Gateway registered (or no app context): the shop's
+#: handler still answers 503 and logs once per outage.
+_UNREGISTERED: Final = OutageWatch("flask_gateway", _log)
+
+
+def _watch(app: Flask | None) -> OutageWatch:
+    state = app.extensions.get(EXTENSION_KEY) if app is not None else None
+    return state.outages if isinstance(state, GatewayState) else _UNREGISTERED
+
+
+def database_unavailable(error: BaseException) -> DatabaseUnavailable:
+    """Record ``error`` (a database outage) in the current app's outage watch and return the 503 to
+    raise or answer (``retry_after``; JSON ``{"message": ...}`` and ``Retry-After`` when answered as is).
+
+    The first failure of an outage logs one WARNING with the driver's one-line reason (no traceback, no
+    statement); the following ones are only counted. Call it for errors :func:`is_database_outage` accepts.
+    """
+    app = current_app._get_current_object() if has_app_context() else None  # type: ignore[attr-defined]
+    _watch(app).failed(error)
+    return DatabaseUnavailable(retry_after=RETRY_AFTER_SECONDS)
+
+
+def probe_while_down(app: Flask) -> bool:
+    """While ``app``'s watch is down, ping its database (at most once a second); a ping that connects ends
+    the outage and logs "the database answers again". True when the database is (now) up. Never raises:
+    it runs at the end of requests already answered."""
+    state = app.extensions.get(EXTENSION_KEY)
+    if not isinstance(state, GatewayState) or not state.outages.down:  # the common case: one read
+        return True
+    try:
+        return state.outages.probe(lambda: ping(state.engine))
+    except Exception as error:  # not an outage, but not this request's business either
+        _log.debug("the database probe failed: %r", error)
+        return False
+
+
+def watch_recovery(app: Flask) -> None:
+    """Run :func:`probe_while_down` after every request of ``app`` (``Gateway.init_app`` does this)."""
+
+    def probe_after(response: Response) -> Response:
+        probe_while_down(app)
+        return response
+
+    app.after_request(probe_after)
