@@ -2,6 +2,11 @@
 
 ``flask --app example_shop run`` finds :func:`create_app`. The configuration comes from the environment
 (``SHOP_*`` and every ``GATEWAY_*`` variable), see :mod:`example_shop.config`.
+
+:func:`create_app` touches neither the database nor the network: a worker process that starts while the
+database restarts boots, answers 503 "We'll be right back" meanwhile (:mod:`example_shop.outages`) and
+serves as soon as the database answers. The tables come from ``flask --app example_shop shop init-db``;
+the gateway's installation from ``shop install``, or on first use (``SHOP_AUTO_INSTALL=1``).
 """
 
 from __future__ import annotations
@@ -13,13 +18,15 @@ from pathlib import Path
 from typing import Any
 
 import click
-from flask import Flask, request
+from flask import Flask, current_app, request
+from flask.cli import with_appcontext
+from sqlalchemy.exc import DBAPIError
 from werkzeug.exceptions import RequestEntityTooLarge
 from werkzeug.security import generate_password_hash
 
-from example_shop import access_log
+from example_shop import access_log, outages
 from example_shop.config import ShopConfigError, resolve
-from flask_gateway import create_all_safely
+from flask_gateway import DATABASE_ERRORS, create_all_safely, is_database_outage
 
 __all__ = ["ShopConfigError", "create_app"]
 
@@ -48,17 +55,14 @@ def create_app(config: Mapping[str, Any] | None = None) -> Flask:
     app.extensions[EXTENSION_KEY] = True
     connect_signals()
     views.register(app)
+    outages.register(app)
     app.cli.add_command(shop_cli)
-
-    with app.app_context():
-        # Every worker process of a server (gunicorn -w 4) creates the tables at the same moment: on
-        # PostgreSQL concurrent CREATE TABLEs collide, and a worker that fails to boot stops the server.
-        create_all_safely(db.engine, db.metadata)
-
+    # No tables, no installation here: a worker booting while the database is away would exit, and
+    # gunicorn's master stops when a worker fails to boot. ``shop init-db`` creates the tables.
     if app.config["SHOP_AUTO_INSTALL"]:
-        from example_shop.setup import auto_install
+        from example_shop.setup import install_on_first_use
 
-        auto_install(app)
+        install_on_first_use(app)
     return app
 
 
@@ -80,6 +84,74 @@ def _quiet_defaults(app: Flask) -> None:
 @click.group("shop", help="The example shop's commands.")
 def shop_cli() -> None:
     pass
+
+
+def _database_error(error: Exception) -> click.ClickException:
+    """The one line a command prints when the database does not answer (or refuses otherwise): the
+    driver's first line of reason, never a statement or its parameters."""
+    original = error.orig if isinstance(error, DBAPIError) and error.orig is not None else error
+    first_line = (str(original).strip().splitlines() or [""])[0][:200]
+    reason = f"{type(original).__name__}: {first_line}"
+    if is_database_outage(error):
+        return click.ClickException(
+            f"The shop's database at {_masked_url()} does not answer ({reason}). Start it (or check "
+            "SHOP_DATABASE_URL), then run this command again."
+        )
+    return click.ClickException(f"The shop's database at {_masked_url()} refused ({reason}).")
+
+
+def _masked_url() -> str:
+    """The shop's database URL with its password masked (for messages)."""
+    from example_shop.extensions import db
+
+    return db.engine.url.render_as_string(hide_password=True)
+
+
+@shop_cli.command("init-db")
+@with_appcontext
+def init_db() -> None:
+    """Create the shop's tables and the payment gateway's (those missing; existing ones are kept)."""
+    from example_shop.extensions import db
+
+    try:
+        # Several processes may run it at once (every container of a deploy): on PostgreSQL under an
+        # advisory lock, so concurrent CREATE TABLEs never collide.
+        create_all_safely(db.engine, db.metadata)
+    except DATABASE_ERRORS as error:
+        raise _database_error(error) from None
+    click.echo(f"The shop's tables and the payment gateway's are ready in {_masked_url()}.")
+
+
+#: ``shop install``'s exit code and closing line for each outcome of ``auto_install``.
+_INSTALL_OUTCOMES: dict[str, tuple[int, str]] = {
+    "installed": (0, "The payment gateway is installed."),
+    "already-here": (0, "The payment gateway was installed already."),
+    "already-installed": (
+        1,
+        "The gateway knows this account already: adopt it from /gateway/admin/install with the signing key "
+        "you received the first time.",
+    ),
+    "unreachable": (1, "The gateway did not answer: start it, then run this command again."),
+    "refused": (1, "The gateway refused the installation (see the message above)."),
+    "skipped": (1, "Set GATEWAY_PUBLIC_URL to the shop's address, then run this command again."),
+}
+
+
+@shop_cli.command("install")
+@with_appcontext
+def install_gateway() -> None:
+    """Install the payment gateway with the shop's settings (SHOP_GATEWAY_ACCOUNT, SHOP_GATEWAY_API_KEY,
+    SHOP_MIN_CENTS, SHOP_MAX_CENTS, GATEWAY_PUBLIC_URL), unless it is installed already."""
+    from example_shop.setup import auto_install
+
+    try:
+        outcome = auto_install(current_app._get_current_object())  # type: ignore[attr-defined]
+    except DATABASE_ERRORS as error:
+        raise _database_error(error) from None
+    code, line = _INSTALL_OUTCOMES[outcome]
+    if code:
+        raise click.ClickException(line)
+    click.echo(line)
 
 
 @shop_cli.command("hash-password")

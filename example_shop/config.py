@@ -183,7 +183,6 @@ def resolve(
         "MAX_CONTENT_LENGTH": 1024 * 1024,
         # Flask-Limiter (the login form): counters in the shop's database, shared by every worker.
         "RATELIMIT_STORAGE_URI": DatabaseStorage.URI,
-        "RATELIMIT_SWALLOW_ERRORS": True,
         "SHOP_LOGIN_RATE_LIMIT": "30 per minute",
     }
     env_values: dict[str, Any] = gateway_from_env(environ)
@@ -251,6 +250,11 @@ def resolve(
         else:
             instance_path.mkdir(parents=True, exist_ok=True)
             config["SQLALCHEMY_DATABASE_URI"] = f"sqlite:///{instance_path / 'example_shop.sqlite3'}"
+
+    # A limiter on Redis or memcached that fails lets the login through (its attempt counters, in the
+    # database, still guard it). On the database, its failure is a database outage: raised, so the login
+    # answers the outage page (503) with one log line, not a swallowed traceback per attempt.
+    config.setdefault("RATELIMIT_SWALLOW_ERRORS", config["RATELIMIT_STORAGE_URI"] != DatabaseStorage.URI)
 
     # Shoppers come back from the gateway to the shop's own order page (see views/orders.py).
     config["GATEWAY_ORDER_ENDPOINT"] = ORDER_ENDPOINT

@@ -1,24 +1,35 @@
-"""Demo auto-install (``SHOP_AUTO_INSTALL=1``): install the gateway at startup when it is not installed.
+"""Installing the gateway with the shop's settings: ``flask --app example_shop shop install``, and the
+demo's auto-install (``SHOP_AUTO_INSTALL=1``) on first use.
 
-Uses ``flask_gateway.installation.install`` as a setup script would. Never fatal: whatever happens is
-logged with what to do, and the shop starts; the owner can always install from ``/gateway/admin/install``.
+Uses ``flask_gateway.installation.install`` as a setup script would. Nothing here runs at import or in
+``create_app`` (a worker must boot while the database or the gateway is away):
 
-Every worker process of a server (``gunicorn -w 4``) runs it at start: one installs, and the gateway tells
-the others the account is installed already. Before reporting that as an account installed elsewhere, a
-process waits a moment for its sibling's installation to appear in the shared database.
+- :func:`auto_install` installs when this shop has no installation yet, and says what happened; the
+  ``shop install`` command runs it (and waits for a gateway that is starting: ``SHOP_AUTO_INSTALL_DELAYS``);
+- :func:`install_on_first_use` (``SHOP_AUTO_INSTALL=1``): the first shop request of each process runs it,
+  once, without waiting on the gateway. Never fatal: whatever happens is logged with what to do and the
+  request goes on. While the database or the gateway is away it tries again on a later request (at most
+  every :data:`RETRY_SECONDS`); once it has an answer (installed, installed already, refused) the process
+  never tries again. The owner can always install from ``/gateway/admin/install``.
+
+Every worker process of a server (``gunicorn -w 4``) runs it on its first request: one installs, and the
+gateway tells the others the account is installed already. Before reporting that as an account installed
+elsewhere, a process waits a moment for its sibling's installation to appear in the shared database.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Final
 
-from flask import Flask
+from flask import Flask, request
 
 from example_shop.extensions import db
 from flask_gateway import (
+    DATABASE_ERRORS,
     AlreadyInstalledError,
     AuthenticationError,
     GatewayConnectionError,
@@ -26,15 +37,22 @@ from flask_gateway import (
     GatewayServerError,
     InstallSettings,
     install,
+    is_database_outage,
     payment_limits,
 )
 
-__all__ = ["auto_install"]
+__all__ = ["FINAL_OUTCOMES", "RETRY_SECONDS", "auto_install", "install_on_first_use"]
 
 log = logging.getLogger("example_shop.setup")
 
 #: Pauses (seconds) while waiting for another process of this shop to save the installation it just made.
 SIBLING_WAITS: Final = (0.1, 0.2, 0.4, 0.8, 1.5)
+#: The outcomes after which trying again cannot help (the others: the gateway or the database was away).
+FINAL_OUTCOMES: Final = frozenset({"installed", "already-here", "already-installed", "refused", "skipped"})
+#: Least seconds between two first-use attempts of a process while the gateway or the database is away.
+RETRY_SECONDS: Final = 10.0
+#: The extension's blueprints (its callback, health and admin endpoints): never delayed by the install.
+_GATEWAY_BLUEPRINTS: Final = frozenset({"gateway", "gateway_admin"})
 
 
 def _installed(app: Flask) -> bool:
@@ -54,11 +72,19 @@ def _installed_by_a_sibling(app: Flask, pause: Callable[[float], None]) -> bool:
     return False
 
 
-def auto_install(app: Flask, *, sleep: Callable[[float], None] | None = None) -> str:
+def auto_install(
+    app: Flask,
+    *,
+    sleep: Callable[[float], None] | None = None,
+    delays: Sequence[float] | None = None,
+) -> str:
     """Install the gateway for ``app`` if needed; returns what happened (also logged).
 
     ``installed``, ``already-here`` (this shop has an installation), ``already-installed`` (the gateway
     knows the account: the owner must adopt the signing key), ``unreachable``, ``refused`` or ``skipped``.
+    ``delays``: the pauses between attempts while the gateway does not answer (``SHOP_AUTO_INSTALL_DELAYS``
+    by default). A database error is raised (the caller decides: the command reports it, the first-use
+    hook tries again later); the gateway is never asked while the database is away.
     """
     pause = sleep or time.sleep
     config = app.config
@@ -78,7 +104,8 @@ def auto_install(app: Flask, *, sleep: Callable[[float], None] | None = None) ->
         minimum_cents=config["SHOP_MIN_CENTS"],
         maximum_cents=config["SHOP_MAX_CENTS"],
     )
-    delays = tuple(config.get("SHOP_AUTO_INSTALL_DELAYS") or ())
+    if delays is None:
+        delays = tuple(config.get("SHOP_AUTO_INSTALL_DELAYS") or ())
     with app.app_context():
         if _installed(app):
             log.info("The payment gateway is installed already; auto-install has nothing to do.")
@@ -116,9 +143,10 @@ def auto_install(app: Flask, *, sleep: Callable[[float], None] | None = None) ->
                     pause(delays[attempt])
                     continue
                 log.error(
-                    "Auto-install gave up after %d attempts: the gateway at %s does not answer (%s). The "
-                    "shop starts without the payment option; start the gateway (emulator), then restart the "
-                    "shop or install from /gateway/admin/install.",
+                    "Auto-install gave up after %d attempt(s): the gateway at %s does not answer (%s). The "
+                    "shop runs without the payment option meanwhile; start the gateway (emulator): the shop "
+                    "tries again on a later request, or install with 'flask --app example_shop shop "
+                    "install' or from /gateway/admin/install.",
                     attempt + 1,
                     config.get("GATEWAY_INSTALL_URL") or "the configured install URL",
                     error.message,
@@ -140,3 +168,55 @@ def auto_install(app: Flask, *, sleep: Callable[[float], None] | None = None) ->
             )
             return "installed"
     return "unreachable"  # pragma: no cover - the loop always returns
+
+
+class _FirstUse:
+    """One process's auto-install: not yet, in progress (one thread), or done."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self.clock = clock
+        self.lock = threading.Lock()
+        self.done = False
+        self.next_try = float("-inf")
+
+
+def install_on_first_use(app: Flask, *, clock: Callable[[], float] = time.monotonic) -> None:
+    """``SHOP_AUTO_INSTALL=1``: run :func:`auto_install` before the first shop request of this process, and
+    again on later requests until it had an answer (see the module). Static files and the extension's
+    endpoints (its health checks above all) never wait for it; a request that arrives while another thread
+    installs goes on without waiting."""
+    state = _FirstUse(clock)
+
+    def install_before_request() -> None:
+        if state.done or request.endpoint == "static" or request.blueprint in _GATEWAY_BLUEPRINTS:
+            return
+        if state.clock() < state.next_try or not state.lock.acquire(blocking=False):
+            return
+        try:
+            if not state.done:
+                state.done = _attempt(app)
+                if not state.done:
+                    state.next_try = state.clock() + RETRY_SECONDS
+        finally:
+            state.lock.release()
+
+    app.before_request(install_before_request)
+
+
+def _attempt(app: Flask) -> bool:
+    """One auto-install without pauses (a shopper's request is waiting); True when it had an answer."""
+    try:
+        outcome = auto_install(app, delays=())
+    except DATABASE_ERRORS as error:
+        if not is_database_outage(error):
+            log.error(
+                "Auto-install could not read the shop's database (%s): are the tables there? Run 'flask "
+                "--app example_shop shop init-db'. It tries again on a later request.",
+                error.__class__.__name__,
+            )
+        # An outage: the request itself meets it and answers 503 (logged once); try again later.
+        return False
+    except Exception:  # never fatal: the shop serves without the payment option meanwhile
+        log.exception("Auto-install failed; it tries again on a later request.")
+        return False
+    return outcome in FINAL_OUTCOMES
