@@ -107,3 +107,26 @@ def wait_for(predicate, *, timeout: float = 15.0, interval: float = 0.1, what: s
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         time.sleep(interval)
+
+
+def child_pids(pid: int) -> list[int]:
+    """The living child processes of ``pid`` (a gunicorn master's workers), from ``/proc`` (Linux)."""
+    children = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            # "pid (comm) state ppid ...": comm may hold spaces and parentheses, so split after the last ")".
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # the process ended while we looked
+        if fields[0] != "Z" and int(fields[1]) == pid:
+            children.append(int(stat.parent.name))
+    return sorted(children)
+
+
+def is_alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, ended but not yet reaped, does not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
