@@ -9,10 +9,16 @@ One stack for the whole package (``reliability_stack``, session scoped: starting
   auto-installed on the emulator; an outbox event whose receiver raised is due again after 1 s (then 2 s,
   4 s), dead after 4 attempts.
 
-Both start on empty databases the way a deployment does: every worker process creates the tables, seeds
-(emulator) or auto-installs (shop) at the same moment, and they must not trip over each other. Both servers write an access log line per
-request (``ACCESS <status> <method> <path>``) and their errors to ``<tmp>/<name>.log``: the tests grep those
-logs for 500s and tracebacks.
+Both start on empty databases the way a deployment does. The shop's tables come from the deployment's step,
+run once before gunicorn starts (``init_shop_database``: ``flask ... shop init-db``, and the test module's own
+``reliability init-db``); its workers do no database work when they boot, and the first requests auto-install
+it (every worker at the same moment). The emulator's workers create its tables and seeds on first use, at
+the same moment too. None may trip over another. Both servers write an access log line per request
+(``ACCESS <status> <method> <path>``) and their errors to ``<tmp>/<name>.log``: the tests grep those logs for
+500s and tracebacks.
+
+``test_faults.py`` builds stacks of its own from the same pieces (``plan_stack``, ``init_shop_database``,
+``launch``) on a cluster of its own that it restarts.
 
 Tests reset nothing between them: each works on its own orders and checkouts, and removes the fault rules it
 added (``faults`` fixture). The emulator's clock only moves forward; a test that advances it does so after
@@ -41,9 +47,25 @@ OWNER_PASSWORD = "owner-password-for-reliability"
 ACCESS_FORMAT = "ACCESS %(s)s %(m)s %(U)s"
 EMULATOR_WORKERS = 3
 SHOP_WORKERS = 4
+#: gunicorn's ``--graceful-timeout``: after SIGTERM a worker has this long to finish what it is handling.
+GRACEFUL_TIMEOUT = 5
+#: The app gunicorn serves as the shop, and the CLI subprocesses' app (cron runs the server's code).
+SHOP_APP = "tests.reliability.shop_wsgi:app"
 #: The shop's GATEWAY_OUTBOX_RETRY_SECONDS and GATEWAY_OUTBOX_MAX_ATTEMPTS: retries come due within a test.
 OUTBOX_RETRY_SECONDS = 1
 OUTBOX_MAX_ATTEMPTS = 4
+
+
+@dataclass
+class StackPlan:
+    """A stack before its servers start: its databases, ports and environments."""
+
+    emulator_db: str
+    shop_db: str
+    emulator_port: int
+    shop_port: int
+    emulator_env: dict[str, str]
+    shop_env: dict[str, str]
 
 
 @dataclass
@@ -75,15 +97,26 @@ class Stack:
 
 
 def start_gunicorn(
-    name: str, app_spec: str, env: dict[str, str], log_dir: Path, *, port: int, workers: int, threads: int
+    name: str,
+    app_spec: str,
+    env: dict[str, str],
+    log_dir: Path,
+    *,
+    port: int,
+    workers: int,
+    threads: int,
+    ready_path: str = "/",
 ) -> Server:
-    """``gunicorn app_spec`` on ``port``, access and error log in ``log_dir/name.log``; waits for HTTP."""
+    """``gunicorn app_spec`` on ``port``, access and error log in ``log_dir/name.log``; waits until it answers
+    HTTP on ``ready_path`` (any answer: a 503 while the database is away is one). ``threads`` 1: gunicorn's
+    sync workers (one request at a time per process), else gthread."""
     log_path = log_dir / f"{name}.log"
+    worker_class = ["--worker-class", "sync"] if threads == 1 else ["--threads", str(threads)]
     command = [
-        sys.executable, "-m", "gunicorn", "--workers", str(workers), "--threads", str(threads),
-        "--bind", f"127.0.0.1:{port}", "--timeout", "120", "--graceful-timeout", "5", "--keep-alive", "30",
-        "--access-logfile", "-", "--access-logformat", ACCESS_FORMAT, "--error-logfile", "-",
-        "--log-level", "info", "--pythonpath", str(ROOT), app_spec,
+        sys.executable, "-m", "gunicorn", "--workers", str(workers), *worker_class,
+        "--bind", f"127.0.0.1:{port}", "--timeout", "120", "--graceful-timeout", str(GRACEFUL_TIMEOUT),
+        "--keep-alive", "30", "--access-logfile", "-", "--access-logformat", ACCESS_FORMAT,
+        "--error-logfile", "-", "--log-level", "info", "--pythonpath", str(ROOT), app_spec,
     ]  # fmt: skip
     with log_path.open("wb") as log:
         process = subprocess.Popen(
@@ -95,9 +128,7 @@ def start_gunicorn(
         if process.poll() is not None:
             raise RuntimeError(f"{name} exited with {process.returncode} at start:\n{server.log_tail()}")
         try:
-            requests.get(
-                server.url + "/_emulator/clock" if name == "emulator" else server.url + "/", timeout=2
-            )
+            requests.get(server.url + ready_path, timeout=2)
             return server
         except requests.RequestException:
             time.sleep(0.2)
@@ -105,66 +136,134 @@ def start_gunicorn(
     raise RuntimeError(f"{name} did not answer on port {port}:\n{server.log_tail()}")
 
 
-def start_stack(cluster: PostgresCluster, log_dir: Path) -> Stack:
+def plan_stack(
+    cluster: PostgresCluster,
+    *,
+    emulator_env: dict[str, str] | None = None,
+    shop_env: dict[str, str] | None = None,
+) -> StackPlan:
+    """Two new databases on ``cluster``, two free ports, and both apps' environments (``emulator_env`` and
+    ``shop_env`` add to or replace the defaults)."""
     emulator_db = cluster.create_database()
     shop_db = cluster.create_database()
     emulator_port, shop_port = free_port(), free_port()
     emulator_url = f"http://127.0.0.1:{emulator_port}"
-    emulator_env = {
-        "EMULATOR_DATABASE_URL": emulator_db,
-        "EMULATOR_WAF": "allow-local",
-        "EMULATOR_CALLBACK_RETRY_DELAYS": "0.5,0.5",
-        "EMULATOR_SECRET_KEY": "emulator-secret-for-reliability",
-        "EMULATOR_PUBLIC_URL": emulator_url,
-    }
+    return StackPlan(
+        emulator_db=emulator_db,
+        shop_db=shop_db,
+        emulator_port=emulator_port,
+        shop_port=shop_port,
+        emulator_env={
+            "EMULATOR_DATABASE_URL": emulator_db,
+            "EMULATOR_WAF": "allow-local",
+            "EMULATOR_CALLBACK_RETRY_DELAYS": "0.5,0.5",
+            "EMULATOR_SECRET_KEY": "emulator-secret-for-reliability",
+            "EMULATOR_PUBLIC_URL": emulator_url,
+            **(emulator_env or {}),
+        },
+        shop_env={
+            "GATEWAY_ENVIRONMENT": "emulator",
+            "GATEWAY_BASE_URL": emulator_url,
+            "GATEWAY_INSTALL_URL": f"{emulator_url}/install",
+            "GATEWAY_V1_BASE_URL": emulator_url,
+            "GATEWAY_API_VERSION": "v2",
+            "GATEWAY_PUBLIC_URL": f"http://127.0.0.1:{shop_port}",
+            "GATEWAY_TIMEOUT": "3",
+            "SHOP_DATABASE_URL": shop_db,
+            "SHOP_SECRET_KEY": "shop-secret-for-reliability",
+            "SHOP_ADMIN_PASSWORD": OWNER_PASSWORD,
+            "SHOP_AUTO_INSTALL": "1",
+            "GATEWAY_OUTBOX_RETRY_SECONDS": str(OUTBOX_RETRY_SECONDS),
+            "GATEWAY_OUTBOX_MAX_ATTEMPTS": str(OUTBOX_MAX_ATTEMPTS),
+            **(shop_env or {}),
+        },
+    )
+
+
+def init_shop_database(plan: StackPlan) -> None:
+    """The deployment's step before the servers start: the shop's tables (``flask ... shop init-db``) and
+    the reliability tables of ``shop_wsgi`` (``flask ... reliability init-db``), both on the server's app."""
+    commands = [
+        [sys.executable, "-m", "flask", "--app", SHOP_APP, *group, "init-db"]
+        for group in (["shop"], ["reliability"])
+    ]
+    running = [
+        subprocess.Popen(
+            command,
+            env={**os.environ, **plan.shop_env},
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for command in commands
+    ]
+    for command, process in zip(commands, running, strict=True):
+        output, _ = process.communicate(timeout=120)
+        if process.returncode != 0:
+            raise RuntimeError(f"{' '.join(command[3:])} exited with {process.returncode}:\n{output}")
+
+
+def launch(
+    plan: StackPlan,
+    log_dir: Path,
+    *,
+    shop_workers: int = SHOP_WORKERS,
+    shop_threads: int = 4,
+    names: tuple[str, str] = ("emulator", "shop"),
+) -> Stack:
+    """Start the emulator and the shop under gunicorn (their logs ``log_dir/<names>.log``); returns once
+    both answer HTTP, without waiting for the database (``check_startup`` does)."""
+    emulator_name, shop_name = names
     emulator = start_gunicorn(
-        "emulator",
+        emulator_name,
         "flask_gateway.emulator:create_app()",
-        emulator_env,
+        plan.emulator_env,
         log_dir,
-        port=emulator_port,
+        port=plan.emulator_port,
         workers=EMULATOR_WORKERS,
         threads=4,
+        ready_path="/livez",
     )
-    shop_env = {
-        "GATEWAY_ENVIRONMENT": "emulator",
-        "GATEWAY_BASE_URL": emulator_url,
-        "GATEWAY_INSTALL_URL": f"{emulator_url}/install",
-        "GATEWAY_V1_BASE_URL": emulator_url,
-        "GATEWAY_API_VERSION": "v2",
-        "GATEWAY_PUBLIC_URL": f"http://127.0.0.1:{shop_port}",
-        "GATEWAY_TIMEOUT": "3",
-        "SHOP_DATABASE_URL": shop_db,
-        "SHOP_SECRET_KEY": "shop-secret-for-reliability",
-        "SHOP_ADMIN_PASSWORD": OWNER_PASSWORD,
-        "SHOP_AUTO_INSTALL": "1",
-        "GATEWAY_OUTBOX_RETRY_SECONDS": str(OUTBOX_RETRY_SECONDS),
-        "GATEWAY_OUTBOX_MAX_ATTEMPTS": str(OUTBOX_MAX_ATTEMPTS),
-    }
     try:
         shop = start_gunicorn(
-            "shop",
-            "tests.reliability.shop_wsgi:app",
-            shop_env,
+            shop_name,
+            SHOP_APP,
+            plan.shop_env,
             log_dir,
-            port=shop_port,
-            workers=SHOP_WORKERS,
-            threads=4,
+            port=plan.shop_port,
+            workers=shop_workers,
+            threads=shop_threads,
+            ready_path="/gateway/livez",
         )
     except BaseException:
         emulator.stop()
         raise
-    stack = Stack(emulator=emulator, shop=shop, emulator_db=emulator_db, shop_db=shop_db, shop_env=shop_env)
+    return Stack(
+        emulator=emulator,
+        shop=shop,
+        emulator_db=plan.emulator_db,
+        shop_db=plan.shop_db,
+        shop_env=plan.shop_env,
+    )
+
+
+def start_stack(cluster: PostgresCluster, log_dir: Path) -> Stack:
+    plan = plan_stack(cluster)
+    init_shop_database(plan)
+    stack = launch(plan, log_dir)
     try:
+        # The first shopper request auto-installs the shop (every worker may try at once).
+        requests.get(stack.shop.url + "/", timeout=30)
         check_startup(stack)
     except BaseException:
-        shop.stop()
-        emulator.stop()
+        stack.shop.stop()
+        stack.emulator.stop()
         raise
     return stack
 
 
-def check_startup(stack: Stack) -> None:
+def check_startup(stack: Stack, *, shop_workers: int = SHOP_WORKERS) -> None:
     """Every worker booted (none died racing its siblings over the tables, seeds or the installation), and
     the shop is installed exactly once."""
     wait_for(
@@ -176,7 +275,7 @@ def check_startup(stack: Stack) -> None:
         logs = stack.logs()
         if all(
             text.count("Booting worker") >= n
-            for text, n in zip(logs.values(), (EMULATOR_WORKERS, SHOP_WORKERS), strict=True)
+            for text, n in zip(logs.values(), (EMULATOR_WORKERS, shop_workers), strict=True)
         ):
             break
         time.sleep(0.5)

@@ -19,14 +19,29 @@ which process delivered it: ``RELIABILITY_PROCESS``, ``server`` unless a test's 
 
 The CLI subprocesses of a test (``flask --app tests.reliability.shop_wsgi:app gateway deliver``) load this
 same module, as cron runs the same app as the server: the failing receiver is there too.
+
+Nothing here touches the database at import (a worker that boots while PostgreSQL is down must boot, like the
+shop it wraps): the tables are made by the deployment's step, run before the servers start
+(``conftest.init_shop_database``): the shop's ``flask ... shop init-db`` and this module's
+``flask --app tests.reliability.shop_wsgi:app reliability init-db``.
+
+Callback marks (``RELIABILITY_CALLBACK_MARKS=<folder>``, the fault tests): while a worker handles a request to
+the extension's callback endpoint, the file ``<folder>/<pid>-<thread>`` exists. A WSGI middleware outside the app
+creates it before the app sees the request and removes it once the answer was written to the socket (the
+response iterable closed), so a mark present means "this process is inside a callback, answer not yet sent":
+the fault run SIGKILLs such a pid, and a mark still there after the kill proves the kill landed inside it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 from typing import Any, Final
 
+import click
 from sqlalchemy import (
     Boolean,
     Column,
@@ -47,6 +62,9 @@ from example_shop import create_app
 from example_shop.models import on_payment_confirmed
 from flask_gateway import signals
 from flask_gateway.core.sql import create_all_safely
+
+#: The extension's callback endpoint (``GATEWAY_URL_PREFIX`` is the default ``/gateway``).
+CALLBACK_PATH: Final = "/gateway/callback"
 
 metadata = MetaData()
 #: One row per signal sent: which signal, for which order, from which process.
@@ -82,11 +100,67 @@ receiver_calls: Final = Table(
     Column("at", DateTime(timezone=True), server_default=func.now()),
 )
 
-_engine = create_engine(os.environ["SHOP_DATABASE_URL"], pool_size=2, max_overflow=10)
-create_all_safely(_engine, metadata)  # every worker process, at once
+# No connection yet (engines connect on first use). Pre-ping: a restart of PostgreSQL leaves broken
+# connections in the pool, and a counter that failed on one would fail the delivery it counts.
+_engine = create_engine(os.environ["SHOP_DATABASE_URL"], pool_size=2, max_overflow=10, pool_pre_ping=True)
 
 app = create_app()
 PROCESS: Final = os.environ.get("RELIABILITY_PROCESS", "server")
+
+
+@click.group("reliability", help="The reliability tests' own tables.")
+def reliability_cli() -> None:
+    pass
+
+
+@reliability_cli.command("init-db")
+def init_db() -> None:
+    """Create the tables of this module (signal counts, receiver faults and calls)."""
+    create_all_safely(_engine, metadata)
+    click.echo("reliability tables ready")
+
+
+app.cli.add_command(reliability_cli)
+
+
+class CallbackMarks:
+    """WSGI middleware: ``<folder>/<pid>-<thread>`` exists while that thread handles a callback (module
+    docstring)."""
+
+    def __init__(self, wsgi_app: Callable[..., Iterable[bytes]], folder: Path) -> None:
+        self.wsgi_app = wsgi_app
+        self.folder = folder
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        if environ.get("PATH_INFO") != CALLBACK_PATH:
+            return self.wsgi_app(environ, start_response)
+        # One file per request (a threaded worker may handle several callbacks at once).
+        mark = self.folder / f"{os.getpid()}-{threading.get_ident()}"
+        mark.touch()
+        try:
+            body = self.wsgi_app(environ, start_response)
+        except BaseException:
+            mark.unlink(missing_ok=True)
+            raise
+        return self._sent(body, mark)
+
+    @staticmethod
+    def _sent(body: Iterable[bytes], mark: Path) -> Iterator[bytes]:
+        # gunicorn writes each chunk before asking for the next and closes the iterable at the end (also
+        # when the client went away): the ``finally`` runs once the whole answer went out.
+        try:
+            yield from body
+        finally:
+            close = getattr(body, "close", None)
+            try:
+                if close is not None:
+                    close()
+            finally:
+                mark.unlink(missing_ok=True)
+
+
+if os.environ.get("RELIABILITY_CALLBACK_MARKS"):
+    app.wsgi_app = CallbackMarks(app.wsgi_app, Path(os.environ["RELIABILITY_CALLBACK_MARKS"]))  # type: ignore[method-assign]
 
 
 class InjectedReceiverFailure(RuntimeError):

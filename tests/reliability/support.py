@@ -8,7 +8,10 @@ emulator's control API and both databases are read to compare the two sides.
 from __future__ import annotations
 
 import html
+import os
 import re
+import subprocess
+import sys
 import threading
 import uuid
 from collections import Counter
@@ -22,7 +25,7 @@ import requests
 from flask_gateway.core.wire import CheckoutStatusPayload, dumps
 from flask_gateway.signing import sign
 from tests.conftest import fetch_all
-from tests.reliability.conftest import OWNER_PASSWORD, Stack
+from tests.reliability.conftest import OWNER_PASSWORD, ROOT, SHOP_APP, Stack
 
 T = TypeVar("T")
 
@@ -92,6 +95,13 @@ def forms(page: str) -> dict[str, str]:
     return found
 
 
+def checkout_fields(page: str) -> dict[str, str]:
+    """The checkout form of ``page`` filled in: its CSRF token and attempt id, and the customer's details."""
+    attempt = _ATTEMPT.search(page)
+    assert attempt is not None, "no attempt field on the checkout page"
+    return {"csrf_token": csrf_token(page), "attempt": html.unescape(attempt[1]), **CUSTOMER}
+
+
 # --- the shopper -----------------------------------------------------------------------------------------
 
 
@@ -130,9 +140,7 @@ class Shopper:
         """The filled checkout form (with its CSRF token), ready to POST to /checkout."""
         page = self.get("/checkout")
         assert page.status_code == 200, page.status_code
-        attempt = _ATTEMPT.search(page.text)
-        assert attempt is not None, "no attempt field on the checkout page"
-        return {"csrf_token": csrf_token(page.text), "attempt": html.unescape(attempt[1]), **CUSTOMER}
+        return checkout_fields(page.text)
 
     def submit_checkout(self, form: dict[str, str]) -> requests.Response:
         """POST the checkout form, not following the 303 to the payment page."""
@@ -317,6 +325,23 @@ def direct_account(stack: Stack) -> DirectAccount:
     )
     assert answer.status_code in (200, 201), answer.text
     return DirectAccount(stack, account, answer.json()["secretSigningKey"])
+
+
+# --- the shop's CLI ---------------------------------------------------------------------------------------
+
+
+def gateway_command(stack: Stack, process: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """``flask gateway <args>`` in a process of its own, on the server's app (cron runs the server's code;
+    ``RELIABILITY_PROCESS`` names it in the failing receiver's rows)."""
+    return subprocess.run(
+        [sys.executable, "-m", "flask", "--app", SHOP_APP, "gateway", *args],
+        env={**os.environ, **stack.shop_env, "RELIABILITY_PROCESS": process},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
 
 
 # --- running things together ------------------------------------------------------------------------------

@@ -39,8 +39,6 @@ from __future__ import annotations
 import os
 import random
 import re
-import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -54,7 +52,7 @@ from sqlalchemy import text
 
 from tests.conftest import fetch_all, new_connection
 from tests.processes import wait_for
-from tests.reliability.conftest import OUTBOX_MAX_ATTEMPTS, OUTBOX_RETRY_SECONDS, ROOT, Stack
+from tests.reliability.conftest import OUTBOX_MAX_ATTEMPTS, OUTBOX_RETRY_SECONDS, Stack
 from tests.reliability.support import (
     Recorder,
     Shopper,
@@ -64,6 +62,7 @@ from tests.reliability.support import (
     control_post,
     csrf_token,
     fulfilment_counts,
+    gateway_command,
     log_problems,
     order_reference,
     owner_session,
@@ -136,8 +135,6 @@ RECEIVER_FAILURE_RATE: Final = 0.3
 #: The attempts of an event that may fail: all but the last, so that no event can die (asserted).
 FAILING_ATTEMPTS: Final = OUTBOX_MAX_ATTEMPTS - 1
 INJECTED: Final = "InjectedReceiverFailure"
-#: The app of the server, for the CLI subprocesses: cron runs the same code as the server.
-SHOP_APP: Final = "tests.reliability.shop_wsgi:app"
 #: ``flask gateway deliver`` runs at most this often per settling: an event's retries are due 1 s, 2 s
 #: and 4 s after its failures (``OUTBOX_RETRY_SECONDS`` doubling), each a run at most.
 DELIVER_RUNS: Final = 12
@@ -267,20 +264,6 @@ def receiver_failures(stack: Stack, seed: int) -> Iterator[None]:
     finally:
         with new_connection(stack.shop_db) as connection:
             connection.execute(text("DELETE FROM reliability_receiver_faults"))
-
-
-def gateway_command(stack: Stack, process: str, *args: str) -> subprocess.CompletedProcess[str]:
-    """``flask gateway <args>`` in a process of its own, on the server's app (``RELIABILITY_PROCESS``
-    names it in the failing receiver's rows)."""
-    return subprocess.run(
-        [sys.executable, "-m", "flask", "--app", SHOP_APP, "gateway", *args],
-        env={**os.environ, **stack.shop_env, "RELIABILITY_PROCESS": process},
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
 
 
 @dataclass
