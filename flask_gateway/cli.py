@@ -15,13 +15,17 @@
 - ``flask gateway prune-callbacks [--older-than-days N] [--refused]``: delete callback log rows older than
   N days, or every refused (never verified) row now (the checkouts' own history,
   ``gateway_checkout_events``, is kept).
+
+A command that meets a database outage (``core.outages.is_database_outage``: the server restarting,
+refusing or dropping connections) stops with one line, ``Error: the database is unreachable (...)``, and
+exit status 75 (``EX_TEMPFAIL``): a cron job or timer runs it again later.
 """
 
 from __future__ import annotations
 
 from contextlib import ExitStack
 from datetime import timedelta
-from typing import Any
+from typing import Any, Final
 
 import click
 from flask.cli import AppGroup
@@ -29,6 +33,7 @@ from sqlalchemy import CursorResult, delete, inspect, or_, select
 
 from flask_gateway.config import MAX_PAID_WINDOW_HOURS, MAX_RECONCILE_CONCURRENCY
 from flask_gateway.core.errors import GatewayError
+from flask_gateway.core.outages import DATABASE_ERRORS, describe_database_error, is_database_outage
 from flask_gateway.core.sql import create_all_safely
 from flask_gateway.core.timestamps import utcnow
 from flask_gateway.core.wire import status_payload_keys
@@ -49,10 +54,42 @@ from flask_gateway.polling import refresh
 from flask_gateway.reconciliation import PAID_RECHECK_SECONDS, reconcile
 from flask_gateway.state import get_state
 
-__all__ = ["gateway_cli"]
+__all__ = ["EXIT_DATABASE_AWAY", "DatabaseAway", "GatewayCommands", "gateway_cli"]
 
-#: ``AppGroup``: every command runs inside the app context.
-gateway_cli = AppGroup("gateway", help="Flask-Gateway: database tables, reconciliation, checkout status.")
+#: The exit status of a command that stopped because the database is unreachable: ``EX_TEMPFAIL``
+#: (sysexits.h), "try again later", so a cron wrapper can tell it from a real failure (1).
+EXIT_DATABASE_AWAY: Final = 75
+
+
+class DatabaseAway(click.ClickException):
+    """A command met a database outage: one line (``Error: the database is unreachable ...``), no
+    traceback, exit status :data:`EXIT_DATABASE_AWAY`."""
+
+    exit_code = EXIT_DATABASE_AWAY
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(
+            f"the database is unreachable ({describe_database_error(error)}): run the command again once "
+            "it answers (what it committed before is kept)."
+        )
+
+
+class GatewayCommands(AppGroup):
+    """``AppGroup`` (every command runs inside the app context) whose commands end with one line and exit
+    status 75 when the database is away, instead of a traceback; any other error is raised as it is."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except DATABASE_ERRORS as error:
+            if not is_database_outage(error):
+                raise
+            raise DatabaseAway(error) from None
+
+
+gateway_cli = GatewayCommands(
+    "gateway", help="Flask-Gateway: database tables, reconciliation, checkout status."
+)
 
 
 @gateway_cli.command("init-db")

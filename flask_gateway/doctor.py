@@ -21,6 +21,9 @@ page). :func:`run_checks` runs them all, one after the other, and never stops at
                     ``flask gateway reconcile``
 ``outbox``          no outbox event overdue by more than 15 minutes (something runs ``flask gateway
                     deliver``) and none dead; ``unknown`` in a version without the outbox
+``readiness``       ``GET /gateway/readyz`` would answer 200 (database, schema, installation:
+                    :mod:`flask_gateway.readiness`), else a load balancer keeps the shop out; names the
+                    liveness and readiness probe URLs either way
 ==================  =======================================================================================
 
 Side effects, all harmless: the ``csrf`` check runs the app's ``before_request`` hooks for a test request
@@ -42,7 +45,7 @@ from typing import Any, Final, Literal
 import requests
 from flask import current_app, url_for
 from flask_wtf.csrf import CSRFError
-from sqlalchemy import func, inspect, select
+from sqlalchemy import func, select
 from sqlalchemy.exc import SQLAlchemyError
 from werkzeug.exceptions import HTTPException
 
@@ -61,10 +64,11 @@ from flask_gateway.errors import (
     SecretUnreadable,
 )
 from flask_gateway.models import GatewayBase, GatewayCheckout, Installation
+from flask_gateway.readiness import missing_schema, readiness
 from flask_gateway.reconciliation import CLAIM_LEASE_SECONDS, _due
 from flask_gateway.secrets import SecretBox
 from flask_gateway.state import GatewayState, get_state
-from flask_gateway.urls import callback_url
+from flask_gateway.urls import callback_url, external_url
 
 __all__ = [
     "CHECKS",
@@ -74,6 +78,7 @@ __all__ = [
     "Finding",
     "Level",
     "Options",
+    "probe_urls",
     "run_checks",
 ]
 
@@ -111,6 +116,7 @@ _DOCS_CSRF: Final = "docs/troubleshooting.md#callbacks-refused-with-400-the-csrf
 _DOCS_DRIFT: Final = "docs/troubleshooting.md#the-gateways-settings-differ-from-the-shops"
 _DOCS_401: Final = "docs/troubleshooting.md#401-from-the-gateway-comparing-with-expectedsignature"
 _DOCS_MISSED: Final = "docs/troubleshooting.md#missed-callbacks"
+_DOCS_PROBES: Final = "docs/operations.md#health-checks-and-database-outages"
 
 
 @dataclass(frozen=True)
@@ -573,16 +579,9 @@ def _csrf_refuses(path: str, reason: str, config: Any, hooks: int) -> Finding:
 def check_database(_options: Options) -> list[Finding]:
     name = "database"
     state = get_state()
+    tables = GatewayBase.metadata.sorted_tables
     try:
-        inspector = inspect(state.db.engine)
-        existing = set(inspector.get_table_names())
-        tables = GatewayBase.metadata.sorted_tables
-        missing_tables = [table.name for table in tables if table.name not in existing]
-        missing_columns = []
-        for table in tables:
-            if table.name in existing:
-                have = {column["name"] for column in inspector.get_columns(table.name)}
-                missing_columns += [f"{table.name}.{c.name}" for c in table.columns if c.name not in have]
+        missing = missing_schema(state.db.engine)
     except SQLAlchemyError as error:
         return [
             Finding(
@@ -592,7 +591,9 @@ def check_database(_options: Options) -> list[Finding]:
                 "check SQLALCHEMY_DATABASE_URI, and that the database server runs and lets this user in",
             )
         ]
-    if missing_tables or missing_columns:
+    missing_tables = [name for name in missing if "." not in name]
+    missing_columns = [name for name in missing if "." in name]
+    if missing:
         what = []
         if missing_tables:
             what.append(f"table(s) {', '.join(missing_tables)}")
@@ -1003,6 +1004,38 @@ def check_outbox_schedule(_options: Options) -> list[Finding]:
     ]
 
 
+# --- the health probes -----------------------------------------------------------------------------------
+
+
+def probe_urls(state: GatewayState) -> tuple[str, str]:
+    """The liveness and readiness probe URLs: absolute under ``GATEWAY_PUBLIC_URL``, else their paths."""
+    if state.config.public_url:
+        return external_url("gateway.livez"), external_url("gateway.readyz")
+    return f"{state.config.url_prefix}/livez", f"{state.config.url_prefix}/readyz"
+
+
+def check_readiness(_options: Options) -> list[Finding]:
+    """What ``GET /gateway/readyz`` would answer now (asked afresh, not counted as an outage)."""
+    name = "readiness"
+    state = get_state()
+    live, ready = probe_urls(state)
+    probes = f"probe liveness at {live} and readiness at {ready} ({_DOCS_PROBES})"
+    app = current_app._get_current_object()  # type: ignore[attr-defined]
+    answer = readiness(app, state, record=False, cache=False)
+    if answer.ready:
+        return [Finding(name, "ok", f"{ready} answers 200 (database, schema, installation); {probes}")]
+    return [
+        Finding(
+            name,
+            "problem",
+            f"{ready} answers 503 ({answer.summary()}): a load balancer or Kubernetes that probes it "
+            f"sends this shop no traffic; {probes}",
+            "the database and installation findings above say what to fix; the probe answers 200 as "
+            "soon as they are fixed",
+        )
+    ]
+
+
 #: Every check, in the order the command prints them.
 CHECKS: Final[tuple[Check, ...]] = (
     Check("configuration", check_configuration),
@@ -1014,4 +1047,5 @@ CHECKS: Final[tuple[Check, ...]] = (
     Check("callback", check_callback_reachable, network=True, reads=False),
     Check("reconcile", check_reconcile_schedule),
     Check("outbox", check_outbox_schedule),
+    Check("readiness", check_readiness),
 )

@@ -82,6 +82,7 @@ from flask_gateway import signals
 from flask_gateway.core.auth import ACCOUNT_HEADER, SIGNATURE_HEADER
 from flask_gateway.core.errors import GatewayError, NotFoundError
 from flask_gateway.core.http import describe_validation_error
+from flask_gateway.core.outages import is_database_outage
 from flask_gateway.core.sql import commit_keeping_loaded, storable_text
 from flask_gateway.core.timestamps import utcnow
 from flask_gateway.core.wire import (
@@ -290,6 +291,10 @@ def _reject(
 
 
 def _record_error(log_id: int, exc: BaseException) -> None:
+    if is_database_outage(exc):
+        # Nothing can be written: the row stays "received, never answered" (the health figures count it
+        # as refused or unanswered), the answer is a 503 (views.answer_outages) and the gateway retries.
+        return
     session = get_state().session
     try:
         session.rollback()
@@ -300,8 +305,11 @@ def _record_error(log_id: int, exc: BaseException) -> None:
             log.detail = _noted(log, f"{type(exc).__name__} while processing: see the server log")
             session.commit()
     except Exception:  # the database itself may be what failed: keep the original error
-        session.rollback()
         _log.exception("Could not record the failure of callback %s", log_id)
+        try:
+            session.rollback()
+        except Exception:  # a dead connection: the teardown clears the session
+            _log.debug("the rollback after callback %s failed too", log_id)
 
 
 # --- the callback ------------------------------------------------------------------------------------

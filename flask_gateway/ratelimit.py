@@ -16,6 +16,9 @@ does, for its login form). The storage finds the database through the current ap
 
 A storage that fails (the database or Redis is down) never stops a request: the limit is not applied and
 a warning is logged ("fail open"): the rate limits keep floods cheap, they are not what proves anything.
+When the storage is the database and the database is away (``core.outages.is_database_outage``), the
+line is a DEBUG one: the request meets the outage again in its own work, which answers 503 and logs it
+once per outage (``flask_gateway.outages``), not a traceback per request.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
+from flask_gateway.core.outages import describe_database_error, is_database_outage
 from flask_gateway.core.sql import sqlite_read_transactions
 from flask_gateway.errors import ConfigurationError
 from flask_gateway.models import RateLimitCounter
@@ -205,8 +209,8 @@ class RateLimit:
             if self.limiter.test(self.item, self.name, client):
                 return None
             reset_at = self.limiter.get_window_stats(self.item, self.name, client).reset_time
-        except Exception:
-            _log.warning("rate limit %s: the storage failed; not applied", self.name, exc_info=True)
+        except Exception as error:
+            _storage_failed(self.name, "not applied", error)
             return None
         return max(int(reset_at - time.time()) + 1, 1)
 
@@ -214,5 +218,12 @@ class RateLimit:
         """Count one request of ``client`` against the limit."""
         try:
             self.limiter.hit(self.item, self.name, client)
-        except Exception:
-            _log.warning("rate limit %s: the storage failed; not counted", self.name, exc_info=True)
+        except Exception as error:
+            _storage_failed(self.name, "not counted", error)
+
+
+def _storage_failed(name: str, what: str, error: Exception) -> None:
+    if is_database_outage(error):
+        _log.debug("rate limit %s: the database is away; %s (%s)", name, what, describe_database_error(error))
+    else:
+        _log.warning("rate limit %s: the storage failed; %s", name, what, exc_info=True)

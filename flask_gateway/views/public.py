@@ -10,7 +10,14 @@ The logic lives in :mod:`flask_gateway.inbound`; these views only read the reque
 ``GET /v1/fail``             200 ``{"token", "return_url", "cancel_on_payjustnow"}``; 400/403/404 JSON
 ``GET /return/<kind>``       303 to ``GATEWAY_ORDER_ENDPOINT`` (or 200, the built-in ``gateway/return.html``);
                              400 page for a forged link; 404 for another ``kind``
+``GET /livez``               200 ``{"status": "ok"}``: the process answers (no database, no check at all)
+``GET /readyz``              200 ``{"status": "ready", "checks": {...}}``; 503 ``{"status": "unavailable",
+                             "checks", "failing", "message"}`` with ``Retry-After`` (:mod:`..readiness`)
 ===========================  ===========================================================================
+
+While the database is away, every endpoint but the probes answers 503 with ``Retry-After``: JSON
+``{"message": ...}`` for the gateway's (it retries), the ``gateway/unavailable.html`` page for the return
+pages (``views.answer_outages``). The probes are not behind the admin guard: they say nothing secret.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from flask import (
     Blueprint,
     Response,
     abort,
+    current_app,
     jsonify,
     make_response,
     redirect,
@@ -31,6 +39,7 @@ from flask import (
 from werkzeug.exceptions import RequestEntityTooLarge
 from werkzeug.wrappers import Response as BaseResponse
 
+from flask_gateway.core.outages import RETRY_AFTER_SECONDS
 from flask_gateway.core.wire import CheckoutStatus
 from flask_gateway.inbound import (
     MAX_CALLBACK_BYTES,
@@ -41,6 +50,7 @@ from flask_gateway.inbound import (
     refuse_oversize,
 )
 from flask_gateway.models import GatewayCheckout, LocalStatus
+from flask_gateway.readiness import readiness
 from flask_gateway.state import get_state
 from flask_gateway.views import answer_outages, deny_framing
 
@@ -136,6 +146,24 @@ def return_page(kind: str) -> BaseResponse:
             amount=get_state().money(checkout.total_cents),
         )
     )
+
+
+@bp.get("/livez")
+def livez() -> Response:
+    """Liveness: the process answers requests. Touches nothing (a database outage is not a reason to kill
+    the process: readiness takes it out of the load balancer instead)."""
+    return _json({"status": "ok"})
+
+
+@bp.get("/readyz")
+def readyz() -> Response:
+    """Readiness: the database answers, the extension's schema is current, the gateway is installed."""
+    answer = readiness(current_app._get_current_object(), get_state())  # type: ignore[attr-defined]
+    if answer.ready:
+        return _json(answer.to_json())
+    response = _json(answer.to_json(), 503)
+    response.headers["Retry-After"] = str(RETRY_AFTER_SECONDS)
+    return response
 
 
 def shopper_state(checkout: GatewayCheckout) -> str:

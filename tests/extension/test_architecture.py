@@ -40,6 +40,7 @@ FLOORS = {
             "transitions",
             "outbox",
             "outages",
+            "readiness",
         ],
         3,
     ),

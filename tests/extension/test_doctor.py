@@ -283,12 +283,21 @@ BROKEN = [
     ),
     Broken(
         "not installed",
-        {"installation": ("not installed for GATEWAY_ENVIRONMENT='emulator'", "/gateway/admin/install")},
+        {
+            "installation": ("not installed for GATEWAY_ENVIRONMENT='emulator'", "/gateway/admin/install"),
+            "readiness": (
+                "/readyz answers 503 (not ready: installation (not installed for the emulator environment))",
+                "the database and installation findings above",
+            ),
+        },
         install=False,
     ),
     Broken(
         "a table missing after an upgrade",
-        {"database": ("table(s) gateway_refunds", "flask db upgrade")},
+        {
+            "database": ("table(s) gateway_refunds", "flask db upgrade"),
+            "readiness": ("answers 503 (not ready: schema (missing gateway_refunds: run", "findings above"),
+        },
         breaks=_drop_refunds_table,
     ),
     Broken(
@@ -481,7 +490,7 @@ def test_production_configuration(databases: Databases) -> None:
     with shop.app_context():
         report = run_checks(network=False)
     problem = {f.check: f for f in report.problems}
-    assert sorted(problem) == ["configuration", "installation"]
+    assert sorted(problem) == ["configuration", "installation", "readiness"]
     assert "whoever guesses it can forge" in problem["configuration"].message
     assert "encrypted with a key derived from it" in problem["configuration"].message
     assert "secrets.token_hex(32)" in problem["configuration"].fix
