@@ -14,9 +14,11 @@ from pydantic import ValidationError
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from flask_gateway.core.auth import ACCOUNT_HEADER, SIGNATURE_HEADER
+from flask_gateway.core.outages import is_database_outage
 from flask_gateway.core.signing import sign, verify
 from flask_gateway.core.wire import WireModel, dumps
 from flask_gateway.emulator import clock
+from flask_gateway.emulator.database import outage_response
 from flask_gateway.emulator.models import Account, db
 from flask_gateway.emulator.problems import ApiProblem, ResponseDropped, field_path, validation_problem
 from flask_gateway.emulator.settings import EmulatorSettings
@@ -229,7 +231,8 @@ def authenticate_v1() -> Account:
 
 
 def register_error_handlers(app: Flask) -> None:
-    """JSON answers for API problems and HTTP errors on API paths; HTML pages keep Flask's pages."""
+    """JSON answers for API problems and HTTP errors on API paths; HTML pages keep Flask's pages. A
+    database outage is a 503 with ``Retry-After`` (``emulator/database.py``), any other error a 500."""
 
     @app.errorhandler(ApiProblem)
     def _problem(problem: ApiProblem) -> Response:
@@ -252,6 +255,10 @@ def register_error_handlers(app: Flask) -> None:
     def _unexpected(error: Exception) -> Response:
         if isinstance(error, ResponseDropped):
             raise error
+        if is_database_outage(error):
+            # The database is away (or dropped this request's connection): 503 with Retry-After, one log
+            # line per outage (the app's watch), no traceback per request.
+            return outage_response(error, html=_wants_html())
         current_app.logger.exception("unexpected error in the emulator")
         if _wants_html():
             return Response(

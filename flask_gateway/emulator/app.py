@@ -1,31 +1,41 @@
-"""The emulator's app factory: ``create_app()``, the app ``flask --app flask_gateway.emulator run`` serves."""
+"""The emulator's app factory: ``create_app()``, the app ``flask --app flask_gateway.emulator run`` serves.
+
+``create_app()`` opens no database connection (``emulator/database.py``): the tables and accounts are made
+ready on first use, and ``flask --app flask_gateway.emulator init-db`` makes them ready at once.
+"""
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 from collections.abc import Mapping
+from contextlib import suppress
 from pathlib import Path
 from typing import Any, Final
 
+import click
 from flask import Flask, Response, request
 from flask_wtf.csrf import CSRFProtect
 
 from flask_gateway.core.framing import never_framed
-from flask_gateway.core.sql import configure_sqlite, create_all_safely
-from flask_gateway.emulator.accounts import seed_accounts
+from flask_gateway.core.outages import DATABASE_ERRORS, describe_database_error, is_database_outage
+from flask_gateway.core.sql import configure_sqlite
 from flask_gateway.emulator.api import (
     MAX_BODY_BYTES,
     refuse_malformed_json,
     refuse_oversize,
     register_error_handlers,
 )
+from flask_gateway.emulator.database import STATE_KEY, DatabaseState, database_state, prepare_database
 from flask_gateway.emulator.delivery import start_worker
 from flask_gateway.emulator.models import db
 from flask_gateway.emulator.settings import EmulatorSettings
-from flask_gateway.emulator.views import control, dashboard, deliveries, hosted, v1, v2
+from flask_gateway.emulator.views import control, dashboard, deliveries, health, hosted, v1, v2
 
 __all__ = ["ENGINE_OPTIONS", "create_app"]
+
+_log = logging.getLogger("flask_gateway.emulator")
 
 #: The engine options of the emulator's database (Flask-SQLAlchemy's ``SQLALCHEMY_ENGINE_OPTIONS``).
 ENGINE_OPTIONS: Final[Mapping[str, Any]] = {"pool_pre_ping": True}
@@ -56,12 +66,17 @@ def create_app(test_config: Mapping[str, Any] | None = None, *, instance_path: s
     )
     app.config.update(config)
     app.extensions["gateway_emulator"] = settings
+    app.extensions[STATE_KEY] = DatabaseState(settings)
 
     db.init_app(app)
+    # Registered after Flask-SQLAlchemy's own teardown, so it runs first (Flask runs them in reverse).
+    app.teardown_appcontext(_release_session)
     app.before_request(refuse_oversize)  # first: before the CSRF check and any credentials
     csrf = CSRFProtect(app)
     register_error_handlers(app)
+    app.before_request(_database_ready)
     _register_blueprints(app, csrf)
+    app.cli.add_command(_init_db_command(app))
 
     @app.after_request
     def _no_framing(response: Response) -> Response:
@@ -71,13 +86,57 @@ def create_app(test_config: Mapping[str, Any] | None = None, *, instance_path: s
         return response
 
     with app.app_context():
-        configure_sqlite(db.engine)
-        create_all_safely(db.engine, db.metadata)
-        seed_accounts(settings)
+        configure_sqlite(db.engine)  # event listeners only: no connection is opened
 
     if settings.worker and not app.testing:
         start_worker(app)
     return app
+
+
+#: Endpoints that never touch the database (and so work while it is away).
+_NO_DATABASE: Final = frozenset({"static", "emulator_health.livez", "emulator_health.readyz"})
+
+
+def _database_ready() -> None:
+    """Before a request that needs the database: the tables and accounts (first request of the process),
+    or one round trip while an outage is on. Raises the driver's error: the error handlers answer 503."""
+    if request.endpoint is None or request.endpoint in _NO_DATABASE:
+        return
+    database_state().ensure()
+
+
+def _release_session(_error: BaseException | None) -> None:
+    """End the app context's session; never raise. A rollback on a connection the database dropped fails
+    (the connection is gone, and its transaction with it): that failure must not escape Flask as a 500
+    after the answer was chosen. The connection is invalidated, so the pool never hands it out again."""
+    try:
+        db.session.remove()
+    except Exception as error:
+        with suppress(Exception):  # invalidating only discards the connections
+            db.session().invalidate()
+        db.session.registry.clear()
+        if not is_database_outage(error):
+            _log.warning("gateway emulator: ending a session failed (%s)", describe_database_error(error))
+
+
+def _init_db_command(app: Flask) -> click.Command:
+    """``flask --app flask_gateway.emulator init-db``: what the first request would do, now."""
+
+    @click.command("init-db", help="Create the emulator's tables and seed the accounts of EMULATOR_ACCOUNTS.")
+    def init_db() -> None:
+        try:
+            prepare_database(app)
+        except DATABASE_ERRORS as error:
+            if not is_database_outage(error):
+                raise
+            # One line, exit status 1: no traceback for a database that is simply not up yet.
+            raise click.ClickException(
+                f"the emulator's database is unreachable ({describe_database_error(error)}): "
+                "start it and run init-db again."
+            ) from None
+        click.echo("The emulator's tables are in place and its accounts are seeded.")
+
+    return init_db
 
 
 def _register_blueprints(app: Flask, csrf: CSRFProtect) -> None:
@@ -92,6 +151,7 @@ def _register_blueprints(app: Flask, csrf: CSRFProtect) -> None:
         if request.blueprint in names:
             refuse_malformed_json()
 
+    app.register_blueprint(health.bp)
     app.register_blueprint(hosted.bp)
     app.register_blueprint(dashboard.bp)
 

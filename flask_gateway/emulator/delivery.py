@@ -59,12 +59,14 @@ from typing import Any, Final
 from flask import Flask, current_app, has_request_context, request
 from sqlalchemy import ColumnElement, or_, select
 
+from flask_gateway.core.outages import is_database_outage
 from flask_gateway.core.sql import sqlite_read_transactions
 from flask_gateway.core.timestamps import format_timestamp, utcnow
 from flask_gateway.core.wire import CheckoutStatus, V1FailReason, V1OutcomeStatus
 from flask_gateway.emulator import checkouts, clock, faults, mail, merchant
 from flask_gateway.emulator.access import visible_url
 from flask_gateway.emulator.api import settings
+from flask_gateway.emulator.database import database_state
 from flask_gateway.emulator.merchant import CALLBACK_TIMEOUT, MerchantReply
 from flask_gateway.emulator.models import (
     Account,
@@ -500,6 +502,7 @@ class _Worker(threading.Thread):
         self.stopping = threading.Event()
 
     def run(self) -> None:
+        state = database_state(self.app)
         while not self.stopping.wait(self.interval):
             try:
                 with self.app.app_context():
@@ -507,18 +510,26 @@ class _Worker(threading.Thread):
                     # paymentUrl (and the watcher process of `flask run --debug` never delivers).
                     # Most ticks find nothing: then no write transaction at all (SQLite: no write lock
                     # taken from the API's requests).
-                    if address_known() and anything_due():
-                        run_due()
-            except Exception:
-                self.app.logger.exception("the emulator's delivery worker failed; it runs again shortly")
+                    if address_known():
+                        state.ensure()  # the tables and accounts before the first poll; a probe while away
+                        if anything_due():
+                            run_due()
+            except Exception as error:
+                if not is_database_outage(error):
+                    self.app.logger.exception("the emulator's delivery worker failed; it runs again shortly")
+                elif not state.watch.down:
+                    # One line per outage (the requests share the watch); the next tick tries again, and
+                    # a lease left by an attempt cut short expires (CLAIM_LEASE).
+                    state.watch.failed(error)
 
 
 def start_worker(app: Flask) -> None:
     """Start the background delivery thread of this server process (once per app).
 
     Every ``EMULATOR_WORKER_INTERVAL`` seconds (app config, default 0.5) it runs :func:`run_due` in an
-    app context and logs (never raises) what goes wrong. Several processes may each run one: claims are
-    row-locked and leased.
+    app context and logs (never raises) what goes wrong: a database outage once (the app's outage watch),
+    after which it keeps polling and heals when the database answers. Several processes may each run
+    one: claims are row-locked and leased.
     """
     with _worker_lock:
         existing = app.extensions.get(_WORKER_KEY)

@@ -14,6 +14,8 @@ or configuration, and the host's hooks never run on the emulator's requests.
 - **Its tables live in the host's database** (``emulator_*``, beside the shop's own), through an engine of
   its own on the host's ``SQLALCHEMY_DATABASE_URI``; ``EMULATOR_DATABASE_URL`` puts them elsewhere. An
   in-memory SQLite host gets an in-memory emulator database of its own (one connection cannot be shared).
+  Mounting opens no connection: the tables are created on the emulator's first request that needs them
+  (a shop that starts while its database is away starts).
 - **Local addresses are allowed** (``EMULATOR_WAF=allow-local``, unless that variable says otherwise): an
   embedded emulator runs where the shop runs, on localhost in development.
 - **Never beside the real gateway**: a host whose ``GATEWAY_ENVIRONMENT`` is ``sandbox`` or ``production``

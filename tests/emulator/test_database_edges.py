@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from flask_gateway.emulator import seed_accounts
+from flask_gateway.emulator import prepare_database, seed_accounts
 from flask_gateway.emulator.checkouts import TOKEN_MAX_LENGTH
 from flask_gateway.emulator.models import Account, ClockState, DeliveryAttempt, db
 from flask_gateway.emulator.settings import EmulatorSettings
@@ -77,7 +77,8 @@ def test_seeding_survives_another_process_seeding_at_the_same_moment(database_ur
     """Every worker process of a server seeds the accounts at start. One that looked before another one's
     commit meets that one's rows (a unique violation, formerly raised by the autoflush of its next lookup,
     which stopped the worker: gunicorn then shut the whole server down): it must go on."""
-    app = make_emulator(database_url)  # the other process: seeded already
+    app = make_emulator(database_url)
+    prepare_database(app)  # the other process: seeded already
     with app.app_context():
         real_get = db.session.get
 

@@ -278,29 +278,6 @@ def test_replays_expire_after_24_hours(installed):
 
 
 @pytest.mark.backends
-def test_in_flight_request_id_is_409(installed, emulator_app):
-    from flask_gateway.emulator import clock
-    from flask_gateway.emulator.idempotency import _body_hash
-    from flask_gateway.emulator.models import IdempotencyKey, db
-
-    raw = json.dumps(create_body()).encode()
-    with emulator_app.app_context():
-        db.session.add(
-            IdempotencyKey(
-                account_id=ACCOUNT,
-                operation="create",
-                request_id="req-1",
-                body_hash=_body_hash(raw),
-                created_at=clock.now(),
-            )
-        )
-        db.session.commit()
-    response = installed.signed("/v2/create", None, raw=raw)
-    assert response.status_code == 409
-    assert "in flight" in response.json["message"]
-
-
-@pytest.mark.backends
 def test_refused_create_is_replayed_too(installed):
     first = installed.signed("/v2/create", create_body(total=50))
     assert first.status_code == 400

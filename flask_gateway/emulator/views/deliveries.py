@@ -27,6 +27,7 @@ from flask_gateway.emulator.access import check_access
 from flask_gateway.emulator.api import json_response
 from flask_gateway.emulator.mail import describe_email
 from flask_gateway.emulator.models import Checkout, Delivery, DeliveryAttempt, DeliveryState, Email, db
+from flask_gateway.emulator.views.health import HEALTH_BLUEPRINT
 
 __all__ = ["bp"]
 
@@ -49,7 +50,9 @@ def _equals(column: InstrumentedAttribute[str], value: str) -> ColumnElement[boo
 @bp.before_app_request
 def _remember_base_url() -> None:
     # Callbacks built by the worker thread (outside any request) use the address this app was reached at.
-    delivery.remember_base_url(request.url_root)
+    # Not a health probe's: a load balancer or kubelet reaches the process at an address shoppers may not.
+    if request.blueprint != HEALTH_BLUEPRINT:
+        delivery.remember_base_url(request.url_root)
 
 
 @bp.post("/deliver")
