@@ -54,7 +54,13 @@ from flask_gateway.core.sql import sqlite_in_memory
 from flask_gateway.core.timestamps import parse_timestamp
 from flask_gateway.core.wire import OPEN_STATUSES
 from flask_gateway.core.wsgi import WSGIAdapter
-from flask_gateway.emulator import EmulatorSettings, create_app, embedded_emulator, set_merchant_http
+from flask_gateway.emulator import (
+    EmulatorSettings,
+    create_app,
+    embedded_emulator,
+    prepare_database,
+    set_merchant_http,
+)
 from flask_gateway.emulator import models as emulator_models
 from flask_gateway.emulator.merchant import post_callback
 from flask_gateway.installation import InstallSettings, install, update_settings
@@ -336,6 +342,7 @@ def reset_tables(emulator: Flask, settings: EmulatorSettings) -> None:
     The pool's reset: the view's work without a request, the ORM or a second commit. The emulator keeps
     all of its state in those tables; ``tests/plugin`` compares the two resets row by row.
     """
+    prepare_database(emulator)  # the emulator creates its tables on first use: this may be the first
     with emulator.app_context(), emulator_models.db.engine.begin() as connection:
         for table in reversed(emulator_models.db.metadata.sorted_tables):
             connection.execute(table.delete())

@@ -90,12 +90,14 @@ class DatabaseState:
             ping(db.engine)
             self.watch.succeeded()
         if not self._prepared:
-            self.prepare()
+            self._prepare()
 
-    def prepare(self) -> None:
-        """Create the tables and seed the accounts now (each at most once at a time in this process;
-        several processes may run it at once: ``create_all_safely``, ``seed_accounts``)."""
+    def _prepare(self) -> None:
+        # The threads of this process one at a time; several processes may do it at once
+        # (``create_all_safely`` takes an advisory lock, ``seed_accounts`` takes a unique violation).
         with self._lock:
+            if self._prepared:
+                return
             create_all_safely(db.engine, db.metadata)
             seed_accounts(self._settings)
             self._prepared = True
@@ -109,10 +111,11 @@ def database_state(app: Flask | None = None) -> DatabaseState:
 
 
 def prepare_database(app: Flask) -> None:
-    """Create the emulator's tables and seed its accounts now (``flask ... init-db``, test kits that write
-    rows before the first request). Raises the driver's error when the database is away."""
+    """Create the emulator's tables and seed its accounts now, unless this app did already (``flask ...
+    init-db``; test kits that write rows before the first request). Raises the driver's error when the
+    database is away."""
     with app.app_context():
-        database_state(app).prepare()
+        database_state(app).ensure()
 
 
 def outage_response(error: BaseException, *, html: bool) -> Response:
