@@ -17,21 +17,30 @@ not at all. Delivering an event sends its signal (``flask_gateway.signals``) to 
   ``fulfilment_failed`` (the hook for the shop's policy).
 - **Retries** are made by :func:`deliver_due`: ``flask gateway deliver`` from cron, or the task queue
   (``flask_gateway.tasks``). Due rows are claimed in a short transaction (``FOR UPDATE SKIP LOCKED`` on
-  PostgreSQL, the write lock on SQLite) and leased, so several workers never deliver one event at once; a
-  worker that dies leaves its rows to the next run after the lease.
+  PostgreSQL, the write lock on SQLite) and leased, so several workers never deliver one event at once.
+- **A short lease, renewed while the receivers run** (:data:`CLAIM_LEASE`, 10 s): a delivery still running
+  after a third of it extends the lease of the rows it holds, every third of it, from a daemon thread of the
+  process (``_Heartbeat``), each time in a short transaction of its own. A receiver slower than the lease
+  keeps its event; a process that dies stops renewing, and its rows are free within the lease: the next
+  ``deliver_due`` after that (a beat tick every 5 s, ``flask_gateway.tasks``) delivers them. A receiver
+  that returns within a third of the lease (nearly all) costs no renewal: no extra round trip.
 - **At least once**: an event may be delivered again (a receiver that raised after doing half its work, a
   worker killed after the receivers ran and before the row was marked). Each delivery of one event carries
   the same ``event_id``: a receiver that does its work once per ``event_id`` (or per order, as fulfilment
   usually is) is exactly once.
 
 No transaction of the extension's is open while the receivers run (on SQLite one would hold the write
-lock the shop's own commit needs).
+lock the shop's own commit needs); a renewal holds the write lock for one ``UPDATE``, as a claim does.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+import os
+import threading
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Final
@@ -39,10 +48,12 @@ from typing import Any, Final
 from blinker import Signal
 from flask import current_app
 from sqlalchemy import or_, select, update
+from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
 from flask_gateway import signals
-from flask_gateway.core.sql import commit_keeping_loaded
+from flask_gateway.core.outages import describe_database_error
+from flask_gateway.core.sql import commit_keeping_loaded, sqlite_in_memory
 from flask_gateway.core.timestamps import utcnow
 from flask_gateway.models import GatewayCheckout, OutboxEvent, OutboxState, RefundRecord
 from flask_gateway.state import get_state, leaves_no_transaction
@@ -72,10 +83,11 @@ KINDS: Final[Mapping[str, Signal]] = {
 }
 _KIND_OF: Final = {id(signal): kind for kind, signal in KINDS.items()}
 
-#: How long a delivery holds the rows it took (real time). Read at each claim, so a test may shorten it
-#: (tests/tasks sets a few seconds to see a killed worker's event delivered by another in seconds, not a
-#: minute); a shop has no reason to: a receiver is expected to return well within it.
-CLAIM_LEASE: timedelta = timedelta(seconds=60)
+#: How long a claim holds an event (real time) unless the delivery renews it: every third of it while the
+#: receivers run, so only a delivery that died (its process killed) lets it run out, and its event is free
+#: at most this long after the death. Read at each claim and renewal, so a test may shorten it
+#: (tests/tasks: a few seconds); a shop has no reason to.
+CLAIM_LEASE: timedelta = timedelta(seconds=10)
 #: The longest wait between two attempts.
 MAX_RETRY_DELAY: Final = timedelta(hours=6)
 
@@ -134,11 +146,57 @@ def deliver_now(queued: Iterable[Queued]) -> DeliveryReport:
     items = list(queued)
     if not items or not get_state().config.outbox_deliver_at_once:
         return report
-    outcomes = [
-        (item.event.id, item.checkout, _send(item.event, item.checkout, item.kwargs)) for item in items
-    ]
+    items = _still_ours(items)
+    with _renewed([item.event.id for item in items]):
+        outcomes = [
+            (item.event.id, item.checkout, _send(item.event, item.checkout, item.kwargs)) for item in items
+        ]
     _settle(outcomes, report)
     return report
+
+
+def _still_ours(items: list[Queued]) -> list[Queued]:
+    """The events whose claim (taken when they were written) still holds, renewed when it is old.
+
+    Nearly always every one, at the cost of a clock read: the request delivers right after its commit. A
+    caller that commits many changes and then delivers their events one change after another
+    (reconciliation's batches) may come to the last ones after a third of the lease: each is taken
+    again, if its claim is still the one written with it (no other delivery took it meanwhile), and
+    skipped otherwise (that delivery has it).
+    """
+    now = utcnow()
+    fresh = now + CLAIM_LEASE * 2 / 3
+    if all(item.event.claimed_until is not None and item.event.claimed_until > fresh for item in items):
+        return items
+    session = get_state().session
+    kept: list[Queued] = []
+    try:
+        for item in items:
+            written = item.event.claimed_until
+            if written is not None and written > fresh:
+                kept.append(item)
+                continue
+            taken = session.execute(
+                update(OutboxEvent)
+                .where(
+                    OutboxEvent.id == item.event.id,
+                    OutboxEvent.state == OutboxState.PENDING.value,
+                    OutboxEvent.claimed_until == written,
+                )
+                .values(claimed_until=now + CLAIM_LEASE)
+                .execution_options(synchronize_session=False)
+            )
+            if taken.rowcount == 1:  # type: ignore[attr-defined]  # a CursorResult
+                kept.append(item)
+            else:
+                _log.info(
+                    "outbox event %s was taken by another delivery before this one came to it", item.event.id
+                )
+        commit_keeping_loaded(session)
+    except BaseException:
+        session.rollback()
+        raise
+    return kept
 
 
 @leaves_no_transaction
@@ -169,7 +227,7 @@ def redeliver(event_id: int) -> DeliveryReport:
     now = utcnow()
     if event.claimed_until is not None and event.claimed_until > now and event.state == OutboxState.PENDING:
         session.rollback()
-        raise LookupError(f"outbox event {event_id} is being delivered right now: try again in a minute")
+        raise LookupError(f"outbox event {event_id} is being delivered right now: try again in a few seconds")
     event.claimed_until = now + CLAIM_LEASE
     commit_keeping_loaded(session)
     report = DeliveryReport()
@@ -231,7 +289,9 @@ def _deliver_one(event_id: int, report: DeliveryReport, *, again: bool = False) 
     if refund_id is not None:
         kwargs["refund"] = session.get(RefundRecord, refund_id)
     commit_keeping_loaded(session)  # the receivers run with no transaction of ours open, objects loaded
-    _settle([(event_id, checkout, _send(event, checkout, kwargs))], report, again=again)
+    with _renewed([event_id]):
+        error = _send(event, checkout, kwargs)
+    _settle([(event_id, checkout, error)], report, again=again)
 
 
 def _send(event: OutboxEvent, checkout: GatewayCheckout, kwargs: dict[str, Any]) -> str | None:
@@ -298,3 +358,134 @@ def _settle(
             signals.fulfilment_failed.send(app, checkout=checkout, event_id=event_id, error=error)
         except Exception:
             _log.exception("a receiver of fulfilment_failed failed for outbox event %s", event_id)
+
+
+# --- renewing the lease while the receivers run ------------------------------------------------------------
+
+
+@contextmanager
+def _renewed(ids: Sequence[int]) -> Iterator[None]:
+    """Keep the claim of the events ``ids`` (claimed by this delivery) while the block runs.
+
+    The process's heartbeat renews their lease every third of it, the first time a third of the lease
+    after the block began: a block that ends sooner costs a lock and a dict entry, no database round
+    trip. Left before the attempt is settled, so no renewal follows the settling.
+    """
+    engine = get_state().engine
+    # An in-memory SQLite database has one connection for the whole app, which another thread must not
+    # use; it has one process too, so no dead process's events to free either.
+    if not ids or sqlite_in_memory(engine):
+        yield
+        return
+    hold = _HEARTBEAT.hold(engine, ids)
+    try:
+        yield
+    finally:
+        _HEARTBEAT.release(hold)
+
+
+@dataclass(eq=False)
+class _Hold:
+    """Events one delivery holds: renewed on ``engine`` at ``due`` (monotonic), then every ``period``."""
+
+    engine: Engine
+    ids: tuple[int, ...]
+    lease: timedelta
+    period: float
+    due: float
+
+
+class _Heartbeat:
+    """One daemon thread per process that renews the leases of the deliveries still running.
+
+    It sleeps until the next renewal is due (or for good when nothing is held), renews each due hold in a
+    short transaction of its own (one ``UPDATE`` per engine, never while holding the lock deliveries
+    take), and never touches the request's session. A renewal that fails (the database away) is logged
+    once and tried again at the next period; meanwhile the lease may run out and another process deliver
+    the event again (with the same ``event_id``: at least once). The thread does not survive a fork (a
+    prefork pool, ``gunicorn --preload``): the child starts its own on its first hold.
+    """
+
+    def __init__(self) -> None:
+        self._reset()
+        os.register_at_fork(after_in_child=self._reset)
+
+    def _reset(self) -> None:
+        self._wake = threading.Condition()
+        self._holds: set[_Hold] = set()
+        self._thread: threading.Thread | None = None
+        self._failing = False
+
+    def hold(self, engine: Engine, ids: Sequence[int]) -> _Hold:
+        lease = CLAIM_LEASE
+        period = lease.total_seconds() / 3
+        hold = _Hold(engine, tuple(ids), lease, period, time.monotonic() + period)
+        with self._wake:
+            self._holds.add(hold)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._run, name="flask-gateway-outbox-lease", daemon=True
+                )
+                self._thread.start()
+            elif len(self._holds) == 1:
+                self._wake.notify()  # it sleeps for good while nothing is held
+        return hold
+
+    def release(self, hold: _Hold) -> None:
+        with self._wake:
+            self._holds.discard(hold)
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                due = self._wait_for_due()
+                for hold in due:
+                    hold.due = time.monotonic() + hold.period
+            self._renew(due)
+
+    def _wait_for_due(self) -> list[_Hold]:
+        while True:
+            if not self._holds:
+                self._wake.wait()
+                continue
+            now = time.monotonic()
+            due = [hold for hold in self._holds if hold.due <= now]
+            if due:
+                return due
+            self._wake.wait(min(hold.due for hold in self._holds) - now)
+
+    def _renew(self, due: list[_Hold]) -> None:
+        by_engine: dict[int, tuple[Engine, list[_Hold]]] = {}
+        for hold in due:
+            by_engine.setdefault(id(hold.engine), (hold.engine, []))[1].append(hold)
+        for engine, holds in by_engine.values():
+            ids = sorted({event_id for hold in holds for event_id in hold.ids})
+            until = utcnow() + max(hold.lease for hold in holds)
+            try:
+                with engine.begin() as connection:
+                    connection.execute(
+                        update(OutboxEvent)
+                        .where(
+                            OutboxEvent.id.in_(ids),
+                            OutboxEvent.state == OutboxState.PENDING.value,
+                            # Settled meanwhile (the hold was released as this renewal began): left alone.
+                            OutboxEvent.claimed_until.is_not(None),
+                        )
+                        .values(claimed_until=until)
+                    )
+            except Exception as error:  # the thread must live on: the next period tries again
+                if not self._failing:
+                    _log.warning(
+                        "the lease of outbox event(s) %s could not be renewed (%s): if it runs out, another "
+                        "delivery may deliver them again",
+                        ", ".join(map(str, ids)),
+                        describe_database_error(error),
+                    )
+                self._failing = True
+                continue
+            if self._failing:
+                self._failing = False
+                _log.warning("the leases of the outbox's deliveries are renewed again")
+
+
+_HEARTBEAT: Final = _Heartbeat()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 from collections.abc import Iterator
 from datetime import datetime, timedelta
 from typing import Any
@@ -30,7 +31,7 @@ from flask_gateway.core.timestamps import utcnow
 from flask_gateway.models import GatewayCheckout, OutboxEvent, OutboxState, RefundRecord
 from flask_gateway.state import get_state
 from flask_gateway.testing import SHOP_URL, GatewayEmulator
-from flask_gateway.transitions import Observation, apply
+from flask_gateway.transitions import Observation, apply, send_pending
 from tests.conftest import Databases
 from tests.extension.conftest import make_shop, sample_order
 
@@ -360,3 +361,201 @@ def test_the_admin_outbox_screen_shows_what_waits_and_delivers_it_again(
             f"no outbox event {missing}"
             in client.get("/gateway/admin/outbox/").get_data(as_text=True).lower()
         )
+
+
+# --- the lease: short, renewed while a delivery runs, free soon after a delivery died -------------------
+
+
+class Blocking:
+    """A ``payment_confirmed`` receiver whose first call waits, inside, until the test releases it (a slow
+    receiver); a second call (the event delivered twice: the failure the tests look for) returns at once."""
+
+    def __init__(self) -> None:
+        self.inside = threading.Event()
+        self.release = threading.Event()
+        self.calls: list[int] = []
+
+    def __call__(self, sender: Any, checkout: GatewayCheckout, event_id: int, **extra: Any) -> None:
+        self.calls.append(event_id)
+        if len(self.calls) > 1:
+            return
+        self.inside.set()
+        if not self.release.wait(30):
+            raise TimeoutError("the test never released the receiver")
+
+
+def claimed_until(app: Flask, event_id: int) -> datetime | None:
+    with app.app_context():
+        session = get_state().session
+        value = session.scalar(select(OutboxEvent.claimed_until).where(OutboxEvent.id == event_id))
+        session.rollback()
+        return value
+
+
+def paid(app: Flask, checkout: GatewayCheckout) -> None:
+    """The payment learnt by a poll, its events delivered at once unless the shop turned that off."""
+    with app.app_context():
+        session = get_state().session
+        apply(
+            session, checkout.id, Observation(status="PAID", source="poll", total_cents=checkout.total_cents)
+        )
+
+
+@pytest.mark.backends
+@pytest.mark.parametrize(
+    "plugin_parts",
+    [{"GATEWAY_OUTBOX_DELIVER_AT_ONCE": True}, {"GATEWAY_OUTBOX_DELIVER_AT_ONCE": False}],
+    indirect=True,
+    ids=["at-once", "deliver-due"],
+)
+def test_a_receiver_slower_than_the_lease_keeps_its_event(
+    gateway_emulator: GatewayEmulator,
+    gateway_app: Flask,
+    connected: list[tuple[Any, Any]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The delivery renews its lease while the receiver runs: ``deliver_due`` run again and again for three
+    leases by another worker never takes the event; the receiver runs once."""
+    lease = 0.9
+    monkeypatch.setattr(outbox_module, "CLAIM_LEASE", timedelta(seconds=lease))
+    receiver = connect(connected, gateway_app, payment_confirmed, Blocking())
+    checkout = new_checkout(gateway_app)
+    at_once = gateway_app.config["GATEWAY_OUTBOX_DELIVER_AT_ONCE"]
+    if not at_once:
+        paid(gateway_app, checkout)  # written, waiting for deliver_due
+    failures: list[BaseException] = []
+
+    def first_delivery() -> None:
+        try:
+            if at_once:
+                paid(gateway_app, checkout)  # the request that writes the event delivers it
+            else:
+                with gateway_app.app_context():
+                    assert deliver_due().delivered == 1
+        except BaseException as error:
+            failures.append(error)
+
+    worker = threading.Thread(target=first_delivery)
+    worker.start()
+    try:
+        assert receiver.inside.wait(30), "the first delivery never reached the receiver"
+        [event] = events(gateway_app)
+        first_claim = claimed_until(gateway_app, event.id)
+        assert first_claim is not None
+        started = time.monotonic()
+        with gateway_app.app_context():
+            while time.monotonic() - started < 3 * lease:  # the first claim ran out long ago
+                assert deliver_due().delivered == 0
+                time.sleep(0.05)
+        renewed = claimed_until(gateway_app, event.id)
+        assert renewed is not None and renewed >= first_claim + timedelta(seconds=1.5), (first_claim, renewed)
+    finally:
+        receiver.release.set()
+        worker.join(30)
+    assert not failures, failures
+    assert receiver.calls == [event.id]
+    [event] = events(gateway_app)
+    assert (event.state, event.attempts, event.claimed_until) == (OutboxState.DELIVERED, 1, None)
+
+
+@pytest.mark.backends
+def test_an_event_whose_delivery_died_is_taken_over_once_the_lease_is_out(
+    gateway_emulator: GatewayEmulator,
+    gateway_app: Flask,
+    connected: list[tuple[Any, Any]],
+    clock: Clock,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The callback's worker is killed right after its commit: the event, claimed for the request's own
+    delivery, is never delivered by it nor renewed. ``deliver_due`` leaves it alone for the lease (10 s),
+    then delivers it: with a beat tick every 5 s, within 15 s of the death."""
+    assert timedelta(seconds=10) == outbox_module.CLAIM_LEASE
+    fulfilment = connect(connected, gateway_app, payment_confirmed, Fulfilment(failures=0))
+    monkeypatch.setattr(outbox_module, "deliver_now", lambda queued: None)  # the process died here
+    checkout = new_checkout(gateway_app)
+    gateway_emulator.pay(checkout.token)
+    assert gateway_emulator.deliver() == 1
+    [event] = events(gateway_app)
+    assert event.state == OutboxState.PENDING and event.claimed_until is not None
+    with gateway_app.app_context():
+        assert deliver_due().delivered == 0  # still claimed: the request may be delivering it
+        clock.advance(9.5)
+        assert deliver_due().delivered == 0
+        clock.advance(1)
+        assert deliver_due().delivered == 1
+    assert fulfilment.fulfilled == [event.id]
+    [event] = events(gateway_app)
+    assert (event.state, event.attempts) == (OutboxState.DELIVERED, 1)
+
+
+def test_a_fast_receiver_costs_no_renewal(
+    gateway_emulator: GatewayEmulator,
+    gateway_app: Flask,
+    connected: list[tuple[Any, Any]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Deliveries that end within a third of the lease make no database round trip for it; a slow one
+    renews every third of the lease."""
+    renewals: list[tuple[int, ...]] = []
+    real = outbox_module._HEARTBEAT._renew
+
+    def spy(due: list[Any]) -> None:
+        renewals.append(tuple(event_id for hold in due for event_id in hold.ids))
+        real(due)
+
+    monkeypatch.setattr(outbox_module._HEARTBEAT, "_renew", spy)
+    monkeypatch.setattr(outbox_module, "CLAIM_LEASE", timedelta(seconds=0.6))
+    fulfilment = connect(connected, gateway_app, payment_confirmed, Fulfilment(failures=0))
+    for number in range(5):
+        checkout = new_checkout(gateway_app, f"ORD-{number}")
+        gateway_emulator.pay(checkout.token)
+        assert gateway_emulator.deliver() == 1
+    assert len(fulfilment.fulfilled) == 5
+    time.sleep(0.5)  # past a third of the lease after the last delivery
+    assert renewals == []
+
+    def slow_receiver(sender: Any, checkout: GatewayCheckout, event_id: int, **extra: Any) -> None:
+        time.sleep(0.75)
+
+    connect(connected, gateway_app, payment_confirmed, slow_receiver)
+    checkout = new_checkout(gateway_app, "ORD-SLOW")
+    gateway_emulator.pay(checkout.token)
+    gateway_emulator.deliver()
+    event_id = events(gateway_app)[-1].id
+    # Every 0.2 s while the receiver sleeps (0.75 s): at 0.2 s, 0.4 s, 0.6 s (fewer on a busy machine).
+    assert len(renewals) >= 2 and set(renewals) == {(event_id,)}, renewals
+    assert events(gateway_app)[-1].state == OutboxState.DELIVERED
+
+
+@pytest.mark.backends
+def test_events_of_a_batch_delivered_late_are_taken_again_or_left_to_who_took_them(
+    gateway_emulator: GatewayEmulator, gateway_app: Flask, connected: list[tuple[Any, Any]], clock: Clock
+) -> None:
+    """Reconciliation commits a batch of changes, then delivers their events one change after another. An
+    event it comes to after its lease ran out is taken again if nobody took it, and left alone if another
+    delivery did: never delivered twice."""
+    fulfilment = connect(connected, gateway_app, payment_confirmed, Fulfilment(failures=0))
+    first, second = new_checkout(gateway_app, "ORD-1"), new_checkout(gateway_app, "ORD-2")
+    with gateway_app.app_context():
+        session = get_state().session
+        batch = [
+            apply(
+                session,
+                checkout.id,
+                Observation(status="PAID", source="poll", total_cents=checkout.total_cents),
+                commit=False,
+            )
+            for checkout in (first, second)
+        ]
+        session.commit()
+        clock.advance(11)  # the slow receivers of earlier changes ran meanwhile: both leases are out
+        with gateway_app.app_context():  # another worker's deliver_due, meanwhile
+            assert deliver_due(limit=1).delivered == 1
+        taken = fulfilment.fulfilled[0]
+        for transition in batch:
+            send_pending(transition)
+    [one, two] = events(gateway_app)
+    assert sorted(fulfilment.calls) == [one.id, two.id], "each event delivered once"
+    assert fulfilment.calls == [taken, ({one.id, two.id} - {taken}).pop()]
+    assert {event.state for event in (one, two)} == {OutboxState.DELIVERED}
+    assert (one.attempts, two.attempts) == (1, 1)
