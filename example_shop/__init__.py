@@ -15,7 +15,7 @@ import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import click
 from flask import Flask, current_app, request
@@ -28,7 +28,11 @@ from example_shop import access_log, outages
 from example_shop.config import ShopConfigError, resolve
 from flask_gateway import DATABASE_ERRORS, create_all_safely, is_database_outage
 
-__all__ = ["ShopConfigError", "create_app"]
+__all__ = ["EXIT_DATABASE_AWAY", "ShopConfigError", "create_app"]
+
+#: The exit status of a ``shop`` command that found the database away (``EX_TEMPFAIL``, as the extension's
+#: ``flask gateway`` commands): a deploy step or a timer runs it again later.
+EXIT_DATABASE_AWAY: Final = 75
 
 
 def create_app(config: Mapping[str, Any] | None = None) -> Flask:
@@ -92,12 +96,14 @@ def _database_error(error: Exception) -> click.ClickException:
     original = error.orig if isinstance(error, DBAPIError) and error.orig is not None else error
     first_line = (str(original).strip().splitlines() or [""])[0][:200]
     reason = f"{type(original).__name__}: {first_line}"
-    if is_database_outage(error):
-        return click.ClickException(
-            f"The shop's database at {_masked_url()} does not answer ({reason}). Start it (or check "
-            "SHOP_DATABASE_URL), then run this command again."
-        )
-    return click.ClickException(f"The shop's database at {_masked_url()} refused ({reason}).")
+    if not is_database_outage(error):
+        return click.ClickException(f"The shop's database at {_masked_url()} refused ({reason}).")
+    away = click.ClickException(
+        f"The shop's database at {_masked_url()} does not answer ({reason}). Start it (or check "
+        "SHOP_DATABASE_URL), then run this command again."
+    )
+    away.exit_code = EXIT_DATABASE_AWAY
+    return away
 
 
 def _masked_url() -> str:

@@ -1,7 +1,8 @@
 """``make demo``: the gateway emulator and the example shop as two processes on loopback ports.
 
 Ports: ``DEMO_EMULATOR_PORT`` (5050) and ``DEMO_SHOP_PORT`` (5000); ``DEMO_API_VERSION=v1`` runs the v1 flow.
-Ctrl-C stops both.
+Ctrl-C stops both. Before the servers start it creates their tables (the emulator's ``init-db`` and the
+shop's ``shop init-db``) and installs the shop with the emulator's demo account (``shop install``).
 
 Data lives in ``var/demo/shop-<shop port>-emulator-<emulator port>/``, one folder per port pair: a second
 run on the same ports reuses it (the shop stays installed, with its callback URL on that port), and two
@@ -79,6 +80,13 @@ def _flask(app: str, port: int, env: dict[str, str]) -> subprocess.Popen[bytes]:
     return subprocess.Popen(command, env={**os.environ, **env}, cwd=ROOT)  # noqa: S603 - our interpreter
 
 
+def _prepare(app: str, command: list[str], env: dict[str, str]) -> bool:
+    """``flask --app APP COMMAND`` before a server starts (the tables, the installation): True when it
+    worked; its output goes to the console either way."""
+    argv = [sys.executable, "-m", "flask", "--app", app, *command]
+    return subprocess.run(argv, env={**os.environ, **env}, cwd=ROOT, check=False).returncode == 0  # noqa: S603
+
+
 def _stop(processes: list[subprocess.Popen[bytes]]) -> None:
     for process in processes:
         if process.poll() is None:
@@ -116,39 +124,42 @@ def main() -> int:
     shop_url = f"http://127.0.0.1:{shop_port}"
     # The emulator's dashboard and control API are closed with a token of this run (docs/emulator.md).
     control_token = os.environ.get("EMULATOR_CONTROL_TOKEN") or secrets.token_urlsafe(18)
+    emulator_env = {
+        "EMULATOR_WAF": "allow-local",
+        "EMULATOR_DATABASE_URL": f"sqlite:///{data / 'emulator.sqlite3'}",
+        "EMULATOR_PUBLIC_URL": emulator_url,
+        "EMULATOR_CONTROL_TOKEN": control_token,
+    }
+    shop_env = {
+        "SHOP_DATABASE_URL": f"sqlite:///{data / 'shop.sqlite3'}",
+        "SHOP_ADMIN_PASSWORD": OWNER_PASSWORD,
+        # Installed below, before the shop starts; on first use again if that did not work.
+        "SHOP_AUTO_INSTALL": "1",
+        "GATEWAY_ENVIRONMENT": "emulator",
+        "GATEWAY_BASE_URL": emulator_url,
+        "GATEWAY_INSTALL_URL": f"{emulator_url}/install",
+        "GATEWAY_V1_BASE_URL": emulator_url,
+        "GATEWAY_PUBLIC_URL": shop_url,
+        "GATEWAY_API_VERSION": api_version,
+        # The emulator above accepts local return URLs: the admin screens need not warn.
+        "GATEWAY_WAF": "allow-local",
+    }
+    # The tables first, as an operator's deploy step does: the servers' create_app touches no database.
+    for app, env in (("flask_gateway.emulator", emulator_env), ("example_shop", shop_env)):
+        command = ["init-db"] if app == "flask_gateway.emulator" else ["shop", "init-db"]
+        if not _prepare(app, command, env):
+            print(f"Could not create the tables of {app}; its output is above.", file=sys.stderr)
+            return 1
     processes: list[subprocess.Popen[bytes]] = []
     try:
-        emulator = _flask(
-            "flask_gateway.emulator",
-            emulator_port,
-            {
-                "EMULATOR_WAF": "allow-local",
-                "EMULATOR_DATABASE_URL": f"sqlite:///{data / 'emulator.sqlite3'}",
-                "EMULATOR_PUBLIC_URL": emulator_url,
-                "EMULATOR_CONTROL_TOKEN": control_token,
-            },
-        )
+        emulator = _flask("flask_gateway.emulator", emulator_port, emulator_env)
         processes.append(emulator)
         if not _wait_until_listening(emulator_port, emulator):
             print("The gateway emulator did not start; its output is above.", file=sys.stderr)
             return 1
-        shop = _flask(
-            "example_shop",
-            shop_port,
-            {
-                "SHOP_DATABASE_URL": f"sqlite:///{data / 'shop.sqlite3'}",
-                "SHOP_ADMIN_PASSWORD": OWNER_PASSWORD,
-                "SHOP_AUTO_INSTALL": "1",
-                "GATEWAY_ENVIRONMENT": "emulator",
-                "GATEWAY_BASE_URL": emulator_url,
-                "GATEWAY_INSTALL_URL": f"{emulator_url}/install",
-                "GATEWAY_V1_BASE_URL": emulator_url,
-                "GATEWAY_PUBLIC_URL": shop_url,
-                "GATEWAY_API_VERSION": api_version,
-                # The emulator above accepts local return URLs: the admin screens need not warn.
-                "GATEWAY_WAF": "allow-local",
-            },
-        )
+        # Not fatal: the shop tries again on its first requests (SHOP_AUTO_INSTALL), and says why.
+        _prepare("example_shop", ["shop", "install"], shop_env)
+        shop = _flask("example_shop", shop_port, shop_env)
         processes.append(shop)
         if not _wait_until_listening(shop_port, shop):
             print("The example shop did not start; its output is above.", file=sys.stderr)

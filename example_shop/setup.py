@@ -170,33 +170,37 @@ def auto_install(
     return "unreachable"  # pragma: no cover - the loop always returns
 
 
+def now() -> float:
+    """The clock of the first-use retries (tests replace it)."""
+    return time.monotonic()
+
+
 class _FirstUse:
     """One process's auto-install: not yet, in progress (one thread), or done."""
 
-    def __init__(self, clock: Callable[[], float]) -> None:
-        self.clock = clock
+    def __init__(self) -> None:
         self.lock = threading.Lock()
         self.done = False
         self.next_try = float("-inf")
 
 
-def install_on_first_use(app: Flask, *, clock: Callable[[], float] = time.monotonic) -> None:
+def install_on_first_use(app: Flask) -> None:
     """``SHOP_AUTO_INSTALL=1``: run :func:`auto_install` before the first shop request of this process, and
     again on later requests until it had an answer (see the module). Static files and the extension's
     endpoints (its health checks above all) never wait for it; a request that arrives while another thread
     installs goes on without waiting."""
-    state = _FirstUse(clock)
+    state = _FirstUse()
 
     def install_before_request() -> None:
         if state.done or request.endpoint == "static" or request.blueprint in _GATEWAY_BLUEPRINTS:
             return
-        if state.clock() < state.next_try or not state.lock.acquire(blocking=False):
+        if now() < state.next_try or not state.lock.acquire(blocking=False):
             return
         try:
             if not state.done:
                 state.done = _attempt(app)
                 if not state.done:
-                    state.next_try = state.clock() + RETRY_SECONDS
+                    state.next_try = now() + RETRY_SECONDS
         finally:
             state.lock.release()
 

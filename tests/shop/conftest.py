@@ -60,6 +60,19 @@ def csrf_token(html: str) -> str:
     return match.group(1)
 
 
+def init_db(app: Flask) -> Flask:
+    """``flask --app example_shop shop init-db``, the step docs/example-shop.md has a user run before the
+    shop starts (``create_app`` creates no table)."""
+    result = app.test_cli_runner().invoke(args=["shop", "init-db"])
+    assert result.exit_code == 0, result.output
+    return app
+
+
+def create_shop(config: dict[str, Any]) -> Flask:
+    """``create_app(config)`` with its tables created as a user creates them (:func:`init_db`)."""
+    return init_db(create_app(config))
+
+
 def shop_config(database_url: str, **config: Any) -> dict[str, Any]:
     values: dict[str, Any] = {
         "TESTING": True,
@@ -185,7 +198,7 @@ def make_harness(
 ) -> ShopHarness:
     """The example shop on the database ``name``, the emulator on ``name-emulator`` (same backend)."""
     emulator_app = make_emulator(databases.url(f"{name}-emulator"), public_url=EMULATOR_URL)
-    app = create_app(shop_config(databases.url(name), **config))
+    app = create_shop(shop_config(databases.url(name), **config))
 
     connect(app, emulator_app)
 
@@ -224,7 +237,7 @@ def shopper(shop: ShopHarness) -> Shopper:
 def gateway_app(databases: Databases) -> Flask:
     """The plugin's shop: the example shop configured as ``shop`` is, not yet installed (the plugin's
     ``gateway_emulator`` wires it to an emulator and installs it)."""
-    return create_app(shop_config(databases.url("shop")))
+    return create_shop(shop_config(databases.url("shop")))
 
 
 @pytest.fixture

@@ -21,6 +21,7 @@ from tests.shop.conftest import (
     SHOP_URL,
     ShopHarness,
     Shopper,
+    create_shop,
     csrf_token,
     make_harness,
     shop_config,
@@ -317,7 +318,7 @@ def test_a_plain_password_in_development_is_kept_only_as_a_hash(databases) -> No
 
 
 def test_without_any_password_nobody_can_log_in(databases) -> None:
-    app = create_app(shop_config(databases.url(), SHOP_ADMIN_PASSWORD_HASH=None))
+    app = create_shop(shop_config(databases.url(), SHOP_ADMIN_PASSWORD_HASH=None))
     shopper = Shopper(app.test_client())
     assert "No owner password is set up" in shopper.get("/admin/login").get_data(as_text=True)
     for guess in ("", "admin", "password", OWNER_PASSWORD):

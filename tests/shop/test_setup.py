@@ -13,7 +13,7 @@ from example_shop.config import ORDER_ENDPOINT, ShopConfigError, gateway_from_en
 from example_shop.setup import auto_install
 from flask_gateway import is_available
 from flask_gateway.config import DEFAULTS
-from tests.shop.conftest import SHOP_URL, ShopHarness, make_harness, shop_config
+from tests.shop.conftest import SHOP_URL, ShopHarness, create_shop, make_harness, shop_config
 
 
 def test_gateway_variables_are_copied_and_parsed() -> None:
@@ -142,11 +142,55 @@ def test_auto_install_installs_with_the_shop_settings(shop: ShopHarness) -> None
     assert shop.install() == "already-here"
 
 
-def test_auto_install_at_startup(databases, monkeypatch: pytest.MonkeyPatch, caplog) -> None:
-    # The emulator is unreachable here (no adapter): the shop retries, then starts all the same.
+def test_create_app_neither_installs_nor_asks_the_gateway(
+    databases, monkeypatch: pytest.MonkeyPatch, caplog
+) -> None:
+    """SHOP_AUTO_INSTALL=1 installs on first use, never in create_app (a worker must boot whatever the
+    gateway and the database do)."""
+    calls: list[object] = []
+    monkeypatch.setattr(setup, "install", lambda settings: calls.append(settings))
+    caplog.set_level(logging.INFO, logger="example_shop")
+
+    create_app(shop_config(databases.url(), SHOP_AUTO_INSTALL=True))
+
+    assert calls == []
+    assert "Auto-install" not in caplog.text
+
+
+def test_auto_install_on_the_first_request(databases, monkeypatch: pytest.MonkeyPatch, caplog) -> None:
+    shop = make_harness(databases, monkeypatch, install=False, SHOP_AUTO_INSTALL=True)
+    with shop.app.app_context():
+        assert not is_available(10000)
+    caplog.set_level(logging.INFO, logger="example_shop")
+
+    assert shop.shopper().get("/").status_code == 200
+
+    assert "Auto-install: the payment gateway is installed for account 'demo-merchant'" in caplog.text
+    with shop.app.app_context():
+        assert is_available(10000)
+    caplog.clear()
+    assert shop.shopper().get("/cart").status_code == 200
+    assert "Auto-install" not in caplog.text  # once per process
+
+
+def test_auto_install_on_first_use_waits_for_no_gateway_and_tries_again_later(
+    databases, monkeypatch: pytest.MonkeyPatch, caplog
+) -> None:
+    """The gateway does not answer: the first request makes one attempt (no pauses: a shopper waits),
+    the shop serves without the payment option, and a request after RETRY_SECONDS tries again."""
     caplog.set_level(logging.INFO, logger="example_shop")
     sleeps: list[float] = []
     monkeypatch.setattr("example_shop.setup.time.sleep", sleeps.append)
+    now = [1000.0]
+    monkeypatch.setattr(setup, "now", lambda: now[0])
+    attempts: list[object] = []
+    real_install = setup.install
+
+    def counted(settings: object) -> object:
+        attempts.append(settings)
+        return real_install(settings)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(setup, "install", counted)
     config = shop_config(
         databases.url(),
         SHOP_AUTO_INSTALL=True,
@@ -156,12 +200,22 @@ def test_auto_install_at_startup(databases, monkeypatch: pytest.MonkeyPatch, cap
         GATEWAY_V1_BASE_URL="http://127.0.0.1:9",
         GATEWAY_TIMEOUT=0.5,
     )
+    app = create_shop(config)
+    client = app.test_client()
 
-    app = create_app(config)
+    assert client.get(SHOP_URL + "/").status_code == 200
+    assert (len(attempts), sleeps) == (1, [])
+    assert "Auto-install gave up after 1 attempt(s)" in caplog.text
+    assert "tries again on a later request" in caplog.text
 
-    assert sleeps == [0.5, 1.0]
-    assert "Auto-install gave up after 3 attempts" in caplog.text
-    assert app.test_client().get(SHOP_URL + "/").status_code == 200
+    assert client.get(SHOP_URL + "/").status_code == 200
+    assert len(attempts) == 1  # not before RETRY_SECONDS
+    assert client.get(SHOP_URL + "/gateway/livez").status_code == 200
+    now[0] += setup.RETRY_SECONDS
+    assert client.get(SHOP_URL + "/gateway/livez").status_code == 200
+    assert len(attempts) == 1  # the extension's endpoints never wait for it
+    assert client.get(SHOP_URL + "/").status_code == 200
+    assert len(attempts) == 2
 
 
 def test_auto_install_without_a_public_url_explains_itself(databases, caplog) -> None:
