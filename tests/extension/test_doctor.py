@@ -414,6 +414,14 @@ def test_a_healthy_setup_passes(setups: Callable[..., Setup]) -> None:
     assert {mark for items in found.values() for mark, _text in items} <= {"ok", "unknown"}, result.output
     assert [text for mark, text in found["outbox"]] and (HAS_OUTBOX or found["outbox"][0][0] == "unknown")
     assert "answered 401, the extension's own refusal" in found["callback"][0][1]
+    assert found["readiness"] == [
+        (
+            "ok",
+            f"{SHOP}/gateway/readyz answers 200 (database, schema, installation); probe liveness at "
+            f"{SHOP}/gateway/livez and readiness at {SHOP}/gateway/readyz "
+            "(docs/operations.md#health-checks-and-database-outages)",
+        )
+    ]
     assert result.output.strip().splitlines()[-1].startswith("No problem found (")
     # Its footprint (docs/operations.md): the csrf check never calls the view, the callback check leaves one
     # refused row that names the doctor, and callback_rejected is sent once.
