@@ -90,6 +90,10 @@ def shop_cli() -> None:
     pass
 
 
+class _DatabaseAway(click.ClickException):
+    exit_code = EXIT_DATABASE_AWAY
+
+
 def _database_error(error: Exception) -> click.ClickException:
     """The one line a command prints when the database does not answer (or refuses otherwise): the
     driver's first line of reason, never a statement or its parameters."""
@@ -98,12 +102,10 @@ def _database_error(error: Exception) -> click.ClickException:
     reason = f"{type(original).__name__}: {first_line}"
     if not is_database_outage(error):
         return click.ClickException(f"The shop's database at {_masked_url()} refused ({reason}).")
-    away = click.ClickException(
+    return _DatabaseAway(
         f"The shop's database at {_masked_url()} does not answer ({reason}). Start it (or check "
         "SHOP_DATABASE_URL), then run this command again."
     )
-    away.exit_code = EXIT_DATABASE_AWAY
-    return away
 
 
 def _masked_url() -> str:

@@ -11,7 +11,7 @@ from flask import Flask
 from example_shop import create_app, setup
 from example_shop.config import ORDER_ENDPOINT, ShopConfigError, gateway_from_env, instance_secret, resolve
 from example_shop.setup import auto_install
-from flask_gateway import is_available
+from flask_gateway import InstallSettings, install, is_available
 from flask_gateway.config import DEFAULTS
 from tests.shop.conftest import SHOP_URL, ShopHarness, create_shop, make_harness, shop_config
 
@@ -184,11 +184,10 @@ def test_auto_install_on_first_use_waits_for_no_gateway_and_tries_again_later(
     now = [1000.0]
     monkeypatch.setattr(setup, "now", lambda: now[0])
     attempts: list[object] = []
-    real_install = setup.install
 
-    def counted(settings: object) -> object:
+    def counted(settings: InstallSettings) -> object:
         attempts.append(settings)
-        return real_install(settings)  # type: ignore[arg-type]
+        return install(settings)
 
     monkeypatch.setattr(setup, "install", counted)
     config = shop_config(
