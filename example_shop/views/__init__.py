@@ -14,7 +14,7 @@ from werkzeug.wrappers import Response
 from example_shop import auth, outages
 from example_shop import cart as session_cart
 from example_shop.models import OrderStatus
-from flask_gateway import format_money
+from flask_gateway import DATABASE_ERRORS, format_money, is_database_outage
 
 __all__ = ["register"]
 
@@ -40,6 +40,20 @@ def when(moment: datetime | None) -> str:
 
 def _ours() -> bool:
     return request.blueprint not in _GATEWAY_BLUEPRINTS
+
+
+def _owner_unless_away() -> bool:
+    """``auth.is_owner()`` for the page's owner navigation; False while the database is away, so the
+    outage pages (the shop's, and the extension's ``gateway/unavailable.html`` in the shop's look) draw
+    without it: the owner's login is checked in the database."""
+    if outages.database_away():
+        return False
+    try:
+        return auth.is_owner()
+    except DATABASE_ERRORS as error:
+        if not is_database_outage(error):
+            raise
+        return False
 
 
 def register(app: Flask) -> None:
@@ -76,8 +90,7 @@ def register(app: Flask) -> None:
             "when": when,
             "shop_name": app.config["SHOP_NAME"],
             "cart_count": session_cart.load().count,
-            # The outage page is drawn without the database, so without the owner's login check.
-            "is_owner": False if outages.database_away() else auth.is_owner(),
+            "is_owner": _owner_unless_away(),
             "demo_gateway": app.config.get("GATEWAY_ENVIRONMENT", "emulator") == "emulator",
             "OrderStatus": OrderStatus,
         }

@@ -112,6 +112,25 @@ def test_shopper_pages_answer_we_will_be_right_back(away: Flask, caplog: pytest.
     assert "secret-password" not in caplog.text
 
 
+def test_an_owner_meets_the_shops_page_on_the_gateways_screens_too(away: Flask) -> None:
+    """With an owner's session the page's owner navigation would ask the database who is logged in: the
+    outage page leaves it out, the shop's own and the extension's (its ``gateway/unavailable.html``, which
+    the shop overrides with its own look) alike."""
+    client = away.test_client()
+    with client.session_transaction(base_url=SHOP_URL) as session:
+        session["owner"] = {
+            "since": time.time(),
+            "version": 1,
+            "key": away.config["SHOP_OWNER_CREDENTIAL_KEY"],
+        }
+    owner = Shopper(client)
+
+    for path in ("/admin/", "/gateway/admin/", "/gateway/admin/checkouts"):
+        answer = owner.get(path)
+        _is_outage_page(answer)
+        assert ">Admin</a>" not in answer.get_data(as_text=True)
+
+
 def test_the_login_answers_the_outage_page_not_a_swallowed_traceback(
     away: Flask, caplog: pytest.LogCaptureFixture
 ) -> None:
