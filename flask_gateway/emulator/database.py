@@ -20,18 +20,18 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from dataclasses import dataclass
-from typing import Final
+from typing import Final, Literal
 
 from flask import Flask, Response, current_app
+from pydantic import BaseModel, ConfigDict
 from sqlalchemy import func, inspect, select
 from sqlalchemy.engine import Engine
+from sqlalchemy.exc import DBAPIError
 
 from flask_gateway.core.outages import (
     DATABASE_ERRORS,
     RETRY_AFTER_SECONDS,
     OutageWatch,
-    describe_database_error,
     is_database_outage,
     ping,
 )
@@ -127,12 +127,14 @@ def outage_response(error: BaseException, *, html: bool) -> Response:
     return Response(_OUTAGE_BODY, status=503, headers=headers, mimetype="application/json")
 
 
-@dataclass(frozen=True)
-class ReadinessCheck:
-    """One named check of ``GET /readyz``."""
+class ReadinessCheck(BaseModel):
+    """One named check of ``GET /readyz`` (its JSON form, also in the OpenAPI document)."""
 
-    name: str
+    model_config = ConfigDict(frozen=True)
+
+    name: Literal["database", "schema", "accounts"]
     ok: bool
+    #: What was found, in words (a table or account name, the driver's one-line reason; never a secret).
     detail: str
 
 
@@ -169,24 +171,28 @@ def readiness(engine: Engine, settings: EmulatorSettings) -> list[ReadinessCheck
         if not is_database_outage(error):
             raise
         state.watch.failed(error)
-        reason = describe_database_error(error)
+        # The class only: this answer is open to anyone, the log line has the driver's reason.
+        cause = error.orig if isinstance(error, DBAPIError) and error.orig is not None else error
+        reason = f"unreachable ({type(cause).__name__}); the emulator's log has the reason"
         return [
-            ReadinessCheck("database", False, f"unreachable: {reason}"),
-            ReadinessCheck("schema", False, "not checked: the database is unreachable"),
-            ReadinessCheck("accounts", False, "not checked: the database is unreachable"),
+            ReadinessCheck(name="database", ok=False, detail=reason),
+            ReadinessCheck(name="schema", ok=False, detail="not checked: the database is unreachable"),
+            ReadinessCheck(name="accounts", ok=False, detail="not checked: the database is unreachable"),
         ]
     state.watch.succeeded()
-    checks = [ReadinessCheck("database", True, "reachable")]
+    checks = [ReadinessCheck(name="database", ok=True, detail="reachable")]
     if missing:
-        checks.append(ReadinessCheck("schema", False, f"missing tables: {', '.join(missing)}"))
-        checks.append(ReadinessCheck("accounts", False, "not checked: tables are missing"))
+        checks.append(ReadinessCheck(name="schema", ok=False, detail=f"missing tables: {', '.join(missing)}"))
+        checks.append(ReadinessCheck(name="accounts", ok=False, detail="not checked: tables are missing"))
         return checks
-    checks.append(ReadinessCheck("schema", True, f"{len(db.metadata.tables)} tables present"))
+    checks.append(ReadinessCheck(name="schema", ok=True, detail=f"{len(db.metadata.tables)} tables present"))
     absent = sorted(set(settings.accounts) - seeded)
     if absent or not clock_row:
         what = [f"accounts not seeded: {', '.join(absent)}"] if absent else []
         what += [] if clock_row else ["the clock row is missing"]
-        checks.append(ReadinessCheck("accounts", False, "; ".join(what)))
+        checks.append(ReadinessCheck(name="accounts", ok=False, detail="; ".join(what)))
     else:
-        checks.append(ReadinessCheck("accounts", True, f"{len(settings.accounts)} account(s) seeded"))
+        checks.append(
+            ReadinessCheck(name="accounts", ok=True, detail=f"{len(settings.accounts)} account(s) seeded")
+        )
     return checks

@@ -1,6 +1,7 @@
 """The emulator's OpenAPI 3.1 document, built from the wire models.
 
-Every v2 and v1 operation, its security, and every status the emulator can answer. The request bodies use
+Every v2 and v1 operation, its security, and every status the emulator can answer; and the health probes
+(``GET /livez``, ``GET /readyz``). The request bodies use
 the models' *validation* schemas, the answers their *serialization* schemas, so the document describes
 exactly what the emulator parses and writes. ``docs/openapi.json`` is this document, committed::
 
@@ -52,6 +53,7 @@ from flask_gateway.core.wire import (
 from flask_gateway.core.wire.names import accepted
 from flask_gateway.emulator.api import MAX_BODY_BYTES
 from flask_gateway.emulator.idempotency import REPLAY_HEADER
+from flask_gateway.emulator.views.health import Liveness, Readiness
 
 __all__ = ["OPERATIONS", "Operation", "build_document", "main", "render"]
 
@@ -343,7 +345,10 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
 #: Statuses only an injected fault produces (``POST /_emulator/faults {"kind": "status"}``).
 FAULT_STATUSES: Final = {
     "429": "Injected fault (`status`): too many requests, with `Retry-After` when the rule sets it.",
-    "5XX": "Injected fault (`status`): a server error, with `Retry-After` when the rule sets it.",
+    "5XX": (
+        "Injected fault (`status`): a server error, with `Retry-After` when the rule sets it. Also 503 with "
+        "`Retry-After` while the emulator's database is unreachable: retry after that many seconds."
+    ),
 }
 
 
@@ -360,6 +365,8 @@ def _models() -> list[tuple[type[BaseModel], JsonSchemaMode]]:
             for model in bodies:
                 seen[(model, "serialization")] = None
     seen[(ErrorBody, "serialization")] = None
+    seen[(Liveness, "serialization")] = None
+    seen[(Readiness, "serialization")] = None
     return list(seen)
 
 
@@ -458,7 +465,9 @@ _REPLAY_HEADER_DOC: Final = _header(
     {"type": "string", "enum": ["true"]},
 )
 _RETRY_AFTER_DOC: Final = _header(
-    "Seconds to wait before retrying (when the injected fault sets it).", {"type": "integer", "minimum": 0}
+    "Seconds to wait before retrying (when the injected fault sets it; always on the 503 of an unreachable "
+    "database).",
+    {"type": "integer", "minimum": 0},
 )
 _CHALLENGE_DOC: Final = _header("The HTTP Basic challenge.", {"type": "string"}, required=True)
 
@@ -514,7 +523,62 @@ def _paths(operations: Iterable[Operation], refs: Mapping[type[BaseModel], str])
     paths: dict[str, dict[str, Any]] = {}
     for op in operations:
         paths.setdefault(op.path, {})[op.method] = _operation(op, refs)
-    return paths
+    return {**paths, **_health_paths(refs)}
+
+
+_HEALTH: Final = "health"
+_NO_STORE_DOC: Final = _header(
+    "Probes are never cached.", {"type": "string", "const": "no-store"}, required=True
+)
+
+
+def _health_paths(refs: Mapping[type[BaseModel], str]) -> dict[str, Any]:
+    """The probes (``emulator/views/health.py``): open, no body, never an injected fault."""
+    ready_body = _json_body({"$ref": refs[Readiness]})
+    return {
+        "/livez": {
+            "get": {
+                "operationId": "livez",
+                "tags": [_HEALTH],
+                "summary": "Liveness: the process answers",
+                "description": "Touches no database: 200 while the process serves requests, whatever the "
+                "database does.",
+                "security": [],
+                "responses": {
+                    "200": {
+                        "description": "Alive.",
+                        "headers": {"Cache-Control": _NO_STORE_DOC},
+                        "content": _json_body({"$ref": refs[Liveness]}),
+                    }
+                },
+            }
+        },
+        "/readyz": {
+            "get": {
+                "operationId": "readyz",
+                "tags": [_HEALTH],
+                "summary": "Readiness: database reachable, schema present, accounts seeded",
+                "description": "The named checks `database`, `schema` and `accounts`. The first probe of a "
+                "fresh emulator creates its tables and seeds its accounts, as its first request would.",
+                "security": [],
+                "responses": {
+                    "200": {
+                        "description": "Every check passes (`failing` is empty).",
+                        "headers": {"Cache-Control": _NO_STORE_DOC},
+                        "content": ready_body,
+                    },
+                    "503": {
+                        "description": "Some check fails: `failing` names them, `message` says so.",
+                        "headers": {
+                            "Cache-Control": _NO_STORE_DOC,
+                            "Retry-After": {**_RETRY_AFTER_DOC, "required": True},
+                        },
+                        "content": ready_body,
+                    },
+                },
+            }
+        },
+    }
 
 
 _DESCRIPTION: Final = """\
@@ -527,7 +591,8 @@ with `X-Merchant-Account-ID`. v1 requests use HTTP Basic `merchantAccountId:apiK
 
 Integers are JSON integers: amounts are whole cents, and `100.0` is refused like `"100"`.
 Every error is a JSON object with a `message` (400s add `errors`, sandbox 401s `expectedSignature`).
-Statuses 429 and 5XX are only produced by fault injection (`POST /_emulator/faults`).
+Statuses 429 and 5XX are only produced by fault injection (`POST /_emulator/faults`), except a 503 with
+`Retry-After` while the emulator's database is unreachable.
 """
 
 
@@ -556,6 +621,7 @@ def build_document(names: WireNames = OPERATOR) -> dict[str, Any]:
             {"name": _V2_CHECKOUTS, "description": "Signed v2 checkout operations."},
             {"name": _V2_INSTALL, "description": "Installation (unsigned) and settings (signed)."},
             {"name": _V1, "description": "The older v1 merchant endpoints (HTTP Basic, answers in `data`)."},
+            {"name": _HEALTH, "description": "Probes for process managers and load balancers (open)."},
         ],
         "paths": _paths(OPERATIONS, refs),
         "components": {

@@ -93,8 +93,12 @@ def test_document_covers_every_operation_and_its_answers():
         ("post", "/api/v1/merchant/configuration"),
         ("post", "/api/v1/merchant/checkout"),
         ("post", "/api/v1/merchant/refund"),
+        ("get", "/livez"),
+        ("get", "/readyz"),
     }
     assert {(method, path) for path, item in paths.items() for method in item} == expected
+    assert paths["/livez"]["get"]["security"] == paths["/readyz"]["get"]["security"] == []
+    assert set(paths["/readyz"]["get"]["responses"]) == {"200", "503"}
     create = paths["/v2/create"]["post"]
     assert set(create["responses"]) == {"200", "400", "401", "403", "409", "413", "422", "429", "5XX"}
     assert "idempotent-replay" in create["responses"]["200"]["headers"]
@@ -442,3 +446,38 @@ def test_injected_fault_statuses_are_documented(database_url, operation, status)
     case.validate_response(response, checks=injected, transport_kwargs={"app": seeded.wsgi})
     with seeded.app.app_context():
         db.engine.dispose()
+
+
+# --- the health probes and the outage answer -------------------------------------------------------
+
+#: Nothing listens on port 1: the connection is refused at once.
+UNREACHABLE = "postgresql+psycopg://gateway@127.0.0.1:1/emulator"
+CONFORMS = [check for check in CHECKS if check is not not_a_server_error]  # a 503 is the point
+
+
+@pytest.mark.parametrize("path", ["/livez", "/readyz"])
+def test_health_probes_answer_as_documented(emulator_app, path):
+    case = SCHEMA[path]["GET"].Case()
+    response = case.call(app=emulator_app)
+    assert response.status_code == 200
+    case.validate_response(response, checks=CONFORMS, transport_kwargs={"app": emulator_app})
+
+
+@pytest.mark.parametrize("path", ["/livez", "/readyz"])
+def test_health_probes_of_an_emulator_without_its_database_answer_as_documented(path):
+    app = make_emulator(UNREACHABLE)
+    case = SCHEMA[path]["GET"].Case()
+    response = case.call(app=app)
+    assert response.status_code == (200 if path == "/livez" else 503)
+    case.validate_response(response, checks=CONFORMS, transport_kwargs={"app": app})
+
+
+@pytest.mark.parametrize("operation", OPERATIONS, ids=lambda op: op.operation_id)
+def test_the_outage_answer_is_documented(operation):
+    """Every operation of an emulator whose database is away: 503, ``Retry-After``, an ``ErrorBody``."""
+    app = make_emulator(UNREACHABLE)
+    case = SCHEMA[operation.path][operation.method.upper()].Case(body={}, media_type="application/json")
+    response = case.call(app=SigningWrapper(app.wsgi_app, "any-key"))
+    assert response.status_code == 503
+    assert response.headers["retry-after"] == ["5"]
+    case.validate_response(response, checks=CONFORMS, transport_kwargs={"app": app})
