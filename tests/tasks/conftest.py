@@ -6,8 +6,8 @@
   (``flask --app flask_gateway.emulator run``, its callback worker off: the shop hears of a payment through
   the ``flask_gateway.reconcile`` task), two Celery workers (``--pool prefork --concurrency 1``, each in a
   process group of its own so a test can SIGKILL a whole worker) and one beat sending
-  ``flask_gateway.deliver_outbox`` every :data:`DELIVER_EVERY` s. The workers' outbox lease is
-  :data:`LEASE_SECONDS` (60 s in a shop).
+  ``flask_gateway.deliver_outbox`` every :data:`DELIVER_EVERY` s (5 s in a shop). The workers' outbox lease
+  is :data:`LEASE_SECONDS` (10 s in a shop), renewed every third of it while a receiver runs.
 - ``stack`` (each test): the same, with two live workers again (one killed by an earlier test is replaced)
   and the logs marked where the test begins.
 

@@ -20,9 +20,10 @@ from flask_sqlalchemy import SQLAlchemy
 
 from flask_gateway import Gateway, create_checkout, payment_confirmed
 from flask_gateway import tasks as gateway_tasks
-from flask_gateway.outbox import DeliveryReport, deliver_due
+from flask_gateway.outbox import CLAIM_LEASE, DeliveryReport, deliver_due
 from flask_gateway.tasks import (
     BEAT_SCHEDULE,
+    DELIVER_EVERY,
     DELIVER_OUTBOX,
     RECONCILE,
     RELIABILITY,
@@ -72,7 +73,12 @@ def test_celery_init_app_is_flasks_pattern_with_the_reliability_settings_and_the
     assert celery.conf.broker_transport_options["visibility_timeout"] == 3600
     schedule = celery.conf.beat_schedule
     assert set(schedule) == {*BEAT_SCHEDULE, "shop-newsletter"}  # the shop's own entries are kept
-    assert schedule["flask-gateway-deliver-outbox"]["schedule"] == 30.0
+    # A tick every 5 s, dropped when it waited longer: with the outbox's 10 s lease, an event whose worker
+    # died is delivered within 15 s of the death (docs/operations.md says so).
+    deliver = schedule["flask-gateway-deliver-outbox"]
+    assert deliver["schedule"] == DELIVER_EVERY == 5.0
+    assert deliver["options"]["expires"] == DELIVER_EVERY
+    assert CLAIM_LEASE.total_seconds() + DELIVER_EVERY == 15
     assert schedule["flask-gateway-reconcile"]["schedule"] == 300.0
     for name in BEAT_SCHEDULE:
         task = celery.tasks[schedule[name]["task"]]  # beat names a registered task

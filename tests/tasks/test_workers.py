@@ -7,6 +7,11 @@ receiver fails, blocks or fulfils as the order's scenario says, and counts every
 its calls, and its fulfilments (it is not idempotent itself, so a second delivery after a fulfilment would
 show as a second row).
 
+The outbox's lease is cut to :data:`LEASE_SECONDS` in the workers (10 s in a shop) and renewed every third
+of it while a receiver runs: a receiver slower than the lease keeps its event, and the event of a killed
+worker is delivered within the lease and a tick of its death (15 s in a shop; here 4 s and 0.5 s, plus
+the time a worker takes to pick the tick up: :data:`TAKEOVER_SLACK`).
+
 ``pytest tests/tasks -s`` prints the figures of each run (``[tasks] ...``).
 """
 
@@ -25,6 +30,8 @@ from tests.tasks.conftest import DELIVER_EVERY, LEASE_SECONDS, TaskStack
 
 #: How long nothing more may happen once the order is fulfilled (several beat ticks).
 QUIET_SECONDS = 2.5
+#: Beyond the lease and a beat tick: a worker takes the tick from Redis, starts the task, claims the event.
+TAKEOVER_SLACK = 2.5
 
 
 def _gaps(times: list[datetime]) -> list[float]:
@@ -96,6 +103,9 @@ def test_a_pool_process_killed_inside_the_receiver_gives_its_task_back_and_loses
     assert fulfilled_by != inside["pid"]
     (gap,) = _gaps([at for *_, at in calls])
     assert gap >= LEASE_SECONDS - 0.5, f"the event was delivered again {gap} s later, within its lease"
+    assert taken_over <= LEASE_SECONDS + DELIVER_EVERY + TAKEOVER_SLACK, (
+        f"taken over {taken_over:.1f} s after"
+    )
     # The worker itself lives on with a new pool process; the task it was running went back to the queue
     # (task_reject_on_worker_lost) and was run again, to completion.
     assert worker.alive()
@@ -115,8 +125,9 @@ def test_a_worker_killed_mid_delivery_leaves_the_event_to_another_that_fulfils_i
     stack: TaskStack, report: Callable[[str], None]
 ) -> None:
     """The receiver raises on its first two calls and blocks on the third; the whole worker running that
-    third call (its main process and its pool process) is SIGKILLed, as a machine that vanished. The other
-    worker delivers the event once its lease is out: fulfilled exactly once, on the third recorded attempt."""
+    third call (its main process and its pool process) is SIGKILLed, as a machine that vanished, after it
+    renewed the lease once. The other worker delivers the event once the lease is out, within the lease
+    and a tick of the kill: fulfilled exactly once, on the third recorded attempt."""
     reference = "TASKS-WORKER-KILLED"
     stack.scenario(reference, failures=2, block_on=3)
     started = time.monotonic()
@@ -125,6 +136,7 @@ def test_a_worker_killed_mid_delivery_leaves_the_event_to_another_that_fulfils_i
     inside = stack.inside(reference, 3, timeout=45)
     victim = stack.worker_of(inside["ppid"])
     (survivor,) = [worker for worker in stack.live_workers() if worker is not victim]
+    time.sleep(LEASE_SECONDS * 0.6)  # its lease renewed once (after a third of it): the renewals die with it
     victim.kill()
     killed = time.monotonic()
     stack.wait(
@@ -142,11 +154,51 @@ def test_a_worker_killed_mid_delivery_leaves_the_event_to_another_that_fulfils_i
     ((_, fulfilled_by, _),) = fulfilments  # exactly once
     assert fulfilled_by == calls[3][2] != inside["pid"]
     gaps = _gaps([at for *_, at in calls])
-    assert gaps[2] >= LEASE_SECONDS - 0.5, f"taken over {gaps[2]} s after the killed call, within the lease"
+    # Renewed once, a third of the lease into the call, then no more: free a lease after that renewal.
+    renewed_lease = LEASE_SECONDS * 4 / 3
+    assert gaps[2] >= renewed_lease - 0.5, f"taken over {gaps[2]} s after the killed call, within the lease"
+    assert taken_over <= LEASE_SECONDS + DELIVER_EVERY + TAKEOVER_SLACK, (
+        f"taken over {taken_over:.1f} s after"
+    )
     assert survivor.alive()
     report(
         f"worker killed mid-delivery (SIGKILL to its main and pool process, inside call 3): receiver calls "
         f"{len(calls)}, {gaps} s apart; the survivor delivered it after the {LEASE_SECONDS:.0f} s lease "
-        f"({taken_over:.1f} s after the kill, beat every {DELIVER_EVERY} s); outbox attempts 3, fulfilled "
-        f"once; {total:.1f} s from payment to fulfilment"
+        f"(renewed once before the kill; {taken_over:.1f} s after the kill, beat every {DELIVER_EVERY} s); "
+        f"outbox attempts 3, fulfilled once; {total:.1f} s from payment to fulfilment"
+    )
+
+
+def test_a_receiver_slower_than_the_lease_keeps_its_event(
+    stack: TaskStack, report: Callable[[str], None]
+) -> None:
+    """The receiver's first call blocks for three leases while beat sends a tick every half second to the
+    other worker: the blocked worker's process renews the lease, so no tick takes the event; once released,
+    the call fulfils the order, delivered once."""
+    reference = "TASKS-SLOW-RECEIVER"
+    stack.scenario(reference, failures=0, block_on=1)
+    checkout_id = stack.paid_order(reference)
+
+    inside = stack.inside(reference, 1, timeout=30)
+    holder = stack.worker_of(inside["ppid"])
+    (other,) = [worker for worker in stack.live_workers() if worker is not holder]
+    since = other.log_size()
+    time.sleep(3 * LEASE_SECONDS)
+    ticks = len(re.findall(r"Task flask_gateway\.deliver_outbox\[[0-9a-f-]+\] received", other.log(since)))
+    calls_meanwhile = stack.calls(reference)
+    (stack.markers / f"release-{reference}").touch()
+    stack.wait(lambda: stack.fulfilments(reference), timeout=30, what="the order's fulfilment")
+    calls, fulfilments, events = _settled(stack, reference, checkout_id)
+
+    assert len(calls_meanwhile) == 1, "the event was delivered again while its receiver still ran"
+    assert ticks >= 5, f"the other worker ran only {ticks} ticks meanwhile:\n{stack.logs()[-4000:]}"
+    ((event_id, _kind, state, attempts, last_error, *_),) = events
+    assert (state, attempts, last_error) == ("delivered", 1, None)
+    assert [(call, event) for call, event, *_ in calls] == [(1, event_id)]
+    ((_, fulfilled_by, _),) = fulfilments
+    assert fulfilled_by == inside["pid"]
+    report(
+        f"receiver blocked for {3 * LEASE_SECONDS:.0f} s (three {LEASE_SECONDS:.0f} s leases, renewed every "
+        f"{LEASE_SECONDS / 3:.1f} s) while the other worker ran {ticks} deliver_outbox ticks: called once, "
+        f"fulfilled once"
     )

@@ -2,8 +2,8 @@
 from the environment the test gives the process, and its Celery app (``flask_gateway.tasks.celery_init_app``,
 Flask's pattern).
 
-``TASKS_LEASE_SECONDS`` shortens the outbox's lease (60 s in a shop; ``flask_gateway.outbox.CLAIM_LEASE``,
-read at each claim) in these processes only, so an event whose worker was killed is taken over in seconds.
+``TASKS_LEASE_SECONDS`` shortens the outbox's lease (10 s in a shop; ``flask_gateway.outbox.CLAIM_LEASE``,
+read at each claim and renewal) in these processes only, so the tests wait less for a killed worker's event.
 """
 
 from __future__ import annotations
