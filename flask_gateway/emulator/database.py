@@ -20,13 +20,12 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from dataclasses import dataclass
 from typing import Final, Literal
 
 from flask import Flask, Response, current_app
-from pydantic import BaseModel, ConfigDict
 from sqlalchemy import func, inspect, select
 from sqlalchemy.engine import Engine
-from sqlalchemy.exc import DBAPIError
 
 from flask_gateway.core.outages import (
     DATABASE_ERRORS,
@@ -127,22 +126,22 @@ def outage_response(error: BaseException, *, html: bool) -> Response:
     return Response(_OUTAGE_BODY, status=503, headers=headers, mimetype="application/json")
 
 
-class ReadinessCheck(BaseModel):
-    """One named check of ``GET /readyz`` (its JSON form, also in the OpenAPI document)."""
-
-    model_config = ConfigDict(frozen=True)
+@dataclass(frozen=True)
+class ReadinessCheck:
+    """One named check of ``GET /readyz``."""
 
     name: Literal["database", "schema", "accounts"]
-    ok: bool
-    #: What was found, in words (a table or account name, the driver's one-line reason; never a secret).
+    #: None: not run, because an earlier check failed.
+    ok: bool | None
+    #: What was found, in words (a table or account name; never a secret, nor the database's address).
     detail: str
 
 
 def readiness(engine: Engine, settings: EmulatorSettings) -> list[ReadinessCheck]:
-    """``database`` (a connection and ``SELECT 1``), ``schema`` (every emulator table exists),
+    """``database`` (a connection and a query), ``schema`` (every emulator table exists),
     ``accounts`` (every account of ``EMULATOR_ACCOUNTS`` and the clock row exist), in that order; a check
-    that cannot run because an earlier one failed says so. Runs in an app context; first gives the lazy
-    preparation its chance, so a probe alone makes a fresh emulator ready."""
+    that cannot run because an earlier one failed is not run (``ok`` None). Runs in an app context; first
+    gives the lazy preparation its chance, so a probe alone makes a fresh emulator ready."""
     state = database_state()
     try:
         state.ensure()
@@ -171,19 +170,17 @@ def readiness(engine: Engine, settings: EmulatorSettings) -> list[ReadinessCheck
         if not is_database_outage(error):
             raise
         state.watch.failed(error)
-        # The class only: this answer is open to anyone, the log line has the driver's reason.
-        cause = error.orig if isinstance(error, DBAPIError) and error.orig is not None else error
-        reason = f"unreachable ({type(cause).__name__}); the emulator's log has the reason"
+        # No reason: this answer is open to anyone (the driver's names the host); the log line has it.
         return [
-            ReadinessCheck(name="database", ok=False, detail=reason),
-            ReadinessCheck(name="schema", ok=False, detail="not checked: the database is unreachable"),
-            ReadinessCheck(name="accounts", ok=False, detail="not checked: the database is unreachable"),
+            ReadinessCheck(name="database", ok=False, detail="unreachable"),
+            ReadinessCheck(name="schema", ok=None, detail="not checked: the database does not answer"),
+            ReadinessCheck(name="accounts", ok=None, detail="not checked: the database does not answer"),
         ]
     state.watch.succeeded()
     checks = [ReadinessCheck(name="database", ok=True, detail="reachable")]
     if missing:
         checks.append(ReadinessCheck(name="schema", ok=False, detail=f"missing tables: {', '.join(missing)}"))
-        checks.append(ReadinessCheck(name="accounts", ok=False, detail="not checked: tables are missing"))
+        checks.append(ReadinessCheck(name="accounts", ok=None, detail="not checked: tables are missing"))
         return checks
     checks.append(ReadinessCheck(name="schema", ok=True, detail=f"{len(db.metadata.tables)} tables present"))
     absent = sorted(set(settings.accounts) - seeded)
