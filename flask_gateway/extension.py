@@ -98,7 +98,7 @@ class Gateway:
         )
         app.extensions[EXTENSION_KEY] = state
         app.teardown_appcontext(lambda _error: state.remove_session())
-        watch_recovery(app)
+        watch_recovery(app, state)
         # Copies with the types the database stores, so that Flask-Migrate's scripts run as written
         # (docs/migrations.md); the extension reads and writes through GatewayBase's own tables.
         copy_tables_as_stored(GatewayBase.metadata, database.metadata)

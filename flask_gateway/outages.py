@@ -96,11 +96,13 @@ def probe_while_down(app: Flask) -> bool:
         return False
 
 
-def watch_recovery(app: Flask) -> None:
-    """Run :func:`probe_while_down` after every request of ``app`` (``Gateway.init_app`` does this)."""
+def watch_recovery(app: Flask, state: GatewayState) -> None:
+    """After every request of ``app``, :func:`probe_while_down` while ``state``'s watch is down
+    (``Gateway.init_app`` does this)."""
 
     def probe_after(response: Response) -> Response:
-        probe_while_down(app)
+        if state.outages.down:  # else nothing: the cost of a request while the database is up
+            probe_while_down(app)
         return response
 
     app.after_request(probe_after)
