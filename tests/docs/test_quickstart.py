@@ -191,8 +191,9 @@ def walk(shop: str, server: subprocess.Popen[bytes], log: Path, started: float) 
 
 def test_the_quickstarts_tables_with_flask_migrate(newcomer: dict[str, object]) -> None:
     """The quickstart's shop with the page's Flask-Migrate steps instead of ``init-db``: one migration for
-    the shop's and the gateway's tables that runs as written, the embedded emulator's tables left alone,
-    and a second ``migrate`` that finds nothing new (the output the page shows)."""
+    the shop's and the gateway's tables that runs as written, and a second ``migrate`` that finds nothing new
+    (the output the page shows); once the embedded emulator has made its own tables (on first use), a
+    migrate still leaves them alone."""
     folder: Path = newcomer["folder"]  # type: ignore[assignment]
     env: dict[str, str] = newcomer["env"]  # type: ignore[assignment]
     shop_py = next(s for s in quickstart() if isinstance(s, File))
@@ -218,8 +219,35 @@ def test_the_quickstarts_tables_with_flask_migrate(newcomer: dict[str, object]) 
     assert "op.create_table('gateway_checkouts'" in text
     assert "emulator_" not in text  # the embedded emulator's tables are not the shop's to create or drop
     assert "flask_gateway" not in text  # nothing to import: sa.DateTime(timezone=True)
+    assert {"orders", "gateway_checkouts", "gateway_installations", "alembic_version"} <= _tables(folder)
+
+    # Then the shop runs: the embedded emulator makes its own tables on first use, in the same database
+    # (here at once, as its first request would). A later migrate leaves them alone: nothing new.
+    python = Path(env["VIRTUAL_ENV"]) / "bin" / "python"
+    first_use = (
+        "import sys; sys.path.insert(0, '.')\n"
+        "from flask_gateway.emulator import embedded_emulator, prepare_database\n"
+        "from manage import app\n"
+        "prepare_database(embedded_emulator(app).app)\n"
+    )
+    subprocess.run([str(python), "-c", first_use], cwd=folder, env=env, check=True, timeout=120)
+    assert "emulator_checkouts" in _tables(folder)  # the embedded emulator's own, beside the shop's
+    again = subprocess.run(
+        ["flask", "--app", "manage", "db", "migrate", "-m", "again"],
+        cwd=folder,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "No changes in schema detected." in again.stdout + again.stderr
+    assert "emulator_checkouts" in _tables(folder)  # untouched
+
+
+def _tables(folder: Path) -> set[str]:
     database = sqlite3.connect(folder / "instance" / "shop.db")
-    tables = {name for (name,) in database.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-    database.close()
-    assert {"orders", "gateway_checkouts", "gateway_installations", "alembic_version"} <= tables
-    assert "emulator_checkouts" in tables  # the embedded emulator's own, beside them and untouched
+    try:
+        return {name for (name,) in database.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    finally:
+        database.close()
