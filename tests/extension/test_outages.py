@@ -9,13 +9,16 @@ once). The recovery test stops and starts a cluster of its own.
 from __future__ import annotations
 
 import logging
+import socket
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import requests
 from flask import Flask
 from flask_sqlalchemy import SQLAlchemy
-from sqlalchemy import text
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError, OperationalError
 
 import flask_gateway
@@ -106,6 +109,33 @@ def test_a_shop_boots_with_its_database_away_and_answers_503(
     with app.app_context():
         assert get_state().outages.down
         assert get_state().outages.refused >= 5
+
+
+@pytest.mark.parametrize("environment", ["emulator", "embedded"])
+def test_init_app_opens_no_connection(environment: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Neither the database nor the network (nor the embedded emulator's database) at boot."""
+    attempts: list[object] = []
+
+    def no_connection(_socket: socket.socket, address: object) -> None:
+        attempts.append(address)
+        raise OSError("no connection at boot")
+
+    def no_database(engine: Engine, *_args: object, **_kwargs: object) -> None:
+        attempts.append(engine.url.render_as_string())
+        raise OSError("no database at boot")
+
+    monkeypatch.setattr(socket.socket, "connect", no_connection)
+    monkeypatch.setattr(socket.socket, "connect_ex", no_connection)
+    monkeypatch.setattr(Engine, "raw_connection", no_database)  # every engine's connections
+    shop_on(closed_port_url(), GATEWAY_ENVIRONMENT=environment)
+    assert attempts == []
+
+    # The traps do catch a connection of either kind (so the test can fail).
+    with pytest.raises(OSError, match="no database"):
+        create_engine(closed_port_url()).connect()
+    with pytest.raises(requests.ConnectionError):
+        requests.get("http://127.0.0.1:9/", timeout=1)
+    assert len(attempts) == 2
 
 
 def test_the_v1_urls_and_the_return_page_answer_503_during_an_outage(
