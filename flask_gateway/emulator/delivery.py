@@ -12,7 +12,8 @@ One attempt is four short transactions, and none is open while talking to the me
    locked with ``SELECT ... FOR UPDATE SKIP LOCKED`` and leased (``claimed_until`` = real time + 60 s),
    so several workers, in one process or many, never make the same attempt twice. The lease runs on
    real time, not on the test clock, so advancing the clock never breaks a lease held by an attempt in
-   flight.
+   flight. An attempt that a database outage cuts short gives its lease back as soon as the database
+   answers again (the process remembers it), so it is made again within a tick, not a minute later.
 2. **prepare**: the checkout is locked and its expiry applied; for a callback its
    ``lastCallbackAttemptedAt`` is set to the attempt time and the body is built from the checkout's
    status *at the time of the attempt* (``checkouts.status_payload``). So the body carries this
@@ -57,7 +58,7 @@ from datetime import datetime, timedelta
 from typing import Any, Final
 
 from flask import Flask, current_app, has_request_context, request
-from sqlalchemy import ColumnElement, or_, select
+from sqlalchemy import ColumnElement, or_, select, update
 
 from flask_gateway.core.outages import is_database_outage
 from flask_gateway.core.sql import sqlite_read_transactions
@@ -162,15 +163,17 @@ def run_due(*, limit: int = 100) -> int:
     Expires the checkouts whose time has come first (a v1 expiry enqueues its ABANDONED notice). Each
     delivery gets at most one attempt per call, even when its retry delay is zero.
     """
+    _release_cut_short()
     checkouts.expire_due()
     db.session.commit()
     done: list[int] = []
     while len(done) < limit:
-        delivery_id = _claim_next(exclude=done)
-        if delivery_id is None:
+        claimed = _claim_next(exclude=done)
+        if claimed is None:
             break
+        delivery_id, lease = claimed
         done.append(delivery_id)
-        _attempt(delivery_id)
+        _attempt_holding(delivery_id, lease)
     return len(done)
 
 
@@ -199,12 +202,12 @@ def redeliver(delivery_id: int) -> int | None:
     delivery.state = DeliveryState.PENDING.value
     delivery.attempts = 0
     delivery.next_attempt_at = clock.now()
-    delivery.claimed_until = utcnow() + CLAIM_LEASE  # ours: the worker must not take it meanwhile
+    lease = delivery.claimed_until = utcnow() + CLAIM_LEASE  # ours: the worker must not take it meanwhile
     checkouts.record_event(
         delivery.checkout, f"{_label(delivery.kind)}-requeued", "from the dead letter queue"
     )
     db.session.commit()
-    return _attempt(delivery_id)
+    return _attempt_holding(delivery_id, lease)
 
 
 def _due(lease_now: datetime) -> tuple[ColumnElement[bool], ...]:
@@ -219,6 +222,7 @@ def _due(lease_now: datetime) -> tuple[ColumnElement[bool], ...]:
 def anything_due() -> bool:
     """Whether :func:`run_due` would find anything to do now (an expiry, or an attempt): one read-only
     query, which on SQLite takes no write lock (``run_due`` takes it twice even when there is nothing)."""
+    _release_cut_short()  # a lease released is a delivery due again
     with sqlite_read_transactions():
         try:
             found = db.session.execute(
@@ -234,8 +238,8 @@ def anything_due() -> bool:
     return bool(found)
 
 
-def _claim_next(*, exclude: list[int]) -> int | None:
-    """Lease the oldest due delivery (skipping rows another worker holds); its id, or None."""
+def _claim_next(*, exclude: list[int]) -> tuple[int, datetime] | None:
+    """Lease the oldest due delivery (skipping rows another worker holds); its id and lease, or None."""
     lease_now = utcnow()
     query = (
         select(Delivery)
@@ -251,10 +255,52 @@ def _claim_next(*, exclude: list[int]) -> int | None:
     if delivery is None:
         db.session.commit()
         return None
-    delivery.claimed_until = lease_now + CLAIM_LEASE
+    lease = delivery.claimed_until = lease_now + CLAIM_LEASE
     delivery_id = delivery.id
     db.session.commit()
-    return delivery_id
+    return delivery_id, lease
+
+
+# --- attempts cut short by a database outage -------------------------------------------------------------
+#
+# An attempt whose database went away between its claim and its record leaves the delivery leased for
+# CLAIM_LEASE (60 s): nothing else may make it meanwhile. This process knows it holds no such attempt any
+# more, so it gives the lease back as soon as the database answers (the next run_due or anything_due),
+# and the delivery is attempted again within a tick instead of a minute. The callback may have been sent
+# already: it is sent again, which a merchant must accept anyway (at least once, the same body).
+
+_CUT_SHORT_KEY: Final = "gateway_emulator_cut_short"
+_cut_short_lock = threading.Lock()
+
+
+def _attempt_holding(delivery_id: int, lease: datetime) -> int | None:
+    """:func:`_attempt` for a delivery this process leased until ``lease``; remembers an outage's victim."""
+    try:
+        return _attempt(delivery_id)
+    except Exception as error:
+        if is_database_outage(error):
+            with _cut_short_lock:
+                current_app.extensions.setdefault(_CUT_SHORT_KEY, {})[delivery_id] = lease
+        raise
+
+
+def _release_cut_short() -> None:
+    """Give back the leases of attempts an outage cut short (only while still ours: same lease value)."""
+    cut_short: dict[int, datetime] | None = current_app.extensions.get(_CUT_SHORT_KEY)
+    if not cut_short:  # the common case: one dict lookup
+        return
+    with _cut_short_lock:
+        pending = dict(cut_short)
+    for delivery_id, lease in pending.items():
+        db.session.execute(
+            update(Delivery)
+            .where(Delivery.id == delivery_id, Delivery.claimed_until == lease)
+            .values(claimed_until=None)
+        )
+    db.session.commit()
+    with _cut_short_lock:
+        for delivery_id in pending:
+            cut_short.pop(delivery_id, None)
 
 
 def _attempt(delivery_id: int) -> int | None:

@@ -24,7 +24,7 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from flask_gateway.core.outages import RETRY_AFTER_SECONDS
-from flask_gateway.emulator import mount
+from flask_gateway.emulator import delivery, mount
 from flask_gateway.emulator.database import database_state
 from flask_gateway.emulator.delivery import start_worker, stop_worker
 from flask_gateway.emulator.models import Account, db
@@ -261,3 +261,24 @@ def test_postgresql_stopped_then_started(restartable: PostgresCluster, caplog):
         per_app = len(outage_lines(caplog, name))
         assert per_app == 2, [r.getMessage() for r in caplog.records]  # one per app: running and late
     assert_no_traceback(caplog)
+
+
+def test_an_attempt_cut_short_by_an_outage_is_made_again_when_the_database_answers(
+    installed: Gateway, monkeypatch
+):
+    """Its lease (60 s) is given back once the database answers: the next run makes the attempt at once."""
+    installed.pay(installed.create()["checkoutToken"])
+    real_prepare = delivery._prepare
+
+    def database_gone(delivery_id: int) -> object:
+        monkeypatch.setattr(delivery, "_prepare", real_prepare)
+        raise OperationalError("SELECT", {}, Exception("server closed the connection unexpectedly"))
+
+    monkeypatch.setattr(delivery, "_prepare", database_gone)
+    cut_short = installed.control("deliver")
+    assert cut_short.status_code == 503 and cut_short.headers["Retry-After"] == RETRY_AFTER
+
+    again = installed.control("deliver")
+    assert again.status_code == 200 and again.json == {"attempts": 1}
+    [attempt] = installed.control("callbacks", method="GET").json["callbacks"]
+    assert attempt["number"] == 1
