@@ -93,8 +93,10 @@ def create_app(test_config: Mapping[str, Any] | None = None, *, instance_path: s
     return app
 
 
-#: Endpoints that never touch the database (and so work while it is away).
-_NO_DATABASE: Final = frozenset({"static", "emulator_health.livez", "emulator_health.readyz"})
+#: Endpoints that never touch the database (and so work while it is away; ``readyz`` prepares it itself).
+_NO_DATABASE: Final = frozenset(
+    {"static", "emulator_health.livez", "emulator_health.readyz", "emulator_dashboard.openapi"}
+)
 
 
 def _database_ready() -> None:
