@@ -36,6 +36,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from flask_gateway import models
 from flask_gateway.core import http
 from flask_gateway.core.http import CallAttempt
+from flask_gateway.core.outages import describe_database_error, is_database_outage
 from flask_gateway.core.sql import sqlite_read_transactions
 from flask_gateway.errors import ConfigurationError
 from flask_gateway.health import CONFIRMATION_PATHS, CallbackHealth, callback_health
@@ -174,8 +175,11 @@ class GatewayCollector:
         try:
             with self.app.app_context():
                 self._fill(families)
-        except SQLAlchemyError:
-            log.warning("gateway metrics: the database could not be read", exc_info=True)
+        except SQLAlchemyError as error:
+            if is_database_outage(error):  # gateway_up 0 says it at every scrape: no traceback each time
+                log.debug("gateway metrics: the database is away (%s)", describe_database_error(error))
+            else:
+                log.warning("gateway metrics: the database could not be read", exc_info=True)
             families = _Families.new(self.window)
             families.window.add_metric([], self.window.total_seconds())
             families.up.add_metric([], 0)
@@ -227,7 +231,9 @@ def _outbox(families: _Families, health: CallbackHealth) -> None:
             )
             oldest = session.scalar(select(func.min(model.created_at)).where(model.state == "pending"))
             session.commit()
-    except SQLAlchemyError:
+    except SQLAlchemyError as error:
+        if is_database_outage(error):
+            raise  # the database is away, not the outbox table: gateway_up 0
         session.rollback()
         log.warning("gateway metrics: the outbox table could not be read (not migrated?)", exc_info=True)
         families.skipped.append("outbox")

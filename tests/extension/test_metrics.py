@@ -297,14 +297,28 @@ def test_without_an_outbox_the_rest_is_scraped(
 def test_a_database_that_cannot_be_read_is_up_0_not_a_failed_scrape(
     installed: Harness, registered: GatewayMetrics, monkeypatch: pytest.MonkeyPatch, caplog
 ):
-    def down(**_options):
-        raise OperationalError("SELECT 1", {}, Exception("the database is down"))
+    def broken(**_options):
+        raise OperationalError("SELECT 1", {}, Exception("no such table: gateway_callback_log"))
 
-    monkeypatch.setattr(metrics_module, "callback_health", down)
+    monkeypatch.setattr(metrics_module, "callback_health", broken)
     samples = scrape(registered.registry)
     assert value(samples, "flask_gateway_up") == 0
     assert "flask_gateway_confirmations_recent" not in samples
     assert "the database could not be read" in caplog.text
+
+
+def test_a_database_outage_is_up_0_without_a_traceback_per_scrape(
+    installed: Harness, registered: GatewayMetrics, monkeypatch: pytest.MonkeyPatch, caplog
+):
+    """``flask_gateway_up`` 0 says it at every scrape; the log is not filled with one traceback each."""
+
+    def away(**_options):
+        raise OperationalError("SELECT 1", {}, Exception("server closed the connection unexpectedly"))
+
+    monkeypatch.setattr(metrics_module, "callback_health", away)
+    for _ in range(3):
+        assert value(scrape(registered.registry), "flask_gateway_up") == 0
+    assert not [r for r in caplog.records if r.levelno >= 30 or r.exc_info]
 
 
 def test_unregister_takes_everything_out(installed: Harness):
