@@ -55,6 +55,7 @@ import queue
 import threading
 from collections import Counter
 from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Final
@@ -64,6 +65,7 @@ from sqlalchemy import ColumnElement, and_, func, or_, select, update
 
 from flask_gateway.config import MAX_PAID_WINDOW_HOURS
 from flask_gateway.core.client import GatewayClient
+from flask_gateway.core.outages import describe_database_error, is_database_outage
 from flask_gateway.core.sql import commit_keeping_loaded, sqlite_in_memory
 from flask_gateway.core.timestamps import utcnow
 from flask_gateway.core.wire import (
@@ -356,9 +358,17 @@ def reconcile(
         # Callbacks gone silent while payments go on (callbacks_silent, once per silent spell): each run
         # looks, so a shop whose callbacks stopped hears of it within one schedule.
         check_callback_health()
-    except Exception:
-        session.rollback()
-        log.exception("reconcile: the callback health check failed (the run itself is done)")
+    except Exception as error:
+        with suppress(Exception):  # a dead connection's rollback fails too
+            session.rollback()
+        if is_database_outage(error):
+            log.warning(
+                "reconcile: the callback health check could not read the database (%s); the run itself "
+                "is done",
+                describe_database_error(error),
+            )
+        else:
+            log.exception("reconcile: the callback health check failed (the run itself is done)")
     report.finished_at = utcnow()
     log.info("reconcile: %s", report.summary().replace("\n", " | "))
     return report
@@ -709,6 +719,13 @@ def _write(
             fresh = claim()
         commit_keeping_loaded(session)
     except Exception as error:
+        if is_database_outage(error):
+            # The database is away: applying each answer alone would fail the same way, one traceback a
+            # checkout. The run stops (the CLI says so in one line); the claimed checkouts are due again
+            # after the lease, and the next run asks about them again.
+            with suppress(Exception):  # the rollback of a dead connection fails too
+                session.rollback()
+            raise
         session.rollback()
         if not answered:
             raise

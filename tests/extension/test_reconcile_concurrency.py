@@ -16,6 +16,7 @@ import requests
 from requests.adapters import BaseAdapter
 from requests.structures import CaseInsensitiveDict
 from sqlalchemy import select
+from sqlalchemy.exc import OperationalError
 
 from flask_gateway import polling, reconciliation, signals
 from flask_gateway.config import GatewayConfig
@@ -224,6 +225,27 @@ def test_an_answer_that_does_not_apply_fails_alone(
         events = {c.token: len(c.events) for c in get_state().session.scalars(select(GatewayCheckout))}
     # Seeded with one event each; an applied answer adds one.
     assert events == {token: 1 if token == broken else 2 for token in tokens}
+
+
+@pytest.mark.parametrize("concurrency", [1, 4])
+def test_a_database_outage_stops_the_run_without_a_traceback_per_checkout(
+    installed: Harness, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, concurrency: int
+) -> None:
+    """Applying each answer alone would fail the same way: the run stops at once (``flask gateway
+    reconcile`` says so in one line) and the next run asks again."""
+    pending(installed, 30)
+    tried: list[str] = []
+
+    def away(payload: Any, *_args: Any) -> Any:
+        tried.append(payload.checkoutToken)
+        raise OperationalError("UPDATE", {}, Exception("server closed the connection unexpectedly"))
+
+    stub(installed, StubGateway())
+    monkeypatch.setattr(reconciliation, "record_answer", away)
+    with pytest.raises(OperationalError, match="server closed the connection"):
+        run(installed, concurrency=concurrency)
+    assert len(tried) == 1  # not once more per checkout of the batch, nor for the next checkouts
+    assert not [r for r in caplog.records if r.exc_info], [r.getMessage() for r in caplog.records]
 
 
 def test_limit_with_a_pool(installed: Harness) -> None:
