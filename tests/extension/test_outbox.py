@@ -27,6 +27,7 @@ from flask_gateway import (
     refund_succeeded,
 )
 from flask_gateway import outbox as outbox_module
+from flask_gateway.core.sql import commit_keeping_loaded
 from flask_gateway.core.timestamps import utcnow
 from flask_gateway.models import GatewayCheckout, OutboxEvent, OutboxState, RefundRecord
 from flask_gateway.state import get_state
@@ -550,7 +551,7 @@ def test_events_of_a_batch_delivered_late_are_taken_again_or_left_to_who_took_th
             )
             for checkout in (first, second)
         ]
-        session.commit()
+        commit_keeping_loaded(session)  # as reconciliation commits a batch
         clock.advance(11)  # the slow receivers of earlier changes ran meanwhile: both leases are out
         with gateway_app.app_context():  # another worker's deliver_due, meanwhile
             assert deliver_due(limit=1).delivered == 1
