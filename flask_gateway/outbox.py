@@ -22,8 +22,10 @@ not at all. Delivering an event sends its signal (``flask_gateway.signals``) to 
   after a third of it extends the lease of the rows it holds, every third of it, from a daemon thread of the
   process (``_Heartbeat``), each time in a short transaction of its own. A receiver slower than the lease
   keeps its event; a process that dies stops renewing, and its rows are free within the lease: the next
-  ``deliver_due`` after that (a beat tick every 5 s, ``flask_gateway.tasks``) delivers them. A receiver
-  that returns within a third of the lease (nearly all) costs no renewal: no extra round trip.
+  ``deliver_due`` after that delivers them, so within lease + tick of the death (15 s with the task
+  queue's 5 s tick, ``flask_gateway.tasks``). A receiver that returns within a third of the lease (nearly
+  all) costs no renewal: no extra round trip. Events a caller delivers long after it wrote them (the last
+  changes of a reconciliation batch) are taken again first, or left to the delivery that took them.
 - **At least once**: an event may be delivered again (a receiver that raised after doing half its work, a
   worker killed after the receivers ran and before the row was marked). Each delivery of one event carries
   the same ``event_id``: a receiver that does its work once per ``event_id`` (or per order, as fulfilment
