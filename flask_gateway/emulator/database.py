@@ -59,7 +59,7 @@ _OUTAGE_MESSAGE: Final = (
 _OUTAGE_BODY: Final = json.dumps({"message": _OUTAGE_MESSAGE})
 _OUTAGE_PAGE: Final = (
     "<!doctype html><title>Back shortly</title><h1>The gateway emulator will be right back</h1>"
-    "<p>Its database is unreachable for a moment. Nothing was changed: try again in a few seconds.</p>"
+    "<p>Its database is unreachable for a moment: try again in a few seconds.</p>"
 )
 
 
@@ -72,11 +72,6 @@ class DatabaseState:
         self._prepared = False
         #: One per app: the requests and the delivery worker of a process report to the same watch.
         self.watch = OutageWatch("gateway emulator", _log)
-
-    @property
-    def prepared(self) -> bool:
-        """True once this app created its tables and seeded its accounts (in this process)."""
-        return self._prepared
 
     def ensure(self) -> None:
         """Make the database usable for the current app context, or raise what the driver raises.
