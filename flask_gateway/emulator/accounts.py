@@ -1,4 +1,4 @@
-"""The accounts "issued by the account manager" (``EMULATOR_ACCOUNTS``), seeded at start and on reset."""
+"""The accounts "issued by the account manager" (``EMULATOR_ACCOUNTS``), seeded on first use and on reset."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ __all__ = ["seed_accounts"]
 def seed_accounts(settings: EmulatorSettings) -> None:
     """Create the accounts of ``EMULATOR_ACCOUNTS`` that do not exist yet, and the clock row.
 
-    Every worker process of a server does this at start, at the same moment: a row another process inserted
-    after this one looked (a unique violation, at the commit or at an autoflush) means it is seeded. The
-    lookups do not autoflush, and a conflict is retried once, so whatever the other process left out is
-    still added.
+    Every worker process of a server does this on its first use of the database, possibly at the same
+    moment: a row another process inserted after this one looked (a unique violation, at the commit or at
+    an autoflush) means it is seeded. The lookups do not autoflush, and a conflict is retried once, so
+    whatever the other process left out is still added.
     """
     for _ in range(2):
         try:
