@@ -6,12 +6,16 @@ line."""
 from __future__ import annotations
 
 import logging
+import os
 import re
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import requests
 from flask import Flask
 from sqlalchemy import inspect, text
 from sqlalchemy.exc import OperationalError
@@ -20,9 +24,10 @@ from example_shop import EXIT_DATABASE_AWAY, create_app
 from example_shop.extensions import db
 from example_shop.links import order_url
 from example_shop.outages import MESSAGE
+from tests import secret_watch
 from tests.conftest import Databases
 from tests.postgres import PostgresCluster, start_cluster
-from tests.processes import free_port
+from tests.processes import free_port, wait_for
 from tests.shop.conftest import (
     SHOP_URL,
     Shopper,
@@ -312,3 +317,64 @@ def test_a_rollback_on_a_killed_connection_does_not_escape_the_request(
     after = client.get(SHOP_URL + "/test/backend")
     assert after.status_code == 200
     assert int(after.get_data(as_text=True)) != killed[0]
+
+
+def test_gunicorn_workers_booting_while_postgresql_is_down_serve_once_it_is_back(
+    own_cluster: tuple[PostgresCluster, Databases], tmp_path: Path
+) -> None:
+    """The issue's first fault: a worker that boots while the database is down used to exit (code 3) and
+    take gunicorn's master with it. Now the workers boot, answer the liveness probe and the outage page,
+    and serve as soon as PostgreSQL is back, without a person."""
+    cluster, databases = own_cluster
+    url = databases.url("shop")
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("SHOP_", "GATEWAY_", "FLASK_"))},
+        "SHOP_DATABASE_URL": url,
+        "SHOP_SECRET_KEY": "shop-secret-for-the-gunicorn-test",
+        "GATEWAY_PUBLIC_URL": "http://127.0.0.1:5000",
+    }
+    init = [sys.executable, "-m", "flask", "--app", "example_shop", "shop", "init-db"]
+    subprocess.run(init, env=env, check=True, capture_output=True, timeout=60)
+    cluster.stop_server("fast")
+
+    port = free_port()
+    log = tmp_path / "gunicorn.log"
+    secret_watch.watch_file(log)
+    gunicorn = str(Path(sys.executable).parent / "gunicorn")
+    command = [gunicorn, "--workers", "2", "--bind", f"127.0.0.1:{port}", "example_shop:create_app()"]
+    with log.open("ab") as out:
+        server = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+
+    def answers(path: str) -> requests.Response | None:
+        assert server.poll() is None, log.read_text(errors="replace")
+        try:
+            return requests.get(base + path, timeout=15)
+        except requests.ConnectionError:
+            return None
+
+    def get(path: str) -> requests.Response:
+        try:
+            return requests.get(base + path, timeout=15)
+        except requests.RequestException as error:
+            raise AssertionError(f"GET {path}: {error!r}\n{log.read_text(errors='replace')}") from error
+
+    try:
+        live = wait_for(lambda: answers("/gateway/livez"), timeout=30, what="gunicorn to answer")
+        assert live.status_code == 200
+        down = get("/")
+        assert down.status_code == 503
+        assert down.headers["Retry-After"] == "5"
+        assert "We'll be right back" in down.text
+
+        cluster.start_server()
+        back = get("/")
+        assert back.status_code == 200, back.text[:500]
+        time.sleep(1)
+        assert server.poll() is None  # the master and its workers are still there
+    finally:
+        server.terminate()
+        server.wait(timeout=20)
+    output = log.read_text(errors="replace")
+    assert "Worker failed to boot" not in output
+    assert "Traceback" not in output
