@@ -1,0 +1,936 @@
+"""Faults an operator meets (issue 23): PostgreSQL restarted under load, shop workers killed while handling
+callbacks, workers booting while the database is away, a worker stopped mid-callback.
+
+Each test runs its own stack (``conftest.plan_stack``/``launch``: the example shop under gunicorn with 4
+*sync* workers, one request at a time each, and the emulator under gunicorn) on a PostgreSQL cluster of this
+module that keeps what it acknowledged (``start_cluster(durable=True)``: fsync and synchronous commit on) and
+that the tests stop and restart; the session's cluster is never touched. All HTTP goes through ``requests``
+to the real processes; counts come from the databases.
+
+- ``test_fault_run_loses_nothing``: the fault run. 120 shoppers, 8 at a time, each fills a cart, checks out
+  and pays on the emulator's page (half come back to the shop, half close the browser). PostgreSQL is
+  restarted with ``pg_ctl restart -m fast`` once a third of them have paid and ``-m immediate`` (a crash:
+  recovery at start) at two thirds. Meanwhile, every 0.3-1 s, a shop worker is SIGKILLed *while it handles a
+  callback from the emulator*: ``shop_wsgi.CallbackMarks`` keeps a file ``<pid>-<thread>`` while a request to
+  ``/gateway/callback`` is inside that process (created before the app sees it, removed once the answer was
+  written), the killer polls that folder every 2 ms and kills a pid it finds there (only a child of the shop's
+  gunicorn master). A mark still present once the process is dead proves the kill landed inside the callback;
+  the figures say how many did. Then ``flask gateway deliver`` and ``flask gateway reconcile`` run, as cron
+  would. Asserted: every checkout paid at the gateway is fulfilled exactly once (none twice, none never), no
+  outbox event is left, every 5xx a client got is a 503 with ``Retry-After`` (the shop's 502 "we couldn't reach
+  the payment provider" on ``POST /checkout`` apart, counted) and none is a 500 (also in the servers' access
+  logs), no 5xx once the database answered again but a client's first request after it (the "first retry"),
+  and the shop serves again without a person: its gunicorn master is the one started, with its 4 workers.
+  A prober (``/gateway/readyz`` and an order's ``status.json``, every 50 ms) times the shop's return.
+- ``test_boot_while_the_database_is_away``: both servers started while PostgreSQL is stopped; their masters
+  stay up, the liveness endpoints answer 200, a shopper page and the readiness endpoints answer 503 with
+  ``Retry-After``; a worker SIGKILLed meanwhile is replaced and boots; PostgreSQL started: the shop serves (an
+  order placed and paid) within seconds, the same masters, no restart.
+- ``test_sigterm_mid_callback_finishes_it``: the emulator's ``getstatus`` is delayed 2 s (a fault rule), so the
+  callback of a payment waits inside the shop for its confirmation; the worker handling it gets SIGTERM
+  (gunicorn's graceful stop: ``--graceful-timeout`` 5 s), finishes the callback and answers it 200 (the
+  emulator's first and only attempt: ok), the order is paid and fulfilled once, and the master replaces the
+  worker. Then the same with SIGTERM to the master (the whole shop stops gracefully): the callback in hand is
+  answered 200 before it exits.
+
+Figures are printed as ``[reliability] ...`` lines (``pytest tests/reliability -s``, or always: the ``report``
+fixture). The plan of the fault run (which shopper comes back, the kills' intervals) is seeded:
+``RELIABILITY_SEED=<n>``; which request meets a fault depends on timing, by design.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import signal
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Final
+from urllib.parse import urljoin, urlsplit
+
+import psycopg
+import pytest
+import requests
+
+from flask_gateway.core.outages import RETRY_AFTER_SECONDS
+from tests.conftest import fetch_all, selected_backends
+from tests.postgres import PostgresCluster, ShutdownMode, start_cluster
+from tests.processes import child_pids, is_alive, wait_for
+from tests.reliability.conftest import (
+    GRACEFUL_TIMEOUT,
+    Stack,
+    StackPlan,
+    init_shop_database,
+    launch,
+    plan_stack,
+)
+from tests.reliability.support import (
+    add_fault,
+    checkout_fields,
+    control_get,
+    csrf_token,
+    forms,
+    fulfilment_counts,
+    gateway_command,
+    token_of,
+    tracebacks,
+)
+
+# Every test here starts servers and stops or restarts this module's cluster: one pytest-xdist worker runs
+# them one after the other, and starts the cluster once (``--dist loadgroup``).
+pytestmark = pytest.mark.xdist_group("faults")
+
+SEED: Final = int(os.environ.get("RELIABILITY_SEED", "20261126"))
+SHOPPERS: Final = 120
+AT_ONCE: Final = 8
+SHOP_WORKERS: Final = 4
+#: ``pg_ctl restart`` once this many shoppers have paid, and with which shutdown mode.
+RESTARTS: Final[tuple[tuple[int, ShutdownMode], ...]] = (
+    (SHOPPERS // 3, "fast"),
+    (2 * SHOPPERS // 3, "immediate"),
+)
+#: A shop worker handling a callback is SIGKILLed this often (seconds, drawn uniformly).
+KILL_EVERY: Final = (0.3, 1.0)
+#: The emulator's callback retries (seconds): five attempts over 15 s, longer than an outage.
+CALLBACK_RETRY_DELAYS: Final = "1,2,4,8"
+#: A shopper who got a 5xx or no answer tries again after this long (a person reloading the page; the
+#: 503's Retry-After says 5 s, the prober measures the exact return).
+RELOAD_AFTER: Final = 0.5
+#: A shopper gives up on a step after this many tries (the test then fails: a shop that does not come back).
+MAX_TRIES: Final = 60
+PRODUCTS: Final = ("enamel-kettle", "stoneware-mugs", "ilala-basket", "mohair-throw", "brass-desk-lamp")
+GATEWAY_PAID: Final = frozenset({"PAID", "PAID_PENDING_CALLBACK", "PARTIALLY_REFUNDED", "FULLY_REFUNDED"})
+#: The log lines of ``flask_gateway.core.outages.OutageWatch`` (one when an outage starts, one when it ends).
+OUTAGE_STARTS: Final = "the database is unreachable"
+OUTAGE_ENDS: Final = "the database answers again"
+_ACCESS: Final = re.compile(r"^ACCESS (\d{3}) (\S+) (\S+)", re.M)
+
+
+# --- the cluster and the stacks ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def durable_cluster(request: pytest.FixtureRequest) -> Iterator[PostgresCluster]:
+    """This module's PostgreSQL: fsync on, stopped and restarted by the tests (never the session's)."""
+    if "postgresql" not in selected_backends(request.config):
+        pytest.skip("the fault tests run on PostgreSQL only, and --database=sqlite was chosen")
+    try:
+        cluster = start_cluster(durable=True)
+    except RuntimeError as exc:
+        pytest.fail(f"The fault tests cannot start PostgreSQL: {exc}", pytrace=False)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def cluster(durable_cluster: PostgresCluster) -> Iterator[PostgresCluster]:
+    """The module's cluster, running before the test and again after it (whatever the test did to it)."""
+    if not durable_cluster.is_running():
+        durable_cluster.start_server()
+    yield durable_cluster
+    if not durable_cluster.is_running():
+        durable_cluster.start_server()
+
+
+@contextmanager
+def running(
+    plan: StackPlan, log_dir: Path, cluster: PostgresCluster, *, preload: bool = False
+) -> Iterator[Stack]:
+    """The stack of ``plan`` under gunicorn (the shop with ``SHOP_WORKERS`` sync workers), stopped and its
+    databases dropped afterwards. ``preload``: gunicorn's ``--preload`` for the shop (see the fault run)."""
+    stack = launch(plan, log_dir, shop_workers=SHOP_WORKERS, shop_threads=1, shop_preload=preload)
+    try:
+        yield stack
+    finally:
+        stack.shop.stop()
+        stack.emulator.stop()
+        if cluster.is_running():
+            for url in (plan.shop_db, plan.emulator_db):
+                cluster.drop_database(url.rsplit("/", 1)[1], wait=False)
+
+
+def fault_plan(cluster: PostgresCluster, marks: Path, **emulator_env: str) -> StackPlan:
+    """A stack on ``cluster`` whose shop marks the callbacks it handles in ``marks``."""
+    return plan_stack(
+        cluster,
+        emulator_env={"EMULATOR_CALLBACK_RETRY_DELAYS": CALLBACK_RETRY_DELAYS, **emulator_env},
+        shop_env={"RELIABILITY_CALLBACK_MARKS": str(marks)},
+    )
+
+
+def database_answers(cluster: PostgresCluster) -> bool:
+    try:
+        with psycopg.connect(
+            host="127.0.0.1", port=cluster.port, user=cluster.user, dbname="postgres", connect_timeout=2
+        ) as connection:
+            connection.execute("SELECT 1")
+        return True
+    except psycopg.Error:
+        return False
+
+
+def workers_of(server_process: Any) -> list[int]:
+    return child_pids(int(server_process.pid))
+
+
+def ready(stack: Stack, expected_workers: int = SHOP_WORKERS) -> None:
+    """The shop's master runs its workers and the shop is ready (installed, on its schema). A shopper page
+    first: it installs the shop on first use (``SHOP_AUTO_INSTALL``); the probes never do."""
+    wait_for(
+        lambda: len(workers_of(stack.shop.process)) == expected_workers,
+        timeout=30,
+        what=f"{expected_workers} shop workers",
+    )
+
+    def is_ready() -> bool:
+        requests.get(f"{stack.shop.url}/", timeout=10)
+        return requests.get(f"{stack.shop.url}/gateway/readyz", timeout=10).status_code == 200
+
+    wait_for(is_ready, timeout=60, interval=0.2, what="the shop's readiness")
+
+
+# --- HTTP exchanges, timed ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """One HTTP request a client (a shopper, the prober) made, and what came of it."""
+
+    client: str
+    server: str  # "shop" or "emulator"
+    method: str
+    path: str
+    sent: float  # time.monotonic()
+    answered: float
+    status: int | None  # None: no answer (connection refused or reset, timeout)
+    retry_after: str | None
+    error: str = ""
+
+
+@dataclass
+class Exchanges:
+    """Every exchange of the run (thread safe), and the database's outages as the test caused them."""
+
+    servers: dict[str, str]  # base URL -> name
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    items: list[Exchange] = field(default_factory=list)
+    #: (mode, down: before pg_ctl was called, up: the database answered again), time.monotonic().
+    outages: list[tuple[str, float, float]] = field(default_factory=list)
+
+    def send(
+        self, client: str, session: requests.Session, method: str, url: str, **kwargs: Any
+    ) -> requests.Response | None:
+        """One request (redirects not followed); None when no answer came."""
+        server = next(name for base, name in self.servers.items() if url.startswith(base))
+        sent = time.monotonic()
+        try:
+            answer = session.request(method, url, allow_redirects=False, timeout=30, **kwargs)
+        except requests.RequestException as exc:
+            self._add(
+                Exchange(
+                    client,
+                    server,
+                    method,
+                    urlsplit(url).path,
+                    sent,
+                    time.monotonic(),
+                    None,
+                    None,
+                    type(exc).__name__,
+                )
+            )
+            return None
+        self._add(
+            Exchange(
+                client, server, method, urlsplit(url).path, sent, time.monotonic(), answer.status_code,
+                answer.headers.get("Retry-After"),
+            )
+        )  # fmt: skip
+        return answer
+
+    def _add(self, exchange: Exchange) -> None:
+        with self.lock:
+            self.items.append(exchange)
+
+    def during_outage(self, exchange: Exchange) -> bool:
+        """The request was in flight (or sent) while the database was away."""
+        return any(exchange.sent <= up and exchange.answered >= down for _mode, down, up in self.outages)
+
+    def since_return(self, exchange: Exchange) -> float | None:
+        """Seconds from the database's last return to the sending of ``exchange`` (None: no outage before)."""
+        ups = [up for _mode, _down, up in self.outages if up < exchange.sent]
+        return exchange.sent - max(ups) if ups else None
+
+
+def is_server_error(exchange: Exchange) -> bool:
+    return exchange.status is not None and exchange.status >= 500
+
+
+def checkout_502(exchange: Exchange) -> bool:
+    """The shop's "we couldn't reach the payment provider" page (its create met the gateway's outage)."""
+    return (exchange.server, exchange.status, exchange.method, exchange.path) == (
+        "shop",
+        502,
+        "POST",
+        "/checkout",
+    )
+
+
+# --- the shopper -------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Purchase:
+    number: int
+    product: str
+    come_back: bool
+    token: str = ""
+    reference: str = ""
+    #: Wall-clock time (time.time()) of the emulator's answer to Pay: the payment is committed.
+    paid_at: float = 0.0
+    tries: int = 0
+    #: The order page the shopper came back to (``/orders/view/<signed reference>``).
+    order_page: str = ""
+
+
+@dataclass
+class Shopper:
+    """A browser (its cookies) whose every request is timed in ``exchanges``; a step is tried again (after
+    ``RELOAD_AFTER``) while it gets a 5xx or no answer, as a person reloads the page."""
+
+    name: str
+    exchanges: Exchanges
+    shop_url: str
+    session: requests.Session = field(default_factory=requests.Session)
+
+    def until_answered(self, method: str, url: str, **kwargs: Any) -> requests.Response:
+        for _ in range(MAX_TRIES):
+            answer = self.exchanges.send(self.name, self.session, method, url, **kwargs)
+            if answer is not None and answer.status_code < 500:
+                return answer
+            time.sleep(RELOAD_AFTER)
+        raise AssertionError(
+            f"{self.name}: {method} {url} got no answer but 5xx or none in {MAX_TRIES} tries"
+        )
+
+    def follow(self, answer: requests.Response) -> requests.Response:
+        """Follow redirects (GET), each hop tried until answered."""
+        hops = 0
+        while answer.is_redirect and hops < 10:
+            answer = self.until_answered("GET", urljoin(answer.url, answer.headers["Location"]))
+            hops += 1
+        return answer
+
+
+def shop(
+    purchase: Purchase,
+    exchanges: Exchanges,
+    stack: Stack,
+    paid: Callable[[Purchase], None],
+    came_back: Callable[[Purchase], None] = lambda _p: None,
+) -> Purchase:
+    """Cart, checkout form, Pay on the emulator's page; then back to the shop, or the browser closed."""
+    shopper = Shopper(f"shopper-{purchase.number}", exchanges, stack.shop.url)
+    base = stack.shop.url
+    page = shopper.until_answered("GET", f"{base}/products/{purchase.product}")
+    assert page.status_code == 200, (page.status_code, page.url)
+    added = shopper.until_answered(
+        "POST",
+        f"{base}/cart/add/{purchase.product}",
+        data={"csrf_token": csrf_token(page.text), "quantity": "1"},
+    )
+    assert added.is_redirect, added.status_code
+    form_page = shopper.until_answered("GET", f"{base}/checkout")
+    assert form_page.status_code == 200, form_page.status_code
+    form = checkout_fields(form_page.text)
+    # The same form (its attempt id) until the shop hands out a checkout: a resubmit never makes a second one.
+    submitted = None
+    for _ in range(MAX_TRIES):
+        purchase.tries += 1
+        submitted = shopper.until_answered("POST", f"{base}/checkout", data=form)
+        if submitted.status_code == 303:
+            break
+        assert submitted.status_code == 200, (submitted.status_code, submitted.text[:300])
+        time.sleep(RELOAD_AFTER)  # the form again, with "please try again": submitted again
+    assert submitted is not None and submitted.status_code == 303, f"{shopper.name}: no checkout"
+    payment_url = urljoin(f"{base}/", submitted.headers["Location"])
+    purchase.token = token_of(payment_url)
+    path = urlsplit(payment_url).path
+    root = payment_url[: -len(path)]
+    for _ in range(MAX_TRIES):
+        page = shopper.until_answered("GET", payment_url)
+        assert page.status_code == 200, (page.status_code, payment_url)
+        token = forms(page.text).get(f"{path}/pay")
+        if token is None:  # paid by an earlier click whose answer was lost
+            assert control_get(stack, f"checkouts/{purchase.token}")["checkoutPaymentStatus"] in GATEWAY_PAID
+            break
+        answer = shopper.exchanges.send(
+            shopper.name, shopper.session, "POST", f"{root}{path}/pay", data={"csrf_token": token}
+        )
+        if answer is not None and answer.status_code == 303:
+            break
+        assert answer is None or answer.status_code >= 500, (answer.status_code, answer.text[:300])
+        time.sleep(RELOAD_AFTER)
+    else:
+        raise AssertionError(f"{shopper.name}: could not pay")
+    purchase.paid_at = time.time()
+    paid(purchase)
+    if purchase.come_back and answer is not None:
+        back = shopper.follow(answer)
+        assert back.status_code == 200 and "/orders/view/" in back.url, (back.status_code, back.url)
+        purchase.order_page = back.url
+        came_back(purchase)
+    return purchase
+
+
+# --- the fault makers ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class Kill:
+    pid: int
+    at: float  # time.monotonic()
+    #: The process died with its callback mark in place: killed inside the callback, before its answer.
+    inside_callback: bool
+
+
+class CallbackKiller(threading.Thread):
+    """Every 0.3-1 s (seeded), SIGKILL a shop worker that is handling a callback (its mark is in ``marks``)."""
+
+    def __init__(self, master_pid: int, marks: Path, rng: random.Random) -> None:
+        super().__init__(name="callback-killer", daemon=True)
+        self.master_pid = master_pid
+        self.marks = marks
+        self.rng = rng
+        self.kills: list[Kill] = []
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        while not self.stopping.wait(self.rng.uniform(*KILL_EVERY)):
+            while not self.stopping.is_set():
+                pid = self._one_in_a_callback()
+                if pid is not None and self._kill(pid):
+                    break
+                time.sleep(0.002)
+
+    def _one_in_a_callback(self) -> int | None:
+        marked = {int(mark.name.split("-", 1)[0]) for mark in self.marks.iterdir()}
+        # Only the shop master's own workers (a stale mark's pid may have been reused by anything).
+        candidates = sorted(marked & set(child_pids(self.master_pid)))
+        return self.rng.choice(candidates) if candidates else None
+
+    def _kill(self, pid: int) -> bool:
+        """SIGKILL ``pid`` if it is still inside its callback (looked at again right before: the worker may
+        have answered meanwhile and taken a shopper's request). A few microseconds remain between that look
+        and the kill: ``Kill.inside_callback`` says whether the kill landed inside."""
+        if not any(self.marks.glob(f"{pid}-*")):
+            return False
+        with suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        at = time.monotonic()
+        deadline = at + 5
+        while is_alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.001)
+        stale = list(self.marks.glob(f"{pid}-*"))
+        self.kills.append(Kill(pid, at, inside_callback=bool(stale)))
+        for mark in stale:
+            mark.unlink(missing_ok=True)
+        return True
+
+
+class Prober(threading.Thread):
+    """Every 50 ms, in turn: the shop's readiness, and an order's ``status.json`` (the order page's poll, a
+    shopper's request that reads the database) once a shopper came back to an order page (``pages``)."""
+
+    def __init__(self, exchanges: Exchanges, shop_url: str, pages: list[str]) -> None:
+        super().__init__(name="prober", daemon=True)
+        self.exchanges = exchanges
+        self.shop_url = shop_url
+        self.pages = pages
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        sessions = {"readyz": requests.Session(), "page": requests.Session()}
+        turn = 0
+        while not self.stopping.wait(0.05):
+            turn += 1
+            if turn % 2 or not self.pages:
+                self.exchanges.send(
+                    "prober-readyz", sessions["readyz"], "GET", f"{self.shop_url}/gateway/readyz"
+                )
+            else:
+                self.exchanges.send("prober-page", sessions["page"], "GET", f"{self.pages[0]}/status.json")
+
+
+def restart_database(cluster: PostgresCluster, mode: ShutdownMode, exchanges: Exchanges) -> None:
+    down = time.monotonic()
+    cluster.restart(mode)
+    wait_for(
+        lambda: database_answers(cluster), timeout=60, interval=0.01, what="PostgreSQL after its restart"
+    )
+    with exchanges.lock:
+        exchanges.outages.append((mode, down, time.monotonic()))
+
+
+# --- the fault run ---------------------------------------------------------------------------------------------
+
+
+def test_fault_run_loses_nothing(
+    cluster: PostgresCluster, tmp_path: Path, report: Callable[[str], None]
+) -> None:
+    rng = random.Random(SEED)
+    marks = tmp_path / "callback-marks"
+    marks.mkdir()
+    plan = fault_plan(cluster, marks)
+    init_shop_database(plan)
+    # --preload: a killed worker is replaced by a fork of the master, in milliseconds. Without it every
+    # replacement imports the app again (1.3-1.8 s of CPU): at a kill every 0.3-1 s, a 2-core CI machine would
+    # spend the run booting workers. A worker that imports and creates the app while the database is away
+    # is test_boot_while_the_database_is_away's (no --preload there).
+    with running(plan, tmp_path, cluster, preload=True) as stack:
+        ready(stack)
+        fault_run(stack, cluster, marks, rng, report)
+
+
+def fault_run(
+    stack: Stack, cluster: PostgresCluster, marks: Path, rng: random.Random, report: Callable[[str], None]
+) -> None:
+    started = time.monotonic()
+    master = int(stack.shop.process.pid)
+    stack.mark_logs()
+    purchases = [Purchase(n, rng.choice(PRODUCTS), come_back=rng.random() < 0.5) for n in range(SHOPPERS)]
+    exchanges = Exchanges(servers={stack.shop.url: "shop", stack.emulator.url: "emulator"})
+    order_pages: list[str] = []
+    paid_count = 0
+    paid_lock = threading.Condition()
+
+    def paid(purchase: Purchase) -> None:
+        nonlocal paid_count
+        with paid_lock:
+            paid_count += 1
+            paid_lock.notify_all()
+
+    def came_back(purchase: Purchase) -> None:
+        order_pages.append(purchase.order_page)
+
+    def restarts() -> None:
+        for threshold, mode in RESTARTS:
+
+            def reached(threshold: int = threshold) -> bool:
+                return paid_count >= threshold
+
+            with paid_lock:
+                if not paid_lock.wait_for(reached, timeout=300):
+                    return
+            restart_database(cluster, mode, exchanges)
+
+    killer = CallbackKiller(master, marks, random.Random(rng.random()))
+    prober = Prober(exchanges, stack.shop.url, order_pages)
+    restarter = threading.Thread(target=restarts, name="restarts", daemon=True)
+    for thread in (killer, prober, restarter):
+        thread.start()
+    try:
+        with ThreadPoolExecutor(AT_ONCE) as pool:
+            done = list(pool.map(lambda p: shop(p, exchanges, stack, paid, came_back), purchases))
+    finally:
+        killer.stopping.set()
+        killer.join(10)
+        restarter.join(120)
+    shopping_seconds = time.monotonic() - started
+    assert len(exchanges.outages) == len(RESTARTS), exchanges.outages
+
+    # The gateway's callbacks make their attempts (each killed one is tried again after 1, 2, 4, 8 s).
+    wait_for(
+        lambda: not control_get(stack, "deliveries", state="pending")["deliveries"],
+        timeout=60,
+        interval=0.5,
+        what="the gateway's callbacks to settle",
+    )
+    prober.stopping.set()
+    prober.join(10)
+
+    # Cron: the shop's outbox, then reconciliation, then the outbox again (what reconciliation confirmed).
+    cli_started = time.time()
+    delivered = deliver_until_settled(stack)
+    reconciled = gateway_command(stack, "reconcile", "reconcile", "--older-than", "0", "--quiet")
+    assert reconciled.returncode == 0, reconciled.stdout + reconciled.stderr
+    delivered += deliver_until_settled(stack)
+
+    # --- the money --------------------------------------------------------------------------------------
+    references = {
+        token: str(reference)
+        for token, reference in fetch_all(
+            stack.shop_db,
+            "SELECT token, order_reference FROM gateway_checkouts WHERE token = ANY(:t)",
+            t=[p.token for p in done],
+        )
+    }
+    assert len(references) == SHOPPERS, "a shopper's checkout is not in the shop"
+    for purchase in done:
+        purchase.reference = references[purchase.token]
+    refs = [p.reference for p in done]
+    gateway = dict(
+        fetch_all(
+            stack.emulator_db,
+            "SELECT merchant_order_reference, status FROM emulator_checkouts WHERE merchant_order_reference = ANY(:r)",
+            r=refs,
+        )
+    )
+    paid_at_gateway = {ref for ref in refs if gateway.get(ref) in GATEWAY_PAID}
+    fulfilled = fulfilment_counts(stack, refs)
+    once = [ref for ref in paid_at_gateway if fulfilled[ref] == 1]
+    twice = [ref for ref in refs if fulfilled[ref] > 1]
+    never = [ref for ref in paid_at_gateway if fulfilled[ref] == 0]
+    unpaid_fulfilled = [ref for ref in refs if ref not in paid_at_gateway and fulfilled[ref]]
+    left = fetch_all(
+        stack.shop_db,
+        "SELECT o.id, o.kind, o.state, o.attempts FROM gateway_outbox o WHERE o.state <> 'delivered'",
+    )
+    fulfilled_at = {
+        str(ref): at
+        for ref, at in fetch_all(
+            stack.shop_db, "SELECT reference, fulfilled_at FROM shop_orders WHERE reference = ANY(:r)", r=refs
+        )
+    }
+    waits = {
+        p.reference: epoch(fulfilled_at[p.reference]) - p.paid_at
+        for p in done
+        if fulfilled_at[p.reference] is not None
+    }
+    by_cli = [ref for ref in waits if epoch(fulfilled_at[ref]) >= cli_started]
+    last_paid = max(p.paid_at for p in done)
+    in_run = [wait for ref, wait in waits.items() if ref not in by_cli]
+
+    # --- what clients got ---------------------------------------------------------------------------------
+    items = sorted(exchanges.items, key=lambda e: e.sent)
+    errors = [e for e in items if is_server_error(e)]
+    during = [e for e in errors if exchanges.during_outage(e)]
+    after = [e for e in errors if not exchanges.during_outage(e) and exchanges.since_return(e) is not None]
+    outside = [e for e in errors if not exchanges.during_outage(e) and exchanges.since_return(e) is None]
+    # After the database answered again, only a client's first request may still meet a 5xx (the first retry).
+    first_after: set[int] = set()
+    for _mode, _down, up in exchanges.outages:
+        seen: set[str] = set()
+        for index, exchange in enumerate(items):
+            if exchange.sent > up and exchange.client not in seen:
+                seen.add(exchange.client)
+                first_after.add(index)
+    late = [
+        f"{e.client}: {e.status} {e.method} {e.path} ({e.server}) sent {exchanges.since_return(e):.2f} s after "
+        "the return"
+        for index, e in enumerate(items)
+        if is_server_error(e) and e in after and index not in first_after
+    ]
+    not_503 = [e for e in errors if not checkout_502(e) and (e.status != 503 or not e.retry_after)]
+    no_answer = [e for e in items if e.status is None]
+    # A shopper's request goes unanswered only when a kill missed its callback (the worker answered it in the
+    # microseconds between the killer's last look and the signal, and had taken that request).
+    missed = [kill for kill in killer.kills if not kill.inside_callback]
+    unexplained = [
+        e
+        for e in no_answer
+        if not (e.server == "shop" and any(e.sent <= kill.at <= e.answered + 0.05 for kill in missed))
+    ]
+    returns = []
+    for mode, _down, up in exchanges.outages:
+        served = next(
+            (e for e in items if e.client == "prober-page" and e.sent >= up and e.status == 200), None
+        )
+        readied = next(
+            (e for e in items if e.client == "prober-readyz" and e.sent >= up and e.status == 200), None
+        )
+        returns.append(
+            (mode, served.answered - up if served else None, readied.answered - up if readied else None)
+        )
+
+    # --- the servers -------------------------------------------------------------------------------------
+    logs = stack.logs()
+    access = {
+        name: Counter(status for status, _m, _p in _ACCESS.findall(text)) for name, text in logs.items()
+    }
+    access_500 = {
+        name: [f"{s} {m} {p}" for s, m, p in _ACCESS.findall(text) if s == "500"]
+        for name, text in logs.items()
+    }
+    traced = {name: tracebacks(text)[1] for name, text in logs.items()}
+    outage_lines = {name: (text.count(OUTAGE_STARTS), text.count(OUTAGE_ENDS)) for name, text in logs.items()}
+    booted = logs["shop"].count("Booting worker")
+    # The shop serves again without a person: the same master, its workers, ready.
+    ready(stack)
+    assert stack.shop.process.poll() is None and int(stack.shop.process.pid) == master
+    assert "Worker failed to boot" not in logs["shop"] and "Shutting down: Master" not in logs["shop"]
+
+    inside = sum(kill.inside_callback for kill in killer.kills)
+    report(
+        f"fault run (seed {SEED}): {SHOPPERS} shoppers, {AT_ONCE} at a time, shopping took {shopping_seconds:.0f} s; "
+        f"PostgreSQL (fsync on) restarted: "
+        + ", ".join(f"-m {mode} {up - down:.2f} s" for mode, down, up in exchanges.outages)
+    )
+    report(
+        f"shop workers SIGKILLed: {len(killer.kills)}, {inside} of them inside a callback (its mark still in "
+        f"place when the process was dead); workers booted by the shop's master: {booted}"
+    )
+    report(
+        f"paid at the gateway: {len(paid_at_gateway)} of {SHOPPERS}; fulfilled once {len(once)}, twice "
+        f"{len(twice)}, never {len(never)}; fulfilled without a payment {len(unpaid_fulfilled)}; outbox events "
+        f"left {len(left)}"
+    )
+    report(
+        f"5xx answers to clients: during the outages {dict(Counter((e.server, e.status) for e in during))}, "
+        f"after the database answered again {dict(Counter((e.server, e.status) for e in after))} (of them a "
+        f"client's first request after it: {len(after) - len(late)}), outside any outage "
+        f"{dict(Counter((e.server, e.status) for e in outside))}; no answer at all: {len(no_answer)} (a kill that missed its callback: {len(no_answer) - len(unexplained)}); "
+        f"HTTP exchanges {len(items)}"
+    )
+    report(
+        "from the database's return to the shop serving (an order's status.json 200) / ready (readyz 200): "
+        + ", ".join(f"-m {mode}: {fmt(served)} / {fmt(readied)}" for mode, served, readied in returns)
+    )
+    report(
+        f"from payment to fulfilment: longest {max(waits.values()):.1f} s, median "
+        f"{sorted(waits.values())[len(waits) // 2]:.2f} s, over 5 s {sum(w > 5 for w in waits.values())}; "
+        f"{len(in_run)} fulfilled while the shop served (longest {max(in_run, default=0):.1f} s), {len(by_cli)} "
+        f"by the deliver/reconcile run at the end ({cli_started - last_paid:.1f} s after the last payment); "
+        f"deliver: {delivered} delivered; reconcile: {' '.join(reconciled.stdout.split())}"
+    )
+    report(
+        f"access log statuses: { ({name: dict(c) for name, c in access.items()}) }; outage log lines "
+        f"(starts, ends): {outage_lines}"
+    )
+
+    assert never == [] and twice == [] and unpaid_fulfilled == [], (never, twice, unpaid_fulfilled)
+    assert len(paid_at_gateway) == SHOPPERS  # every shopper paid (the last step each completed)
+    assert left == [], left
+    assert access_500 == {"shop": [], "emulator": []}, access_500
+    assert not_503 == [], not_503
+    assert late == [], "\n".join(late)
+    assert outside == [], outside
+    assert unexplained == [], unexplained
+    # Served again within the Retry-After the 503s gave (flask_gateway.core.outages.RETRY_AFTER_SECONDS).
+    assert all(served is not None and served < RETRY_AFTER_SECONDS for _m, served, _r in returns), returns
+    assert traced == {"shop": [], "emulator": []}, traced
+
+
+def epoch(value: datetime) -> float:
+    return (value if value.tzinfo else value.replace(tzinfo=UTC)).timestamp()
+
+
+def fmt(seconds: float | None) -> str:
+    return "never" if seconds is None else f"{seconds:.2f} s"
+
+
+_DELIVER_REPORT: Final = re.compile(r"Outbox: (\d+) delivered, (\d+) failed, (\d+) dead\.")
+
+
+def deliver_until_settled(stack: Stack, runs: int = 6) -> int:
+    """``flask gateway deliver`` until no outbox event is pending: an event leased by a worker that was killed
+    is delivered once its lease is over (sleeping until then). Returns how many it delivered."""
+    delivered = 0
+    for _ in range(runs):
+        ran = gateway_command(stack, "deliver", "deliver")
+        counted = _DELIVER_REPORT.search(ran.stdout)
+        assert ran.returncode == 0 and counted is not None, ran.stdout + ran.stderr
+        delivered += int(counted[1])
+        ((pending, wait),) = fetch_all(
+            stack.shop_db,
+            "SELECT count(*), EXTRACT(EPOCH FROM max(GREATEST(next_attempt_at, claimed_until)) - clock_timestamp()) "
+            "FROM gateway_outbox WHERE state = 'pending'",
+        )
+        if pending == 0:
+            return delivered
+        time.sleep(min(max(float(wait or 0), 0) + 0.2, 15))
+    raise AssertionError(f"outbox events still pending after {runs} runs of flask gateway deliver")
+
+
+# --- boot while the database is away ----------------------------------------------------------------------
+
+
+def test_boot_while_the_database_is_away(
+    cluster: PostgresCluster, tmp_path: Path, report: Callable[[str], None]
+) -> None:
+    marks = tmp_path / "callback-marks"
+    marks.mkdir()
+    plan = fault_plan(cluster, marks)
+    init_shop_database(plan)  # the deployment's step ran earlier; then the database went away
+    cluster.stop_server("fast")
+    with running(plan, tmp_path, cluster) as stack:
+        shop_master, emulator_master = int(stack.shop.process.pid), int(stack.emulator.process.pid)
+        wait_for(
+            lambda: stack.logs()["shop"].count("Booting worker") >= SHOP_WORKERS,
+            timeout=30,
+            what="the shop's workers to boot",
+        )
+        time.sleep(1)  # a worker that fails to boot exits at once: give it the time
+        assert len(workers_of(stack.shop.process)) == SHOP_WORKERS, stack.shop.log_tail()
+
+        livez = requests.get(f"{stack.shop.url}/gateway/livez", timeout=10)
+        assert livez.status_code == 200, livez.text
+        assert requests.get(f"{stack.emulator.url}/livez", timeout=10).status_code == 200
+        away = {
+            "shop /products": requests.get(f"{stack.shop.url}/products/enamel-kettle", timeout=10),
+            "shop /gateway/readyz": requests.get(f"{stack.shop.url}/gateway/readyz", timeout=10),
+            "emulator /readyz": requests.get(f"{stack.emulator.url}/readyz", timeout=10),
+        }
+        for what, answer in away.items():
+            assert answer.status_code == 503 and answer.headers.get("Retry-After"), (what, answer.status_code)
+        page = away["shop /products"]
+        assert "Traceback" not in page.text and "right back" in page.text.lower(), page.text[:500]
+
+        # A worker recycled while the database is still away: the master boots another one, and stays.
+        victim = workers_of(stack.shop.process)[0]
+        os.kill(victim, signal.SIGKILL)
+        wait_for(
+            lambda: (
+                len(workers_of(stack.shop.process)) == SHOP_WORKERS
+                and victim not in workers_of(stack.shop.process)
+            ),
+            timeout=30,
+            what="the master to replace the killed worker",
+        )
+        wait_for(
+            lambda: stack.logs()["shop"].count("Booting worker") >= SHOP_WORKERS + 1,
+            timeout=30,
+            what="the replacement to boot",
+        )
+        time.sleep(1)
+        assert stack.shop.process.poll() is None and stack.emulator.process.poll() is None
+        assert len(workers_of(stack.shop.process)) == SHOP_WORKERS
+
+        # The database returns: the shop serves within seconds, installed on first use, no restart.
+        cluster.start_server()
+        back = time.monotonic()
+        serving = wait_for(
+            lambda: (
+                requests.get(f"{stack.shop.url}/products/enamel-kettle", timeout=10).status_code == 200
+                and time.monotonic()
+            ),
+            timeout=15,
+            interval=0.05,
+            what="a shopper page",
+        )
+        readied = wait_for(
+            lambda: (
+                requests.get(f"{stack.shop.url}/gateway/readyz", timeout=10).status_code == 200
+                and time.monotonic()
+            ),
+            timeout=30,
+            interval=0.1,
+            what="the shop's readiness (installed on first use)",
+        )
+        purchase = Purchase(0, "enamel-kettle", come_back=True)
+        exchanges = Exchanges(servers={stack.shop.url: "shop", stack.emulator.url: "emulator"})
+        shop(purchase, exchanges, stack, lambda _p: None)
+        wait_for(
+            lambda: fetch_all(
+                stack.shop_db, "SELECT o.status FROM shop_orders o JOIN gateway_checkouts c "
+                "ON c.order_reference = o.reference WHERE c.token = :t", t=purchase.token,
+            ) == [("paid",)],
+            timeout=30,
+            what="the order paid",
+        )  # fmt: skip
+        assert int(stack.shop.process.pid) == shop_master and stack.shop.process.poll() is None
+        assert int(stack.emulator.process.pid) == emulator_master and stack.emulator.process.poll() is None
+        logs = stack.logs()
+        for name, text in logs.items():
+            for bad in ("Worker failed to boot", "Shutting down: Master", "exited with code"):
+                assert bad not in text, f"{name}: {bad!r}\n{text[-3000:]}"
+        report(
+            f"boot while the database is away: {SHOP_WORKERS} shop workers and {logs['emulator'].count('Booting worker')} "
+            f"emulator workers booted, livez 200, shopper page and readyz 503 with Retry-After "
+            f"{page.headers['Retry-After']} s; a worker SIGKILLed meanwhile was replaced; after PostgreSQL started: "
+            f"a shopper page served in {serving - back:.2f} s, readyz 200 in {readied - back:.2f} s, an order "
+            f"paid; same masters (HTTP {dict(Counter(e.status for e in exchanges.items))})"
+        )
+
+
+# --- graceful shutdown ------------------------------------------------------------------------------------------
+
+
+def test_sigterm_mid_callback_finishes_it(
+    cluster: PostgresCluster, tmp_path: Path, report: Callable[[str], None]
+) -> None:
+    marks = tmp_path / "callback-marks"
+    marks.mkdir()
+    # One callback attempt only within the test: an answered first attempt is the only way to "ok".
+    plan = fault_plan(cluster, marks, EMULATOR_CALLBACK_RETRY_DELAYS="600")
+    init_shop_database(plan)
+    with running(plan, tmp_path, cluster) as stack:
+        ready(stack)
+        figures = []
+        for target in ("worker", "master"):
+            figures.append(sigterm_during_a_callback(stack, marks, target))
+        report(
+            f"graceful shutdown (gunicorn --graceful-timeout {GRACEFUL_TIMEOUT} s, the callback's getstatus "
+            "delayed 2 s): " + "; ".join(figures)
+        )
+
+
+def sigterm_during_a_callback(stack: Stack, marks: Path, target: str) -> str:
+    """Pay an order (the shopper leaves: only the callback tells the shop), SIGTERM ``target`` (the worker
+    handling the callback, or the master) while the callback waits for its delayed ``getstatus``."""
+    master = int(stack.shop.process.pid)
+    purchase = Purchase(0, "stoneware-mugs", come_back=False)
+    exchanges = Exchanges(servers={stack.shop.url: "shop", stack.emulator.url: "emulator"})
+    add_fault(stack, operation="getstatus", kind="delay", delayMs=2000, count=1)
+    shop(purchase, exchanges, stack, lambda _p: None)
+
+    def handling() -> int | None:
+        found = [int(mark.name.split("-", 1)[0]) for mark in marks.iterdir()]
+        return found[0] if found else None
+
+    pid = wait_for(handling, timeout=30, interval=0.005, what="the shop to handle the callback")
+    assert pid in workers_of(stack.shop.process)
+    time.sleep(0.3)  # inside the callback, waiting for the delayed getstatus
+    assert handling() == pid
+    signalled = time.monotonic()
+    os.kill(master if target == "master" else pid, signal.SIGTERM)
+    wait_for(
+        lambda: not is_alive(pid), timeout=GRACEFUL_TIMEOUT + 5, interval=0.01, what="the worker to exit"
+    )
+    exited = time.monotonic() - signalled
+    assert not list(marks.iterdir()), "the worker exited inside the callback"  # the answer went out first
+
+    # The emulator records its attempt once it has the answer: a moment after the worker sent it.
+    attempts = wait_for(
+        lambda: fetch_all(
+            stack.emulator_db,
+            "SELECT a.ok, a.message FROM emulator_delivery_attempts a JOIN emulator_deliveries d "
+            "ON d.id = a.delivery_id JOIN emulator_checkouts c ON c.id = d.checkout_id WHERE c.token = :t "
+            "ORDER BY a.id",
+            t=purchase.token,
+        ),
+        timeout=15,
+        what="the emulator's record of its callback attempt",
+    )
+    assert [ok for ok, _message in attempts] == [True], attempts  # one attempt, answered 200
+    ((status, reference),) = fetch_all(
+        stack.shop_db,
+        "SELECT o.status, o.reference FROM shop_orders o JOIN gateway_checkouts c ON c.order_reference = o.reference "
+        "WHERE c.token = :t",
+        t=purchase.token,
+    )
+    assert status == "paid" and fulfilment_counts(stack, [reference]) == {reference: 1}
+    if target == "master":
+        stack.shop.process.wait(GRACEFUL_TIMEOUT + 10)
+        assert "Shutting down: Master" in stack.logs()["shop"]
+    else:
+        wait_for(
+            lambda: len(workers_of(stack.shop.process)) == SHOP_WORKERS,
+            timeout=30,
+            what="the master to replace the worker",
+        )
+        assert stack.shop.process.poll() is None
+    return (
+        f"SIGTERM to the {target}: the worker finished the callback and exited {exited:.2f} s later, the "
+        f"emulator's one attempt {attempts[0][1]!r}, the order paid and fulfilled once"
+    )
