@@ -147,7 +147,12 @@ class JSONHTTPException(HTTPException):
     def get_headers(
         self, environ: WSGIEnvironment | None = None, scope: dict[str, Any] | None = None
     ) -> list[tuple[str, str]]:
-        return [("Content-Type", "application/json"), ("Cache-Control", "no-store")]
+        # The other headers of the error's class stay (werkzeug's 429 and 503 add ``Retry-After`` from
+        # ``retry_after``); only the HTML content type is replaced.
+        kept = [
+            (name, value) for name, value in super().get_headers(environ, scope) if name != "Content-Type"
+        ]
+        return [("Content-Type", "application/json"), ("Cache-Control", "no-store"), *kept]
 
 
 class CallbackRejected(GatewayExtensionError, JSONHTTPException):
@@ -216,11 +221,6 @@ class CallbackRateLimited(CallbackRejected, TooManyRequests):
         super().__init__(description)
         self.retry_after = retry_after
 
-    def get_headers(
-        self, environ: WSGIEnvironment | None = None, scope: dict[str, Any] | None = None
-    ) -> list[tuple[str, str]]:
-        return [*super().get_headers(environ, scope), ("Retry-After", str(self.retry_after))]
-
 
 class V1OutcomeRejected(GatewayExtensionError, JSONHTTPException):
     """A call to the v1 success or fail URL was refused; nothing changed."""
@@ -264,8 +264,3 @@ class DatabaseUnavailable(GatewayExtensionError, JSONHTTPException, ServiceUnava
     def __init__(self, description: str | None = None, *, retry_after: int = RETRY_AFTER_SECONDS) -> None:
         super().__init__(description)
         self.retry_after = retry_after
-
-    def get_headers(
-        self, environ: WSGIEnvironment | None = None, scope: dict[str, Any] | None = None
-    ) -> list[tuple[str, str]]:
-        return [*super().get_headers(environ, scope), ("Retry-After", str(self.retry_after))]
