@@ -1,7 +1,8 @@
 """Reliability under load and faults: the example shop and the emulator as real gunicorn servers.
 
-Everything runs on PostgreSQL (the session's throwaway cluster, one database per app), the shop with 4
-worker processes, the emulator with 3, both started on empty databases (``conftest.py``). Counts come from
+Everything runs on PostgreSQL (the session's throwaway cluster, one database per app; ``test_faults.py`` has a
+cluster of its own), the shop with 4 worker processes, the emulator with 3, both started on empty databases
+(``conftest.py``). Counts come from
 database rows, across processes: fulfilments are the orders' ``paid`` history rows, signals the rows of
 ``reliability_signals`` (``shop_wsgi.py``).
 
@@ -12,6 +13,10 @@ database rows, across processes: fulfilments are the orders' ``paid`` history ro
   lost create answer, brand-new order).
 - ``test_chaos.py``: 200 seeded checkouts with faults on create, getstatus, callbacks and refunds, the
   clock moved on, ``flask --app example_shop gateway reconcile``; every order checked against the gateway.
+- ``test_faults.py``: faults an operator meets, on a cluster of its own with fsync on: the fault run (120
+  shoppers while PostgreSQL restarts fast and immediate and shop workers are SIGKILLed inside callbacks, then
+  ``deliver`` and ``reconcile``: nothing lost, nothing twice, 503 + ``Retry-After`` only during the outages,
+  the shop back without a person), both servers booting while PostgreSQL is down, SIGTERM mid-callback.
 
 Run: ``.venv/bin/pytest tests/reliability -q`` (part of the normal ``pytest``; skipped with
 ``--database=sqlite``). The figures each test checked are printed as ``[reliability] ...`` lines;
