@@ -23,6 +23,8 @@ exit status 75 (``EX_TEMPFAIL``): a cron job or timer runs it again later.
 
 from __future__ import annotations
 
+import signal
+import threading
 from contextlib import ExitStack
 from datetime import timedelta
 from typing import Any, Final
@@ -49,10 +51,10 @@ from flask_gateway.models import (
     OutboxEvent,
     OutboxState,
 )
-from flask_gateway.outbox import backlog, deliver_due, redeliver
+from flask_gateway.outbox import DeliveryReport, backlog, deliver_due, redeliver
 from flask_gateway.polling import refresh
 from flask_gateway.reconciliation import PAID_RECHECK_SECONDS, reconcile
-from flask_gateway.state import get_state
+from flask_gateway.state import GatewayState, get_state
 
 __all__ = ["EXIT_DATABASE_AWAY", "DatabaseAway", "GatewayCommands", "gateway_cli"]
 
@@ -295,18 +297,69 @@ def callbacks_command(outcome: str | None, refused: bool, limit: int) -> None:
 @click.option(
     "--limit", default=100, show_default=True, type=click.IntRange(1, 100_000), help="Events at most."
 )
-def deliver_command(limit: int) -> None:
-    """Deliver the outbox events that are due (run it from cron every minute or two).
+@click.option(
+    "--every",
+    type=click.FloatRange(0.5, 3600),
+    default=None,
+    metavar="SECONDS",
+    help="Keep running: deliver what is due every SECONDS until stopped (SIGTERM or Ctrl-C), through "
+    "database outages. For a shop without a task queue: a systemd service instead of a cron line.",
+)
+def deliver_command(limit: int, every: float | None) -> None:
+    """Deliver the outbox events that are due (run it from cron every minute or two, or with --every).
 
     Exits 1 when a receiver raised (the event is due again later, or dead after its last attempt)."""
+    if every is not None:
+        _deliver_forever(limit, every)
+        return
     report = deliver_due(limit)
-    click.echo(f"Outbox: {report}.")
-    for event_id, error in report.errors:
-        click.echo(f"  event #{event_id}: {error}")
+    _echo_delivery(report)
     waiting, oldest = backlog()
     click.echo(f"Waiting: {waiting}" + (f", the oldest written {_when(oldest)}." if oldest else "."))
     if report.failed:
         raise SystemExit(1)
+
+
+def _echo_delivery(report: DeliveryReport) -> None:
+    click.echo(f"Outbox: {report}.")
+    for event_id, error in report.errors:
+        click.echo(f"  event #{event_id}: {error}")
+
+
+def _deliver_forever(limit: int, every: float) -> None:
+    """``deliver --every``: a round every ``every`` seconds; a round that met a database outage is counted
+    by the extension's outage watch (one line when it starts, one when it ends) and the loop goes on. A
+    SIGTERM lets the round in progress finish (its receivers run to the end) and then stops."""
+    state = get_state()
+    stop = threading.Event()
+    previous = {
+        signum: signal.signal(signum, lambda _signum, _frame: stop.set())
+        for signum in (signal.SIGTERM, signal.SIGINT)
+    }
+    click.echo(f"Delivering the outbox every {every:g} s (SIGTERM or Ctrl-C stops).")
+    try:
+        _deliver_rounds(state, limit, every, stop)
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    click.echo("Stopped.")
+
+
+def _deliver_rounds(state: GatewayState, limit: int, every: float, stop: threading.Event) -> None:
+    while not stop.is_set():
+        try:
+            report = deliver_due(limit)
+        except DATABASE_ERRORS as error:
+            if not is_database_outage(error):
+                raise
+            state.outages.failed(error)
+        else:
+            state.outages.succeeded()
+            if report.delivered or report.failed or report.dead:
+                _echo_delivery(report)
+        finally:
+            state.remove_session()  # a fresh session each round: nothing read in one is trusted in the next
+        stop.wait(every)
 
 
 @gateway_cli.command("outbox")

@@ -3,7 +3,9 @@ least once, each delivery with the same ``event_id``; dead after the last attemp
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -150,6 +152,41 @@ def test_a_receiver_that_raises_twice_fulfils_once_on_the_third_delivery(
     # The gateway's own retries change nothing: the callback is a duplicate, no new event.
     gateway_emulator.replay_callback(checkout.token)
     assert len(events(gateway_app)) == 1
+
+
+def test_deliver_every_delivers_what_falls_due_and_a_sigterm_lets_the_round_finish(
+    gateway_emulator: GatewayEmulator, gateway_app: Flask, connected: list[tuple[Any, Any]], clock: Clock
+) -> None:
+    """``flask gateway deliver --every``: a shop without a task queue keeps one process delivering. An
+    event that falls due while it runs is delivered by a later round; SIGTERM during a round lets that
+    round's receiver finish and its event be marked delivered, then the command stops (exit 0) and gives
+    the process its own signal handlers back."""
+    fulfilment = Fulfilment(failures=1)
+
+    def fulfil_then_stop(sender: Any, **kwargs: Any) -> None:
+        fulfilment(sender, **kwargs)
+        if fulfilment.fulfilled:
+            os.kill(os.getpid(), signal.SIGTERM)  # the service manager stops the service mid-round
+            time.sleep(0.2)  # the receiver goes on after the signal: its work is not cut short
+
+    connect(connected, gateway_app, payment_confirmed, fulfil_then_stop)
+    checkout = new_checkout(gateway_app)
+    gateway_emulator.pay(checkout.token)
+    gateway_emulator.deliver()  # the at-once delivery raises: the event waits 10 s
+    [event] = events(gateway_app)
+    assert (event.state, event.attempts) == (OutboxState.PENDING, 1)
+    threading.Timer(0.6, clock.advance, args=(11,)).start()  # it falls due while the loop runs
+    before = signal.getsignal(signal.SIGTERM)
+
+    result = gateway_app.test_cli_runner().invoke(args=["gateway", "deliver", "--every", "0.5"])
+
+    assert result.exit_code == 0, result.output
+    assert "Outbox: 1 delivered, 0 failed, 0 dead." in result.output
+    assert result.output.rstrip().endswith("Stopped.")
+    assert fulfilment.fulfilled == [event.id]
+    [event] = events(gateway_app)
+    assert (event.state, event.attempts) == (OutboxState.DELIVERED, 2)
+    assert signal.getsignal(signal.SIGTERM) is before
 
 
 def test_dead_after_the_last_attempt_tells_the_shop_and_a_person_delivers_it_again(
