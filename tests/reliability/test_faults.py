@@ -15,13 +15,18 @@ to the real processes; counts come from the databases.
   ``/gateway/callback`` is inside that process (created before the app sees it, removed once the answer was
   written), the killer polls that folder every 2 ms and kills a pid it finds there (only a child of the shop's
   gunicorn master). A mark still present once the process is dead proves the kill landed inside the callback;
-  the figures say how many did. Then ``flask gateway deliver`` and ``flask gateway reconcile`` run, as cron
-  would. Asserted: every checkout paid at the gateway is fulfilled exactly once (none twice, none never), no
-  outbox event is left, every 5xx a client got is a 503 with ``Retry-After`` (the shop's 502 "we couldn't reach
-  the payment provider" on ``POST /checkout`` apart, counted) and none is a 500 (also in the servers' access
-  logs), no 5xx once the database answered again but a client's first request after it (the "first retry"),
-  and the shop serves again without a person: its gunicorn master is the one started, with its 4 workers.
-  A prober (``/gateway/readyz`` and an order's ``status.json``, every 50 ms) times the shop's return.
+  the figures say how many did. The shop's outbox service runs throughout, as docs/operations.md sets it up
+  for a shop without a task queue (``flask gateway deliver --every 5``). Once the callbacks settled,
+  ``flask gateway deliver`` and ``flask gateway reconcile`` run, as cron would. Asserted: every checkout paid
+  at the gateway is fulfilled exactly once (none twice, none never), no outbox event is left and each was
+  delivered within the documented bound (lease + the service's interval, with room for an outage), every 5xx
+  a client got is a 503 with ``Retry-After`` (the shop's 502 "we couldn't reach the payment provider" on
+  ``POST /checkout`` apart) and none is a 500 (nor in the servers' access logs), no 5xx once the database
+  answered again but a client's first request after it (the "first retry"), no traceback in the servers'
+  logs (an outage is one line when it starts and one when it ends), and the shop serves again without a
+  person, within ``Retry-After`` of the database's return: its gunicorn master is the one started, with its 4
+  workers. A prober (``/gateway/readyz`` and an order's ``status.json``, each every 100 ms) times the return.
+  The shop runs with ``--preload`` here (see the test).
 - ``test_boot_while_the_database_is_away``: both servers started while PostgreSQL is stopped; their masters
   stay up, the liveness endpoints answer 200, a shopper page and the readiness endpoints answer 503 with
   ``Retry-After``; a worker SIGKILLed meanwhile is replaced and boots; PostgreSQL started: the shop serves (an
@@ -44,6 +49,8 @@ import os
 import random
 import re
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -61,11 +68,14 @@ import pytest
 import requests
 
 from flask_gateway.core.outages import RETRY_AFTER_SECONDS
+from flask_gateway.outbox import CLAIM_LEASE
 from tests.conftest import fetch_all, selected_backends
 from tests.postgres import PostgresCluster, ShutdownMode, start_cluster
 from tests.processes import child_pids, is_alive, wait_for
 from tests.reliability.conftest import (
     GRACEFUL_TIMEOUT,
+    ROOT,
+    SHOP_APP,
     Stack,
     StackPlan,
     init_shop_database,
@@ -101,8 +111,15 @@ RESTARTS: Final[tuple[tuple[int, ShutdownMode], ...]] = (
 KILL_EVERY: Final = (0.3, 1.0)
 #: The emulator's callback retries (seconds): five attempts over 15 s, longer than an outage.
 CALLBACK_RETRY_DELAYS: Final = "1,2,4,8"
-#: How long the run waits for the emulator's callbacks to settle before cron's deliver and reconcile.
-CALLBACKS_SETTLE: Final = 20
+#: How long the run waits for the emulator's callbacks and the outbox to settle before cron's deliver and
+#: reconcile.
+CALLBACKS_SETTLE: Final = 30
+#: ``flask gateway deliver --every`` (seconds): the shop's outbox service during the run (docs/operations.md).
+DELIVER_EVERY: Final = 5
+#: Every event is delivered within this long of being written (docs/operations.md: a dead worker's event
+#: within the lease + the service's interval; one interval more for a round that met an outage, one for the
+#: receivers and the load).
+OUTBOX_BOUND: Final = CLAIM_LEASE.total_seconds() + 3 * DELIVER_EVERY
 #: A shopper who got a 5xx or no answer tries again after this long (a person reloading the page; the
 #: 503's Retry-After says 5 s, the prober measures the exact return).
 RELOAD_AFTER: Final = 0.5
@@ -539,28 +556,50 @@ def fault_run(
     killer = CallbackKiller(master, marks, random.Random(rng.random()))
     prober = Prober(exchanges, stack.shop.url, order_pages)
     restarter = threading.Thread(target=restarts, name="restarts", daemon=True)
-    for thread in (killer, prober, restarter):
-        thread.start()
+    # The shop's outbox service, as docs/operations.md sets it up for a shop without a task queue.
+    outbox_log = stack.shop.log_path.with_name("deliver-every.log")
+    with outbox_log.open("wb") as log:
+        outbox_service = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "flask",
+                "--app",
+                SHOP_APP,
+                "gateway",
+                "deliver",
+                "--every",
+                str(DELIVER_EVERY),
+            ],
+            env={**os.environ, **stack.shop_env, "RELIABILITY_PROCESS": "deliver-every"},
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     try:
-        with ThreadPoolExecutor(AT_ONCE) as pool:
-            done = list(pool.map(lambda p: shop(p, exchanges, stack, paid, came_back), purchases))
+        for thread in (killer, prober, restarter):
+            thread.start()
+        try:
+            with ThreadPoolExecutor(AT_ONCE) as pool:
+                done = list(pool.map(lambda p: shop(p, exchanges, stack, paid, came_back), purchases))
+        finally:
+            killer.stopping.set()
+            killer.join(10)
+            restarter.join(120)
+        shopping_seconds = time.monotonic() - started
+        pending = settle_callbacks_and_outbox(stack)
     finally:
-        killer.stopping.set()
-        killer.join(10)
-        restarter.join(120)
-    shopping_seconds = time.monotonic() - started
-    assert len(exchanges.outages) == len(RESTARTS), exchanges.outages
-
-    # The gateway's callbacks make their attempts (each killed one is tried again after 1, 2, 4, 8 s). Not
-    # waited for beyond CALLBACKS_SETTLE: an attempt whose record step met the outage keeps its delivery
-    # leased for the emulator's 60 s, and reconciliation is there for what no callback told (counted).
-    deadline = time.monotonic() + CALLBACKS_SETTLE
-    while (pending := len(control_get(stack, "deliveries", state="pending")["deliveries"])) and (
-        time.monotonic() < deadline
-    ):
-        time.sleep(0.5)
+        outbox_service.send_signal(signal.SIGTERM)  # the round in progress finishes, then it stops
+        try:
+            outbox_service.wait(30)
+        except subprocess.TimeoutExpired:
+            outbox_service.kill()
+            outbox_service.wait(10)
     prober.stopping.set()
     prober.join(10)
+    service_output = outbox_log.read_text(errors="replace")
+    assert outbox_service.returncode == 0, service_output[-3000:]
+    assert len(exchanges.outages) == len(RESTARTS), exchanges.outages
 
     # Cron: the shop's outbox, then reconciliation, then the outbox again (what reconciliation confirmed).
     cli_started = time.time()
@@ -599,6 +638,15 @@ def fault_run(
         stack.shop_db,
         "SELECT o.id, o.kind, o.state, o.attempts FROM gateway_outbox o WHERE o.state <> 'delivered'",
     )
+    # How long each event of the run waited, from its writing to its delivery (the service's, or a request's).
+    outbox_waits = {
+        int(event_id): (str(kind), int(attempts), epoch(delivered) - epoch(created))
+        for event_id, kind, attempts, created, delivered in fetch_all(
+            stack.shop_db,
+            "SELECT id, kind, attempts, created_at, delivered_at FROM gateway_outbox WHERE delivered_at IS NOT NULL",
+        )
+    }
+    late_events = {event_id: found for event_id, found in outbox_waits.items() if found[2] > OUTBOX_BOUND}
     fulfilled_at = {
         str(ref): at
         for ref, at in fetch_all(
@@ -704,8 +752,16 @@ def fault_run(
         f"{sorted(waits.values())[len(waits) // 2]:.2f} s, over 5 s {sum(w > 5 for w in waits.values())}; "
         f"{len(in_run)} fulfilled while the shop served (longest {max(in_run, default=0):.1f} s), {len(by_cli)} "
         f"by the deliver/reconcile run at the end ({cli_started - last_paid:.1f} s after the last payment); "
-        f"deliver: {delivered} delivered; reconcile: {' '.join(reconciled.stdout.split())}; the gateway's "
+        f"deliver: {delivered} delivered; reconcile: {' '.join(reconciled.stdout.split())} The gateway's "
         f"callbacks still pending then: {pending}"
+    )
+    slowest = max(outbox_waits.values(), key=lambda found: found[2], default=("none", 0, 0.0))
+    report(
+        f"outbox (flask gateway deliver --every {DELIVER_EVERY} running, lease {CLAIM_LEASE.total_seconds():g} s): "
+        f"{len(outbox_waits)} events delivered, {sum(1 for _k, a, _w in outbox_waits.values() if a > 1)} after a "
+        f"failed attempt; longest from writing to delivery {slowest[2]:.1f} s ({slowest[0]}, {slowest[1]} "
+        f"attempt(s)), over 5 s {sum(1 for _k, _a, w in outbox_waits.values() if w > 5)} (bound asserted: "
+        f"{OUTBOX_BOUND:g} s); the service's rounds: {service_rounds(service_output)}"
     )
     report(
         f"access log statuses: { ({name: dict(c) for name, c in access.items()}) }; outage log lines "
@@ -715,6 +771,8 @@ def fault_run(
     assert never == [] and twice == [] and unpaid_fulfilled == [], (never, twice, unpaid_fulfilled)
     assert len(paid_at_gateway) == SHOPPERS  # every shopper paid (the last step each completed)
     assert left == [], left
+    assert late_events == {}, late_events  # (kind, attempts, seconds from writing to delivery)
+    assert tracebacks(service_output)[1] == [], service_output[-3000:]
     assert access_500 == {"shop": [], "emulator": []}, access_500
     assert not_503 == [], not_503
     assert late == [], "\n".join(late)
@@ -723,6 +781,27 @@ def fault_run(
     # Served again within the Retry-After the 503s gave (flask_gateway.core.outages.RETRY_AFTER_SECONDS).
     assert all(served is not None and served < RETRY_AFTER_SECONDS for _m, served, _r in returns), returns
     assert traced == {"shop": [], "emulator": []}, traced
+
+
+def settle_callbacks_and_outbox(stack: Stack) -> int:
+    """Wait for the gateway's callbacks (each killed one is tried again after 1, 2, 4, 8 s) and for the outbox
+    service to deliver every event, at most ``CALLBACKS_SETTLE`` s: an attempt whose record step met the outage
+    keeps its delivery leased for the emulator's 60 s, and reconciliation is there for what no callback told.
+    Returns how many callbacks were still pending."""
+    deadline = time.monotonic() + CALLBACKS_SETTLE
+    while time.monotonic() < deadline:
+        pending = len(control_get(stack, "deliveries", state="pending")["deliveries"])
+        ((events,),) = fetch_all(stack.shop_db, "SELECT count(*) FROM gateway_outbox WHERE state = 'pending'")
+        if not pending and not events:
+            return 0
+        time.sleep(0.5)
+    return pending
+
+
+def service_rounds(output: str) -> str:
+    """What ``deliver --every`` printed, its lines counted (without their numbers)."""
+    lines = Counter(re.sub(r"\d+(\.\d+)?", "N", line) for line in output.splitlines() if line.strip())
+    return "; ".join(f"{line} x{count}" for line, count in lines.most_common(6))
 
 
 def epoch(value: datetime) -> float:
