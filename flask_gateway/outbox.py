@@ -54,7 +54,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
 from flask_gateway import signals
-from flask_gateway.core.outages import describe_database_error
+from flask_gateway.core.outages import describe_database_error, is_database_outage
 from flask_gateway.core.sql import commit_keeping_loaded, sqlite_in_memory
 from flask_gateway.core.timestamps import utcnow
 from flask_gateway.models import GatewayCheckout, OutboxEvent, OutboxState, RefundRecord
@@ -302,12 +302,24 @@ def _send(event: OutboxEvent, checkout: GatewayCheckout, kwargs: dict[str, Any])
     try:
         KINDS[event.kind].send(app, checkout=checkout, event_id=event.id, **kwargs)
     except Exception as exc:
-        _log.exception(
-            "a receiver of %s failed for checkout %s (outbox event %s); it is delivered again later",
-            event.kind,
-            checkout.token or checkout.id,
-            event.id,
-        )
+        if is_database_outage(exc):
+            # The database went away under the receiver (a restart, a failover): one line without a
+            # traceback, as the requests log an outage; the event is delivered again once it answers.
+            _log.warning(
+                "a receiver of %s failed for checkout %s (outbox event %s): the database is unreachable "
+                "(%s); it is delivered again later",
+                event.kind,
+                checkout.token or checkout.id,
+                event.id,
+                describe_database_error(exc),
+            )
+        else:
+            _log.exception(
+                "a receiver of %s failed for checkout %s (outbox event %s); it is delivered again later",
+                event.kind,
+                checkout.token or checkout.id,
+                event.id,
+            )
         return f"{type(exc).__name__}: {exc}"[:2000]
     return None
 
