@@ -799,9 +799,10 @@ def settle_callbacks_and_outbox(stack: Stack) -> int:
 
 
 def service_rounds(output: str) -> str:
-    """What ``deliver --every`` printed, its lines counted (without their numbers)."""
-    lines = Counter(re.sub(r"\d+(\.\d+)?", "N", line) for line in output.splitlines() if line.strip())
-    return "; ".join(f"{line} x{count}" for line, count in lines.most_common(6))
+    """What ``deliver --every`` reported: its rounds that did something, summed."""
+    counted = [tuple(int(n) for n in found.groups()) for found in _DELIVER_REPORT.finditer(output)]
+    delivered, failed, dead = (sum(column) for column in zip(*counted, strict=True)) if counted else (0, 0, 0)
+    return f"{len(counted)} round(s) with work: {delivered} delivered, {failed} failed, {dead} dead"
 
 
 def epoch(value: datetime) -> float:
