@@ -3,6 +3,7 @@ least once, each delivery with the same ``event_id``; dead after the last attemp
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import signal
@@ -16,6 +17,7 @@ import pytest
 from flask import Flask
 from flask_sqlalchemy import SQLAlchemy
 from sqlalchemy import select
+from sqlalchemy.exc import OperationalError
 
 from flask_gateway import (
     Gateway,
@@ -91,8 +93,8 @@ def connected(gateway_app: Flask) -> Iterator[list[tuple[Any, Any]]]:
     """Receivers the test connects for this shop, disconnected at the end."""
     made: list[tuple[Any, Any]] = []
     yield made
-    for signal, receiver in made:
-        signal.disconnect(receiver)
+    for blinker_signal, receiver in made:
+        blinker_signal.disconnect(receiver)
 
 
 def connect(connected: list[tuple[Any, Any]], app: Flask, signal: Any, receiver: Any) -> Any:
@@ -187,6 +189,38 @@ def test_deliver_every_delivers_what_falls_due_and_a_sigterm_lets_the_round_fini
     [event] = events(gateway_app)
     assert (event.state, event.attempts) == (OutboxState.DELIVERED, 2)
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_a_receiver_cut_off_by_a_database_outage_logs_one_line_other_failures_their_traceback(
+    gateway_emulator: GatewayEmulator,
+    gateway_app: Flask,
+    connected: list[tuple[Any, Any]],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """During a database restart every receiver that touches the database fails: one line each, with the
+    driver's reason, not a traceback per event; a receiver's own bug keeps its traceback."""
+    failures = [
+        OperationalError("UPDATE orders ...", {}, Exception("server closed the connection unexpectedly")),
+        KeyError("sku-42"),
+    ]
+
+    def receiver(sender: Any, **kwargs: Any) -> None:
+        raise failures.pop(0)
+
+    connect(connected, gateway_app, payment_confirmed, receiver)
+    caplog.set_level(logging.WARNING, logger="flask_gateway.outbox")
+    for reference in ("ORD-1", "ORD-2"):
+        checkout = new_checkout(gateway_app, reference)
+        gateway_emulator.pay(checkout.token)
+        gateway_emulator.deliver()
+
+    outage, bug = [r for r in caplog.records if "a receiver of payment_confirmed failed" in r.getMessage()]
+    assert "the database is unreachable (Exception: server closed the connection unexpectedly)" in (
+        outage.getMessage()
+    )
+    assert outage.exc_info is None and outage.levelno == logging.WARNING
+    assert bug.exc_info is not None and bug.exc_info[0] is KeyError
+    assert [event.attempts for event in events(gateway_app)] == [1, 1]  # both due again later
 
 
 def test_dead_after_the_last_attempt_tells_the_shop_and_a_person_delivers_it_again(
