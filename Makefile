@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test lint format setup system-packages bench clean
+.PHONY: demo test lint format setup system-packages bench docs clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11 or newer is required (set PYTHON=python3.11)")'
@@ -41,9 +41,20 @@ bench: setup
 	BENCH_PACKAGES=1 scripts/ensure-system-packages
 	$(BIN)/python benchmarks/bench.py $(BENCH_ARGS)
 
+## The documentation site (docs/conf.py): Sphinx with MyST over docs/*.md, into docs/_build/html. Warnings are
+## errors and every cross-reference is checked (-n), page links and their #anchors included; -E reads every
+## page again, so a warning is never hidden by an earlier build. The docs extra goes into .venv first.
+DOCS_STAMP := $(VENV)/.docs-stamp
+$(DOCS_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[docs]'
+	@touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP)
+	$(BIN)/sphinx-build -E -W --keep-going -n -b html docs docs/_build/html
+
 format: setup
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache docs/_build

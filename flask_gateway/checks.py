@@ -35,6 +35,8 @@ WarningKind = Literal["firewall", "unreachable-callback", "callback-mismatch"]
 
 @dataclass(frozen=True)
 class SetupWarning:
+    """One thing the owner should fix in this shop's setup (:func:`setup_warnings`)."""
+
     kind: WarningKind
     #: The address the warning is about (the public URL, or the callback URL the gateway has or will get).
     url: str

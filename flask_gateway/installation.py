@@ -17,6 +17,8 @@ __all__ = ["InstallSettings", "adopt_signing_key", "install", "update_settings"]
 
 @dataclass(frozen=True)
 class InstallSettings:
+    """What :func:`install` sends the gateway: the account, its API key, and the settings to install."""
+
     merchant_account_id: str
     api_key: str
     callback_url: str

@@ -206,6 +206,7 @@ def callback_outcome_label(outcome: str | None) -> Label:
 
 
 def refund_state_label(state: str | None) -> Label:
+    """The label of a refund's state; an unknown state string is shown as its own code."""
     code = str(state or "")
     return _REFUND_STATE_LABELS.get(code) or _unknown(code, "refund state")
 

@@ -9,6 +9,8 @@ __all__ = ["Address", "Customer", "OrderDraft", "OrderLine"]
 
 @dataclass(frozen=True)
 class OrderLine:
+    """One line of the order: ``quantity`` times ``unit_price_cents`` (integer cents)."""
+
     name: str
     sku: str
     quantity: int
@@ -26,6 +28,8 @@ class OrderLine:
 
 @dataclass(frozen=True)
 class Customer:
+    """The shopper's details, sent to the gateway with the checkout."""
+
     first_name: str
     last_name: str
     email: str
@@ -35,6 +39,8 @@ class Customer:
 
 @dataclass(frozen=True)
 class Address:
+    """A billing or shipping address."""
+
     line1: str
     city: str
     province: str

@@ -131,6 +131,9 @@ def add(session: Session, checkout: GatewayCheckout, signal: Signal, kwargs: dic
 
 @dataclass
 class DeliveryReport:
+    """What a delivery round did: events delivered, attempts that failed, events that became dead (a person
+    decides: ``GATEWAY_OUTBOX_MAX_ATTEMPTS`` reached)."""
+
     delivered: int = 0
     failed: int = 0
     dead: int = 0

@@ -328,6 +328,7 @@ class EmulatorPool:
         return app
 
     def close(self) -> None:
+        """Close every pooled emulator app's database connections and forget the apps."""
         for app in self._apps.values():
             with app.app_context():
                 emulator_models.db.engine.dispose()

@@ -20,9 +20,11 @@ class SettingsError(ValueError):
 
 @dataclass(frozen=True)
 class EmulatorSettings:
+    """The emulator's settings; ``EmulatorSettings.from_env()`` reads the ``EMULATOR_*`` variables."""
+
     #: Accounts "issued by the account manager": merchant account id -> API key.
     accounts: Mapping[str, str] = field(default_factory=lambda: {"demo-merchant": "demo-api-key"})
-    #: Strict: redirect URLs on localhost, *.localhost or an IP literal are refused (403).
+    #: Strict: redirect URLs on localhost, ``*.localhost`` or an IP literal are refused (403).
     waf_strict: bool = True
     #: Sandbox: 401 bodies carry ``expectedSignature``.
     sandbox: bool = True
