@@ -12,6 +12,7 @@ import builtins
 import collections.abc
 import dataclasses
 import importlib
+import inspect
 import os
 import re
 import sys
@@ -213,6 +214,8 @@ def _front_door_data(app: Any, what: str, name: str, obj: Any, options: Any, lin
     comment = _attribute_comment(module_name, attribute)
     if comment:
         lines[:] = comment
+    elif type(obj).__doc__ and "\n".join(lines).strip() == inspect.cleandoc(type(obj).__doc__):
+        lines[:] = []  # not its documentation: its type's (str's for __version__)
 
 
 # -- Signatures ----------------------------------------------------------------------------------------------
