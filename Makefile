@@ -6,10 +6,16 @@ STAMP := $(VENV)/.installed-stamp
 
 .PHONY: demo test lint format setup system-packages bench docs clean
 
-$(STAMP): pyproject.toml
+# _version.py too: the editable install's metadata holds the version (importlib.metadata, the doctor).
+$(STAMP): pyproject.toml flask_gateway/_version.py
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11 or newer is required (set PYTHON=python3.11)")'
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+# Before the rename to flask-bnpl-gateway the distribution was called flask-gateway (docs/packaging.md): an
+# editable install under the old name (its dist-info in .venv, its egg-info in the checkout) would stay beside
+# the new one, both providing flask_gateway.
+	$(BIN)/python -m pip uninstall -qq --yes flask-gateway
+	rm -rf flask_gateway.egg-info
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	@touch $(STAMP)
 

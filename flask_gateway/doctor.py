@@ -24,6 +24,8 @@ page). :func:`run_checks` runs them all, one after the other, and never stops at
 ``readiness``       ``GET /gateway/readyz`` would answer 200 (database, schema, installation:
                     :mod:`flask_gateway.readiness`), else a load balancer keeps the shop out; names the
                     liveness and readiness probe URLs either way
+``package``         ``flask-bnpl-gateway`` is the only installed distribution that provides ``flask_gateway``
+                    (not also the index's unrelated ``flask-gateway``), at the version that runs
 ==================  =======================================================================================
 
 Side effects, all harmless: the ``csrf`` check runs the app's ``before_request`` hooks for a test request
@@ -34,6 +36,7 @@ log (``rejected-signature``, User-Agent ``flask-gateway-doctor``) and sends ``ca
 
 from __future__ import annotations
 
+import importlib.metadata
 import re
 import textwrap
 from collections.abc import Callable
@@ -50,7 +53,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from werkzeug.exceptions import HTTPException
 
 from flask_gateway import models
-from flask_gateway._version import __version__
+from flask_gateway._version import DISTRIBUTION, __version__
 from flask_gateway.checks import setup_warnings
 from flask_gateway.core.errors import AuthenticationError, GatewayError
 from flask_gateway.core.hosts import local_host_kind
@@ -1036,6 +1039,77 @@ def check_readiness(_options: Options) -> list[Finding]:
     ]
 
 
+# --- the installed distribution ---------------------------------------------------------------------------
+
+_DOCS_TWO: Final = "docs/packaging.md#two-distributions-one-flask_gateway"
+
+
+def _normalised(name: str) -> str:
+    """A distribution's name as the index compares names (PEP 503): ``Flask_Gateway`` is ``flask-gateway``."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _providers(package: str = "flask_gateway") -> dict[str, importlib.metadata.Distribution]:
+    """The installed distributions that put ``package`` on ``sys.path``, by normalised name (their
+    ``top_level.txt``, or the files of their ``RECORD``)."""
+    found = {}
+    for name in importlib.metadata.packages_distributions().get(package, []):
+        with suppress(importlib.metadata.PackageNotFoundError):
+            distribution = importlib.metadata.distribution(name)
+            found[_normalised(distribution.name)] = distribution
+    return found
+
+
+def check_package(_options: Options) -> list[Finding]:
+    """No other installed distribution provides ``flask_gateway`` (the index's ``flask-gateway`` is an
+    unrelated project whose wheel does), and the installed metadata is the version that runs."""
+    name = "package"
+    providers = _providers()
+    findings = []
+    for other, distribution in sorted(providers.items()):
+        if other == DISTRIBUTION:
+            continue
+        summary = next(iter(distribution.metadata.get_all("Summary") or []), "no summary")
+        findings.append(
+            Finding(
+                name,
+                "problem",
+                f"{distribution.name} {distribution.version} ({summary!r}) is installed too and puts its own "
+                f"flask_gateway package in the same place as {DISTRIBUTION}: the files of one overwrite the "
+                "other's, and uninstalling either deletes files the other needs",
+                f"pip uninstall {other} {DISTRIBUTION}, then pip install {DISTRIBUTION} ({_DOCS_TWO})",
+            )
+        )
+    ours = providers.get(DISTRIBUTION)
+    if ours is None:
+        findings.append(
+            Finding(
+                name,
+                "unknown",
+                f"flask_gateway {__version__} runs, but no installed {DISTRIBUTION} provides it (a copy on "
+                "sys.path?): which release this is cannot be told",
+                f"pip install {DISTRIBUTION} ({_DOCS_TWO})",
+            )
+        )
+    elif ours.version != __version__:
+        findings.append(
+            Finding(
+                name,
+                "problem",
+                f"the installed {DISTRIBUTION} says {ours.version}, but the flask_gateway that runs is "
+                f"{__version__}: the files of two installs are mixed",
+                f"pip install --force-reinstall {DISTRIBUTION}=={ours.version} ({_DOCS_TWO})",
+            )
+        )
+    elif not findings:
+        findings.append(
+            Finding(
+                name, "ok", f"{DISTRIBUTION} {__version__}, the only installed distribution of flask_gateway"
+            )
+        )
+    return findings
+
+
 #: Every check, in the order the command prints them.
 CHECKS: Final[tuple[Check, ...]] = (
     Check("configuration", check_configuration),
@@ -1048,4 +1122,5 @@ CHECKS: Final[tuple[Check, ...]] = (
     Check("reconcile", check_reconcile_schedule),
     Check("outbox", check_outbox_schedule),
     Check("readiness", check_readiness),
+    Check("package", check_package, reads=False),
 )

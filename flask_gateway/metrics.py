@@ -1,4 +1,4 @@
-"""Prometheus metrics (the optional extra: ``pip install "flask-gateway[metrics]"``).
+"""Prometheus metrics (the optional extra: ``pip install "flask-bnpl-gateway[metrics]"``).
 
 ``register_metrics(app, registry)`` registers two things in a ``prometheus_client`` registry (the app's
 own, or the default one):
@@ -341,6 +341,6 @@ def register_metrics(
 def _require_prometheus() -> None:
     if not PROMETHEUS:
         raise ConfigurationError(
-            'Prometheus metrics need the prometheus_client package: pip install "flask-gateway[metrics]" '
-            "(or prometheus_client itself)."
+            "Prometheus metrics need the prometheus_client package: "
+            'pip install "flask-bnpl-gateway[metrics]" (or prometheus_client itself).'
         )

@@ -26,7 +26,7 @@ deliver one event at once, and a worker that dies leaves its event to the first 
 covers an event delivered again. A lost task message loses nothing: the work is in the database, and the
 next beat tick finds it.
 
-``celery`` is imported here only: ``pip install "flask-gateway[tasks]"`` (Celery with the Redis client).
+``celery`` is imported here only: ``pip install "flask-bnpl-gateway[tasks]"`` (Celery with the Redis client).
 """
 
 from __future__ import annotations
@@ -47,7 +47,8 @@ try:
     from celery.signals import worker_process_init
 except ImportError as exc:  # pragma: no cover - the optional extra is missing
     raise ImportError(
-        "flask_gateway.tasks needs Celery: pip install 'flask-gateway[tasks]' (Celery with the Redis client)"
+        "flask_gateway.tasks needs Celery: pip install 'flask-bnpl-gateway[tasks]' "
+        "(Celery with the Redis client)"
     ) from exc
 
 __all__ = [

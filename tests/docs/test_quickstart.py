@@ -1,9 +1,10 @@
 """docs/extension.md's quickstart, followed as a newcomer would: from an empty folder to a paid order.
 
 The page's files are saved to an empty folder and its commands typed into a shell there, in order, in a
-fresh virtualenv holding only the built wheel (``wheel_venv``: the page's ``python -m venv``, ``source
-.venv/bin/activate`` and ``pip install flask-gateway`` steps); the server the page starts runs in the
-background (on a free port: ``FLASK_RUN_PORT``, as ``flask run`` reads it). Then the page's walk: the
+fresh virtualenv holding only the wheel built from the sdist (``wheel_venv``: the page's ``python -m venv``
+and ``source .venv/bin/activate`` steps; its ``pip install flask-bnpl-gateway`` runs there with ``--no-index``,
+which pip answers "already satisfied" only when the page names the installed wheel); the server the page
+starts runs in the background (on a free port: ``FLASK_RUN_PORT``, as ``flask run`` reads it). Then the page's walk: the
 owner signs in and installs, a shopper buys and pays on the gateway's page, the order says paid. Nothing
 the page does not show is done, and nothing of the repository is on the path.
 """
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from flask_gateway._version import DISTRIBUTION
 from tests import secret_watch
 from tests.docs.browse import Browser
 from tests.docs.steps import Command, File, section, steps
@@ -29,7 +31,7 @@ from tests.processes import free_port, wait_for
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 #: The page's setup steps that ``wheel_venv`` has done already (a fresh venv with the built wheel).
-VENV_STEPS = ("python -m venv .venv", "source .venv/bin/activate", "pip install flask-gateway")
+VENV_STEPS = ("python -m venv .venv", "source .venv/bin/activate", "pip install flask-bnpl-gateway")
 
 
 def _quickstart_page() -> list[str]:
@@ -79,7 +81,9 @@ def newcomer(tmp_path: Path, wheel_venv: Path) -> Iterator[dict[str, object]]:
             server.wait(timeout=10)
 
 
-def test_a_newcomer_takes_a_paid_order_in_one_process(newcomer: dict[str, object]) -> None:
+def test_a_newcomer_takes_a_paid_order_in_one_process(
+    newcomer: dict[str, object], flask_gateway_wheel: Path
+) -> None:
     started = time.monotonic()
     folder: Path = newcomer["folder"]  # type: ignore[assignment]
     env: dict[str, str] = newcomer["env"]  # type: ignore[assignment]
@@ -91,6 +95,13 @@ def test_a_newcomer_takes_a_paid_order_in_one_process(newcomer: dict[str, object
     for step in quickstart():
         if isinstance(step, File):
             (folder / step.name).write_text(step.text, encoding="utf-8")
+        elif step.line == VENV_STEPS[-1]:
+            # wheel_venv installed the wheel; the page's command, without the index, finds it installed.
+            argv = [*step.argv, "--no-index"]
+            done = subprocess.run(argv, cwd=folder, env=env, capture_output=True, text=True, timeout=120)
+            assert done.returncode == 0, f"$ {step.line}\n{done.stdout}\n{done.stderr}"
+            assert f"Requirement already satisfied: {DISTRIBUTION}" in done.stdout, done.stdout
+            assert installed_from(env) == flask_gateway_wheel.as_uri()
         elif step.line in VENV_STEPS:
             continue  # done by wheel_venv: a fresh virtualenv with the wheel installed
         elif step.is_server:
@@ -104,6 +115,18 @@ def test_a_newcomer_takes_a_paid_order_in_one_process(newcomer: dict[str, object
 
     elapsed = walk(f"http://127.0.0.1:{env['FLASK_RUN_PORT']}", servers[0], log, started)
     print(f"\nquickstart: empty folder to paid order in {elapsed:.1f} s")  # noqa: T201 - the figure it measures
+
+
+def installed_from(env: dict[str, str]) -> str:
+    """Where the newcomer's venv got the distribution from (pip's ``direct_url.json``): the wheel's URL."""
+    python = Path(env["VIRTUAL_ENV"]) / "bin" / "python"
+    code = (
+        "import importlib.metadata as m, json\n"
+        f"print(json.loads(m.distribution({DISTRIBUTION!r}).read_text('direct_url.json'))['url'])"
+    )
+    return subprocess.run(
+        [str(python), "-I", "-c", code], env=env, capture_output=True, text=True, check=True, timeout=60
+    ).stdout.strip()
 
 
 def test_the_quickstarts_shop_under_one_sync_worker_never_waits_for_itself(tmp_path: Path) -> None:

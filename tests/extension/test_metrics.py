@@ -357,7 +357,7 @@ def test_without_prometheus_client_the_module_imports_and_register_metrics_says_
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.startswith("False ConfigurationError Prometheus metrics need the prometheus_client")
-    assert 'pip install "flask-gateway[metrics]"' in result.stdout
+    assert 'pip install "flask-bnpl-gateway[metrics]"' in result.stdout
 
 
 def test_prometheus_client_is_imported_by_the_metrics_module_only():
@@ -374,7 +374,7 @@ def test_prometheus_client_is_imported_by_the_metrics_module_only():
 
 def test_register_metrics_refuses_without_the_package(installed: Harness, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(metrics_module, "PROMETHEUS", False)
-    with pytest.raises(ConfigurationError, match=re.escape('pip install "flask-gateway[metrics]"')):
+    with pytest.raises(ConfigurationError, match=re.escape('pip install "flask-bnpl-gateway[metrics]"')):
         register_metrics(installed.shop, CollectorRegistry())
 
 

@@ -7,6 +7,8 @@ see the repository.
 - ``build_distributions(dest)`` runs ``python -m build`` on such a copy: the sdist, then the wheel built
   from the sdist, as a user's pip would (isolated, with the ``[build-system]`` requirements).
 - ``build_wheel(dest)`` is the same, returning the wheel.
+- ``build_wheel_from_tree(dest)`` builds the wheel straight from such a copy (``python -m build --wheel``),
+  without the sdist: the release check compares it with the wheel built from the sdist.
 - ``fresh_venv(path, *requirements)`` makes a virtual environment with nothing of the repository's, installs
   ``requirements`` (a wheel's path, package names) with their dependencies from the package index, and
   returns its Python.
@@ -100,6 +102,16 @@ def build_distributions(dest: Path) -> Distributions:
 def build_wheel(dest: Path) -> Path:
     """The checkout's wheel (built from its sdist), in ``dest``."""
     return build_distributions(dest).wheel
+
+
+def build_wheel_from_tree(dest: Path) -> Path:
+    """The checkout's wheel built straight from (a copy of) its files, not from the sdist, in ``dest``."""
+    dest.mkdir(parents=True, exist_ok=True)
+    source = source_tree(dest / "source")
+    out = dest / "dist"
+    _run([sys.executable, "-m", "build", "--wheel", "--outdir", str(out), str(source)], timeout=BUILD_TIMEOUT)
+    (wheel,) = out.glob("*.whl")
+    return wheel
 
 
 def venv_bin(venv: Path) -> Path:
