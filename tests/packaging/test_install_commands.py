@@ -187,7 +187,8 @@ def python_installs(where: str, source: str) -> list[Install]:
 
 
 def pages() -> list[Path]:
-    docs = [page for page in (ROOT / "docs").rglob("*.md") if "_build" not in page.parts]  # not Sphinx's output
+    # Not Sphinx's output (docs/_build).
+    docs = [page for page in (ROOT / "docs").rglob("*.md") if "_build" not in page.parts]
     return sorted({*ROOT.glob("*.md"), *docs} - {ROOT / "CHANGELOG.md"})
 
 
