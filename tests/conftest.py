@@ -320,7 +320,7 @@ def flask_gateway_distributions(tmp_path_factory: pytest.TempPathFactory) -> Dis
 
 @pytest.fixture(scope="session")
 def flask_gateway_wheel(flask_gateway_distributions: Distributions) -> Path:
-    """The path of the checkout's wheel (``flask_gateway-<version>-py3-none-any.whl``)."""
+    """The path of the checkout's wheel (``flask_bnpl_gateway-<version>-py3-none-any.whl``)."""
     return flask_gateway_distributions.wheel
 
 
