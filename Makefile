@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test lint format setup system-packages bench docs clean
+.PHONY: demo test test-min test-newest lint format setup system-packages bench docs clean
 
 # _version.py too: the editable install's metadata holds the version (importlib.metadata, the doctor).
 $(STAMP): pyproject.toml flask_gateway/_version.py
@@ -35,6 +35,15 @@ TEST_WORKERS ?= auto
 test: setup system-packages
 	$(BIN)/python -m pytest -n $(TEST_WORKERS)
 
+## The tested version ranges (noxfile.py): the in-process suite with every runtime dependency, extras included,
+## at its declared minimum in pyproject.toml (test-min; CI runs it), or at its newest (test-newest). Each keeps
+## a virtualenv in .nox/ and reuses it. NOX_ARGS adds nox's options, e.g. NOX_ARGS=-R (no reinstall).
+test-min: setup system-packages
+	$(BIN)/nox -s min $(NOX_ARGS)
+
+test-newest: setup system-packages
+	$(BIN)/nox -s newest $(NOX_ARGS)
+
 ## Static checks: ruff (lint and format) and mypy (strict on flask_gateway).
 lint: setup
 	$(BIN)/ruff check .
@@ -63,4 +72,4 @@ format: setup
 	$(BIN)/ruff check --fix .
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache docs/_build
+	rm -rf $(VENV) .nox .pytest_cache .mypy_cache .ruff_cache docs/_build
