@@ -123,7 +123,7 @@ def _make_targets() -> set[str]:
 
 def _nox_sessions() -> set[str]:
     tree = ast.parse(_text("noxfile.py"))
-    sessions = set()
+    sessions: set[str] = set()
     for node in ast.walk(tree):
         if not isinstance(node, ast.FunctionDef):
             continue
@@ -132,8 +132,10 @@ def _nox_sessions() -> set[str]:
             target = call.func if call else decorator
             if ast.unparse(target) != "nox.session":
                 continue
+            # @nox.session(name="min") names the session; a bare @nox.session takes the function's name.
             named = [keyword.value for keyword in (call.keywords if call else ()) if keyword.arg == "name"]
-            sessions.add(named[0].value if named and isinstance(named[0], ast.Constant) else node.name)
+            name = named[0].value if named and isinstance(named[0], ast.Constant) else node.name
+            sessions.add(str(name))
     return sessions
 
 
