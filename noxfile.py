@@ -114,7 +114,7 @@ def minimum(session: nox.Session) -> None:
             "Not at the declared minimum: "
             + "; ".join(wrong)
             + ". Something lifted it (a test tool's requirement, a reused virtualenv): "
-            + "the minimums were not tested."
+            + "the minimums were not tested"
         )
 
     session.run("python", "-m", "pytest", *(session.posargs or PYTEST_ARGS))
