@@ -13,7 +13,7 @@ socket gives.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -88,7 +88,7 @@ class WSGIAdapter(BaseAdapter):
         response = requests.Response()
         response.status_code = answer.status_code
         response.reason = answer.status.partition(" ")[2]
-        response.headers = CaseInsensitiveDict(answer.headers)
+        response.headers = _joined(answer.headers.items())
         response._content = answer.get_data()
         response.url = request.url or ""
         response.request = request
@@ -97,3 +97,13 @@ class WSGIAdapter(BaseAdapter):
 
     def close(self) -> None:
         pass
+
+
+def _joined(items: Iterable[tuple[str, str]]) -> CaseInsensitiveDict[str]:
+    """The answer's headers as requests gives them over HTTP: one entry a name, repeated values joined with
+    ", " (urllib3's ``HTTPHeaderDict``). Built from the (name, value) pairs: Werkzeug 3.1.0's ``Headers``
+    cannot be read as a mapping (``CaseInsensitiveDict(headers)`` raises ``TypeError`` there)."""
+    headers: CaseInsensitiveDict[str] = CaseInsensitiveDict()
+    for name, value in items:
+        headers[name] = f"{headers[name]}, {value}" if name in headers else value
+    return headers
