@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
 import tarfile
 from datetime import date
 
@@ -155,8 +156,15 @@ def test_every_path_contributing_names_exists():
         re.findall(r"(?<![\w/.])((?:tests|scripts|docs|flask_gateway|example_shop|\.ci)/[\w./-]*)", text)
     )
     assert "scripts/ensure-system-packages" in paths, "the pattern no longer finds CONTRIBUTING.md's paths"
-    missing = sorted(path for path in paths if not (ROOT / path.rstrip(".")).exists())
+    # What a build writes (make docs: docs/_build/html) is not in a fresh clone: it must be ignored by git.
+    built = {path for path in paths if path.startswith("docs/_build")}
+    assert all(_ignored_by_git(path) for path in built), f"build output not in .gitignore: {sorted(built)}"
+    missing = sorted(path for path in paths - built if not (ROOT / path.rstrip(".")).exists())
     assert not missing, f"paths CONTRIBUTING.md names that do not exist: {missing}"
+
+
+def _ignored_by_git(path: str) -> bool:
+    return subprocess.run(["git", "check-ignore", "-q", "--no-index", path], cwd=ROOT).returncode == 0
 
 
 def _anchors(markdown: str) -> set[str]:
