@@ -89,6 +89,10 @@ def probe_while_down(app: Flask) -> bool:
     state = app.extensions.get(EXTENSION_KEY)
     if not isinstance(state, GatewayState) or not state.outages.down:  # the common case: one read
         return True
+    return _probe(state)
+
+
+def _probe(state: GatewayState) -> bool:
     try:
         return state.outages.probe(lambda: ping(state.engine))
     except Exception as error:  # not an outage, but not this request's business either
@@ -102,7 +106,7 @@ def watch_recovery(app: Flask, state: GatewayState) -> None:
 
     def probe_after(response: Response) -> Response:
         if state.outages.down:  # else nothing: the cost of a request while the database is up
-            probe_while_down(app)
+            _probe(state)
         return response
 
     app.after_request(probe_after)
