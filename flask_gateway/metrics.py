@@ -7,9 +7,19 @@ own, or the default one):
   every worker process and machine, whichever answers the scrape. Callbacks by outcome and payments
   confirmed by path over a recent window, the last verified callback, whether callbacks are silent, the
   paid checkouts awaiting their callback and the oldest one's age (all from ``flask_gateway.health``),
-  refunds by state (failed ones included), and the outbox backlog and its oldest event's age.
-- the gateway calls of this process: a latency histogram and an error counter per operation, fed by an
-  observer of the core's transport (``flask_gateway.core.http.add_observer``). These are per process.
+  refunds by state (failed ones included), the outbox backlog and its oldest event's age, and when each
+  background job (deliver, reconcile) last ran, last succeeded and whether it is overdue
+  (``flask_gateway.heartbeats``).
+- the gateway calls: a latency histogram and an error counter per operation, fed by an observer of the
+  core's transport (``flask_gateway.core.http.add_observer``). Without ``PROMETHEUS_MULTIPROC_DIR`` in the
+  environment they count this process's calls. With it (prometheus_client's multiprocess mode: several
+  gunicorn workers), every process writes its counts to a file in that directory and the registry gets a
+  ``MultiProcessCollector`` that adds up the files of every process, those of exited ones included: any
+  worker answers a scrape with the whole server's counts, and a replaced worker takes nothing away.
+
+prometheus_client decides where its values live when it is first imported (its ``values`` module reads
+``PROMETHEUS_MULTIPROC_DIR`` then): the variable must be in the environment before the server starts, not
+set from Python. ``register_metrics`` checks that the two agree and says so when they do not.
 
 Serving them is the app's choice (docs/operations.md, "Metrics and alerts"): a route of its own that
 checks a scraper's token and answers ``prometheus_client.generate_latest(registry)``, or
@@ -23,6 +33,7 @@ works and ``register_metrics`` raises ``ConfigurationError`` saying what to inst
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -44,8 +55,9 @@ from flask_gateway.models import CallbackOutcome, RefundRecord, RefundState
 from flask_gateway.state import get_state
 
 try:
-    from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
+    from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, values
     from prometheus_client.core import GaugeMetricFamily
+    from prometheus_client.multiprocess import MultiProcessCollector
 except ImportError:  # the metrics extra is not installed: register_metrics says so
     PROMETHEUS = False
 else:
@@ -59,6 +71,7 @@ __all__ = [
     "DEFAULT_WINDOW",
     "GatewayCollector",
     "GatewayMetrics",
+    "multiprocess_directory",
     "register_metrics",
 ]
 
@@ -244,26 +257,41 @@ def _outbox(families: _Families, health: CallbackHealth) -> None:
     families.outbox_age.add_metric([], age)
 
 
-# --- the gateway calls of this process ------------------------------------------------------------------
+# --- the gateway calls ----------------------------------------------------------------------------------
+
+#: prometheus_client's variable for multiprocess mode (and its deprecated lower-case spelling).
+MULTIPROC_VARIABLES: Final = ("PROMETHEUS_MULTIPROC_DIR", "prometheus_multiproc_dir")
+
+
+def multiprocess_directory() -> str | None:
+    """The directory of prometheus_client's multiprocess mode, when the environment names one (as
+    prometheus_client itself decides: the variable is present), else None."""
+    for name in MULTIPROC_VARIABLES:
+        if name in os.environ:
+            return os.environ[name]
+    return None
 
 
 class CallMetrics:
-    """The call latency and errors of this process, in one registry: an observer of the transport."""
+    """The call latency and errors, as an observer of the transport.
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+    ``registry`` None: multiprocess mode, the values go to this process's file in the multiprocess
+    directory and a ``MultiProcessCollector`` reports them (the objects are in no registry).
+    """
+
+    def __init__(self, registry: CollectorRegistry | None) -> None:
         self.registry = registry
         self.users = 0
         self.duration = Histogram(
             "flask_gateway_client_request_duration_seconds",
-            "Gateway calls made by this process: seconds per attempt, by operation",
+            "Gateway calls: seconds per attempt, by operation",
             ["operation"],
             registry=registry,
             buckets=LATENCY_BUCKETS,
         )
         self.errors = Counter(
             "flask_gateway_client_request_errors",
-            "Gateway call attempts of this process that failed, by operation and kind (timeout, "
-            "connection, 4xx, 5xx)",
+            "Gateway call attempts that failed, by operation and kind (timeout, connection, 4xx, 5xx)",
             ["operation", "kind"],
             registry=registry,
         )
@@ -276,8 +304,9 @@ class CallMetrics:
 
     def unregister(self) -> None:
         http.remove_observer(self)
-        self.registry.unregister(self.duration)
-        self.registry.unregister(self.errors)
+        if self.registry is not None:
+            self.registry.unregister(self.duration)
+            self.registry.unregister(self.errors)
 
 
 def _error_kind(attempt: CallAttempt) -> str | None:
@@ -289,8 +318,9 @@ def _error_kind(attempt: CallAttempt) -> str | None:
     return f"{status // 100}xx"
 
 
-#: One ``CallMetrics`` per registry (two apps registered in one registry share it).
-_CALLS: dict[CollectorRegistry, CallMetrics] = {}
+#: One ``CallMetrics`` per registry (two apps registered in one registry share it); in multiprocess mode
+#: one per process (key None), whatever the registries: two objects on one file would overwrite each other.
+_CALLS: dict[CollectorRegistry | None, CallMetrics] = {}
 _CALLS_LOCK = threading.Lock()
 
 
@@ -301,14 +331,19 @@ class GatewayMetrics:
     registry: CollectorRegistry
     collector: GatewayCollector
     calls: CallMetrics
+    #: Multiprocess mode: the collector of every process's call metrics (its files), else None.
+    processes: MultiProcessCollector | None = None
 
     def unregister(self) -> None:
-        """Take the collector out of the registry; the call metrics too when no other app uses them."""
+        """Take the collectors out of the registry; the call metrics too when no other app uses them."""
         self.registry.unregister(cast("Collector", self.collector))
+        if self.processes is not None:
+            self.registry.unregister(cast("Collector", self.processes))
         with _CALLS_LOCK:
             self.calls.users -= 1
-            if self.calls.users <= 0 and _CALLS.get(self.registry) is self.calls:
-                del _CALLS[self.registry]
+            key = None if self.calls.registry is None else self.registry
+            if self.calls.users <= 0 and _CALLS.get(key) is self.calls:
+                del _CALLS[key]
                 self.calls.unregister()
 
 
@@ -317,25 +352,55 @@ def register_metrics(
 ) -> GatewayMetrics:
     """Register the gateway's metrics for ``app`` in ``registry`` (default: ``prometheus_client``'s
     ``REGISTRY``): the database figures (:class:`GatewayCollector`, the "recent" ones over ``window``)
-    and this process's gateway call latency and errors. Serve the registry as docs/operations.md shows.
+    and the gateway call latency and errors: this process's, or with ``PROMETHEUS_MULTIPROC_DIR`` in the
+    environment every process's (a ``MultiProcessCollector`` on that directory). Serve the registry as
+    docs/operations.md shows.
 
     One app per registry (the names would collide); call it once per app.
     """
     _require_prometheus()
+    directory = multiprocess_directory()
+    if directory is not None:
+        _check_multiprocess(directory)
     target = REGISTRY if registry is None else registry
     collector = GatewayCollector(app, window=window)
     target.register(cast("Collector", collector))
+    processes = None
     try:
+        if directory is not None:
+            files = MultiProcessCollector(None, path=directory)  # type: ignore[no-untyped-call]
+            target.register(cast("Collector", files))
+            processes = files
+        key = None if directory is not None else target
         with _CALLS_LOCK:
-            calls = _CALLS.get(target)
+            calls = _CALLS.get(key)
             if calls is None:
-                calls = _CALLS[target] = CallMetrics(target)
+                calls = _CALLS[key] = CallMetrics(None if directory is not None else target)
                 http.add_observer(calls)
             calls.users += 1
     except Exception:
         target.unregister(cast("Collector", collector))
+        if processes is not None:
+            target.unregister(cast("Collector", processes))
         raise
-    return GatewayMetrics(registry=target, collector=collector, calls=calls)
+    return GatewayMetrics(registry=target, collector=collector, calls=calls, processes=processes)
+
+
+def _check_multiprocess(directory: str) -> None:
+    """Multiprocess mode asked for by the environment: the directory exists, and prometheus_client
+    agrees (it read the variable when first imported, so one set later from Python came too late)."""
+    if values.ValueClass is values.MutexValue:
+        raise ConfigurationError(
+            "PROMETHEUS_MULTIPROC_DIR is set, but it was not when prometheus_client was first imported: its "
+            "values live in this process only. Put the variable in the environment before the server "
+            "starts (the systemd unit's Environment=, the shell that runs gunicorn), not in Python code "
+            "(docs/operations.md#metrics-and-alerts)."
+        )
+    if not directory or not os.path.isdir(directory) or not os.access(directory, os.W_OK | os.X_OK):
+        raise ConfigurationError(
+            f"PROMETHEUS_MULTIPROC_DIR={directory!r} is not a directory this process can write: create it "
+            "(empty) before the server starts (docs/operations.md#metrics-and-alerts)."
+        )
 
 
 def _require_prometheus() -> None:
