@@ -24,7 +24,7 @@ from sqlalchemy.exc import DBAPIError
 from werkzeug.exceptions import RequestEntityTooLarge
 from werkzeug.security import generate_password_hash
 
-from example_shop import access_log, outages
+from example_shop import access_log, deployment, outages
 from example_shop.config import ShopConfigError, resolve
 from flask_gateway import DATABASE_ERRORS, create_all_safely, is_database_outage
 
@@ -60,6 +60,7 @@ def create_app(config: Mapping[str, Any] | None = None) -> Flask:
     connect_signals()
     views.register(app)
     outages.register(app)
+    deployment.install(app)  # ProxyFix (SHOP_TRUSTED_PROXIES), GET /metrics (SHOP_METRICS_TOKEN)
     app.cli.add_command(shop_cli)
     # No tables, no installation here: a worker booting while the database is away would exit, and
     # gunicorn's master stops when a worker fails to boot. ``shop init-db`` creates the tables.

@@ -8,17 +8,21 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import os
 import secrets
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Final
 
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
 from werkzeug.security import generate_password_hash
 
 from flask_gateway import DatabaseStorage
 
 __all__ = [
+    "METRICS_TOKEN_MIN_LENGTH",
     "ORDER_ENDPOINT",
     "ShopConfigError",
     "gateway_from_env",
@@ -30,7 +34,14 @@ __all__ = [
 #: passes after the return page and sends the shopper on to the signed order link.
 ORDER_ENDPOINT: Final = "orders.by_reference"
 
+log = logging.getLogger("example_shop.config")
+
 _ENVIRONMENTS: Final = ("development", "production")
+#: Names other recipes give the database URL; the shop reads ``SHOP_DATABASE_URL`` only.
+_OTHER_DATABASE_NAMES: Final = ("SQLALCHEMY_DATABASE_URI", "DATABASE_URL")
+_LOG_FORMATS: Final = ("text", "json")
+#: The shortest ``SHOP_METRICS_TOKEN`` taken (``secrets.token_urlsafe(32)`` gives 43 characters).
+METRICS_TOKEN_MIN_LENGTH: Final = 16
 _TRUE: Final = frozenset({"1", "true", "yes", "on"})
 _FALSE: Final = frozenset({"0", "false", "no", "off", ""})
 #: Werkzeug's hash formats (``generate_password_hash``): ``method$salt$hash``.
@@ -90,10 +101,13 @@ _GATEWAY_PARSERS: Final[dict[str, Callable[[str, str], Any]]] = {
     "GATEWAY_OUTBOX_RETRY_SECONDS": _whole,
     "GATEWAY_CALLBACK_SILENCE_MINUTES": _whole,
     "GATEWAY_CALLBACK_SILENCE_PAYMENTS": _whole,
+    "GATEWAY_DELIVER_STALE_SECONDS": _whole,
+    "GATEWAY_RECONCILE_STALE_SECONDS": _whole,
     "GATEWAY_V1_CANCEL_ON_FAIL": _flag,
     "GATEWAY_CONFIRM_CALLBACKS": _flag,
     "GATEWAY_OUTBOX_DELIVER_AT_ONCE": _flag,
     "GATEWAY_SQLITE_WAL": _flag,
+    "GATEWAY_SQLITE_IN_PRODUCTION": _flag,
     "GATEWAY_TIMEOUT": _seconds,
 }
 
@@ -198,6 +212,12 @@ def resolve(
         "SHOP_SECRET_KEY",
         "SHOP_DATABASE_URL",
         "SHOP_LOGIN_RATE_LIMIT",
+        "SHOP_DB_POOL_SIZE",
+        "SHOP_DB_MAX_OVERFLOW",
+        "SHOP_CELERY_BROKER_URL",
+        "SHOP_METRICS_TOKEN",
+        "SHOP_TRUSTED_PROXIES",
+        "SHOP_LOG_FORMAT",
     ):
         if environ.get(name):
             env_values[name] = environ[name]
@@ -244,12 +264,8 @@ def resolve(
         else ""
     )
 
-    if not config.get("SQLALCHEMY_DATABASE_URI"):
-        if config.get("SHOP_DATABASE_URL"):
-            config["SQLALCHEMY_DATABASE_URI"] = config["SHOP_DATABASE_URL"]
-        else:
-            instance_path.mkdir(parents=True, exist_ok=True)
-            config["SQLALCHEMY_DATABASE_URI"] = f"sqlite:///{instance_path / 'example_shop.sqlite3'}"
+    _database(config, environ, instance_path)
+    _deployment(config)
 
     # A limiter on Redis or memcached that fails lets the login through (its attempt counters, in the
     # database, still guard it). On the database, its failure is a database outage: raised, so the login
@@ -264,3 +280,108 @@ def resolve(
     if env == "production":
         config.setdefault("SESSION_COOKIE_SECURE", True)
     return config
+
+
+def _database(config: dict[str, Any], environ: Mapping[str, str], instance_path: Path) -> None:
+    """``SQLALCHEMY_DATABASE_URI`` from ``SHOP_DATABASE_URL`` (the one name the shop reads), and the pool
+    settings ``SHOP_DB_POOL_SIZE`` and ``SHOP_DB_MAX_OVERFLOW`` in ``SQLALCHEMY_ENGINE_OPTIONS``."""
+    if not config.get("SQLALCHEMY_DATABASE_URI"):
+        if config.get("SHOP_DATABASE_URL"):
+            config["SQLALCHEMY_DATABASE_URI"] = str(config["SHOP_DATABASE_URL"]).strip()
+        else:
+            others = [name for name in _OTHER_DATABASE_NAMES if environ.get(name)]
+            ignored = (
+                f" The environment has {' and '.join(others)}, which the shop does not read: name the URL "
+                "SHOP_DATABASE_URL instead."
+                if others
+                else ""
+            )
+            if config["SHOP_ENV"] == "production":
+                raise ShopConfigError(
+                    "SHOP_ENV=production needs SHOP_DATABASE_URL, the shop's database (e.g. "
+                    "postgresql+psycopg://shop:PASSWORD@db:5432/shop, or "
+                    "sqlite:////var/lib/shop/shop.sqlite3 for a one-machine shop): production never falls "
+                    f"back to the development file instance/example_shop.sqlite3.{ignored}"
+                )
+            instance_path.mkdir(parents=True, exist_ok=True)
+            config["SQLALCHEMY_DATABASE_URI"] = f"sqlite:///{instance_path / 'example_shop.sqlite3'}"
+            if others:
+                log.warning(
+                    "the shop uses its development database %s:%s",
+                    config["SQLALCHEMY_DATABASE_URI"],
+                    ignored,
+                )
+    try:
+        url = make_url(str(config["SQLALCHEMY_DATABASE_URI"]))
+    except ArgumentError:
+        # The URL itself is never repeated: it may hold a password.
+        raise ShopConfigError(
+            "SHOP_DATABASE_URL is not a database URL: give a SQLAlchemy URL such as "
+            "postgresql+psycopg://shop:PASSWORD@db:5432/shop or sqlite:////var/lib/shop/shop.sqlite3."
+        ) from None
+    in_memory = url.get_backend_name() == "sqlite" and (
+        url.database in (None, "", ":memory:") or url.query.get("mode") == "memory"
+    )
+    options = dict(config.get("SQLALCHEMY_ENGINE_OPTIONS") or {})
+    for name, option, minimum in (
+        ("SHOP_DB_POOL_SIZE", "pool_size", 1),
+        ("SHOP_DB_MAX_OVERFLOW", "max_overflow", 0),
+    ):
+        raw = config.get(name)
+        if raw is None or raw == "":
+            continue
+        number = _at_least(name, raw, minimum)
+        if in_memory:
+            raise ShopConfigError(
+                f"{name} means nothing for an in-memory SQLite database (one connection shared by every "
+                f"thread): remove {name}, or use a database file or PostgreSQL in SHOP_DATABASE_URL."
+            )
+        config[name] = options[option] = number
+    config["SQLALCHEMY_ENGINE_OPTIONS"] = options
+
+
+def _at_least(name: str, value: Any, minimum: int) -> int:
+    """A whole number of at least ``minimum`` (from the environment as text, or a test's int)."""
+    number = _whole(name, value) if isinstance(value, str) else value
+    if isinstance(number, bool) or not isinstance(number, int) or number < minimum:
+        raise ShopConfigError(f"{name}={value!r}: give a whole number, {minimum} or more.")
+    return number
+
+
+def log_format(value: str | None) -> str:
+    """``SHOP_LOG_FORMAT``: ``text`` (the default) or ``json``."""
+    text = (value or "text").strip().lower()
+    if text not in _LOG_FORMATS:
+        raise ShopConfigError(
+            f"SHOP_LOG_FORMAT={value!r}: use 'text' (time, level, logger, message on one line) or 'json' "
+            "(one JSON object a line; needs python-json-logger)."
+        )
+    return text
+
+
+def _deployment(config: dict[str, Any]) -> None:
+    """The deployment knobs: the Celery broker, the metrics token, the trusted proxies, the log format."""
+    broker = str(config.get("SHOP_CELERY_BROKER_URL") or "").strip()
+    if broker:
+        if "://" not in broker:
+            raise ShopConfigError(
+                "SHOP_CELERY_BROKER_URL is not a broker URL: give e.g. redis://localhost:6379/0."
+            )
+        celery = dict(config.get("CELERY") or {})
+        celery.setdefault("broker_url", broker)  # a test's own CELERY mapping wins
+        config["CELERY"] = celery
+    config["SHOP_CELERY_BROKER_URL"] = broker or None
+
+    token = str(config.get("SHOP_METRICS_TOKEN") or "").strip()
+    if token and (len(token) < METRICS_TOKEN_MIN_LENGTH or any(ch.isspace() for ch in token)):
+        raise ShopConfigError(
+            f"SHOP_METRICS_TOKEN is too short or holds spaces: give at least {METRICS_TOKEN_MIN_LENGTH} "
+            'characters without spaces, e.g. python -c "import secrets; print(secrets.token_urlsafe(32))".'
+        )
+    config["SHOP_METRICS_TOKEN"] = token or None
+
+    proxies = config.get("SHOP_TRUSTED_PROXIES")
+    config["SHOP_TRUSTED_PROXIES"] = (
+        0 if proxies is None or proxies == "" else _at_least("SHOP_TRUSTED_PROXIES", proxies, 0)
+    )
+    config["SHOP_LOG_FORMAT"] = log_format(config.get("SHOP_LOG_FORMAT"))

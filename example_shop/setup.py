@@ -27,6 +27,7 @@ from typing import Final
 
 from flask import Flask, request
 
+from example_shop.deployment import METRICS_ENDPOINT
 from example_shop.extensions import db
 from flask_gateway import (
     DATABASE_ERRORS,
@@ -192,7 +193,11 @@ def install_on_first_use(app: Flask) -> None:
     state = _FirstUse()
 
     def install_before_request() -> None:
-        if state.done or request.endpoint == "static" or request.blueprint in _GATEWAY_BLUEPRINTS:
+        if (
+            state.done
+            or request.endpoint in ("static", METRICS_ENDPOINT)
+            or request.blueprint in _GATEWAY_BLUEPRINTS
+        ):
             return
         if now() < state.next_try or not state.lock.acquire(blocking=False):
             return

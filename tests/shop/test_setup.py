@@ -106,7 +106,11 @@ def test_the_defaults_live_in_the_instance_folder(tmp_path: Path) -> None:
 
 
 def test_production_needs_its_own_secret_key(tmp_path: Path) -> None:
-    environ = {"SHOP_ENV": "production", "SHOP_ADMIN_PASSWORD_HASH": "scrypt:32768:8:1$salt$hash"}
+    environ = {
+        "SHOP_ENV": "production",
+        "SHOP_ADMIN_PASSWORD_HASH": "scrypt:32768:8:1$salt$hash",
+        "SHOP_DATABASE_URL": f"sqlite:///{tmp_path / 'shop.sqlite3'}",
+    }
     with pytest.raises(ShopConfigError, match="SHOP_SECRET_KEY"):
         resolve({}, environ=environ, instance_path=tmp_path)
     assert not (tmp_path / "shop-secret-key").exists()
