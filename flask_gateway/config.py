@@ -76,6 +76,7 @@ DEFAULTS: Final[Mapping[str, Any]] = {
     "GATEWAY_WAF": "strict",
     "GATEWAY_WIRE_NAMES": OPERATOR.key,
     "GATEWAY_SQLITE_WAL": False,
+    "GATEWAY_SQLITE_IN_PRODUCTION": False,
     "GATEWAY_CONFIRM_CALLBACKS": True,
     "GATEWAY_OUTBOX_DELIVER_AT_ONCE": True,
     "GATEWAY_OUTBOX_MAX_ATTEMPTS": 8,
@@ -85,6 +86,8 @@ DEFAULTS: Final[Mapping[str, Any]] = {
     "GATEWAY_PLAN_RATE_LIMIT": "30 per minute",
     "GATEWAY_CALLBACK_SILENCE_MINUTES": 30,
     "GATEWAY_CALLBACK_SILENCE_PAYMENTS": 3,
+    "GATEWAY_DELIVER_STALE_SECONDS": 300,
+    "GATEWAY_RECONCILE_STALE_SECONDS": 1800,
 }
 
 
@@ -129,12 +132,19 @@ class GatewayConfig:
     embedded_prefix: str = "/_gateway"
     #: Put a SQLite database file in WAL mode (a setting of the file: the shop's connections use it too).
     sqlite_wal: bool = False
+    #: ``flask gateway`` commands run on a SQLite database while ``GATEWAY_ENVIRONMENT="production"``
+    #: (a one-machine shop that means it); False: they refuse, exit status 78 (a development database).
+    sqlite_in_production: bool = False
     #: Callbacks are "silent" (``flask_gateway.health``) when no verified callback came for this many
     #: minutes while at least ``callback_silence_payments`` v2 payments were confirmed another way.
     callback_silence_minutes: int = 30
     callback_silence_payments: int = 3
     #: Getstatus calls a reconciliation run keeps in flight at once (worker threads); 1: one at a time.
     reconcile_concurrency: int = 8
+    #: A job (``flask_gateway.heartbeats``) is overdue when its last finished (or successful) run is older
+    #: than this many seconds: ``flask gateway deliver`` and ``flask gateway reconcile``.
+    deliver_stale_seconds: int = 300
+    reconcile_stale_seconds: int = 1800
 
     def __repr__(self) -> str:  # the encryption key never appears in a repr or a log line
         return (
@@ -277,6 +287,9 @@ class GatewayConfig:
             waf=waf,
             wire_names=names,
             sqlite_wal=_flag("GATEWAY_SQLITE_WAL", config["GATEWAY_SQLITE_WAL"]),
+            sqlite_in_production=_flag(
+                "GATEWAY_SQLITE_IN_PRODUCTION", config["GATEWAY_SQLITE_IN_PRODUCTION"]
+            ),
             confirm_callbacks=_flag("GATEWAY_CONFIRM_CALLBACKS", config["GATEWAY_CONFIRM_CALLBACKS"]),
             outbox_deliver_at_once=_flag(
                 "GATEWAY_OUTBOX_DELIVER_AT_ONCE", config["GATEWAY_OUTBOX_DELIVER_AT_ONCE"]
@@ -297,6 +310,12 @@ class GatewayConfig:
                 config["GATEWAY_RECONCILE_CONCURRENCY"],
                 1,
                 MAX_RECONCILE_CONCURRENCY,
+            ),
+            deliver_stale_seconds=_whole(
+                "GATEWAY_DELIVER_STALE_SECONDS", config["GATEWAY_DELIVER_STALE_SECONDS"], 10, 604_800
+            ),
+            reconcile_stale_seconds=_whole(
+                "GATEWAY_RECONCILE_STALE_SECONDS", config["GATEWAY_RECONCILE_STALE_SECONDS"], 10, 604_800
             ),
         )
 

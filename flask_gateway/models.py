@@ -24,6 +24,7 @@ __all__ = [
     "GatewayBase",
     "GatewayCheckout",
     "Installation",
+    "JobRun",
     "LocalStatus",
     "OutboxEvent",
     "OutboxState",
@@ -259,3 +260,26 @@ class OutboxEvent(GatewayBase):
     last_error: Mapped[str | None] = mapped_column(Text)
 
     checkout: Mapped[GatewayCheckout] = relationship()
+
+
+class JobRun(GatewayBase):
+    """The heartbeat of one background job (``flask_gateway.heartbeats``): one row per job (``deliver``,
+    ``reconcile``), updated in place by every run of any process on any machine."""
+
+    __tablename__ = "gateway_job_runs"
+
+    job: Mapped[str] = mapped_column(String(40), primary_key=True)
+    #: When the last run began (a run still going, or one that died, began after the last finish).
+    last_started_at: Mapped[datetime | None]
+    last_finished_at: Mapped[datetime | None]
+    last_succeeded_at: Mapped[datetime | None]
+    #: ``ok`` or ``failed`` (it raised, or its report has errors); None before the first run finished.
+    last_outcome: Mapped[str | None] = mapped_column(String(20))
+    #: What the last finished run said, in one line.
+    last_summary: Mapped[str | None] = mapped_column(Text)
+    #: The machine and process of the last run (started or finished).
+    host: Mapped[str | None] = mapped_column(String(255))
+    pid: Mapped[int | None] = mapped_column(Integer)
+    #: Finished runs, and those of them that failed, since the row was written.
+    runs: Mapped[int] = mapped_column(BigInteger, default=0)
+    failures: Mapped[int] = mapped_column(BigInteger, default=0)

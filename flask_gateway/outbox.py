@@ -57,6 +57,7 @@ from flask_gateway import signals
 from flask_gateway.core.outages import describe_database_error, is_database_outage
 from flask_gateway.core.sql import commit_keeping_loaded, sqlite_in_memory
 from flask_gateway.core.timestamps import utcnow
+from flask_gateway.heartbeats import record_run
 from flask_gateway.models import GatewayCheckout, OutboxEvent, OutboxState, RefundRecord
 from flask_gateway.state import get_state, leaves_no_transaction
 
@@ -212,11 +213,13 @@ def deliver_due(limit: int = 100) -> DeliveryReport:
     earlier receivers of the batch run, and another worker then deliver the same event at the same time.
     """
     report = DeliveryReport()
-    for _ in range(limit):
-        claimed = _claim(1)
-        if not claimed:
-            break
-        _deliver_one(claimed[0], report)
+    with record_run("deliver") as run:  # the heartbeat (flask_gateway.heartbeats)
+        for _ in range(limit):
+            claimed = _claim(1)
+            if not claimed:
+                break
+            _deliver_one(claimed[0], report)
+        run.done(str(report), failed=bool(report.errors))
     return report
 
 

@@ -76,6 +76,7 @@ from flask_gateway.core.wire import (
     CheckoutStatusPayload,
 )
 from flask_gateway.health import check_callback_health
+from flask_gateway.heartbeats import record_run
 from flask_gateway.models import GatewayCheckout, LocalStatus
 from flask_gateway.polling import record_answer
 from flask_gateway.state import get_state, leaves_no_transaction
@@ -297,6 +298,23 @@ def reconcile(
         raise ValueError("paid_recheck_seconds must be 0 or more")
     if concurrency is not None and concurrency < 1:
         raise ValueError("concurrency must be 1 or more")
+    with record_run("reconcile") as run:  # the heartbeat (flask_gateway.heartbeats)
+        report = _reconcile_once(
+            limit, older_than_seconds, progress, paid_window_hours, paid_recheck_seconds, concurrency
+        )
+        # Not installed: nothing was reconciled, so the job does not do its work (a wrong database?).
+        run.done(report.summary(), failed=bool(report.errors) or not report.installed)
+    return report
+
+
+def _reconcile_once(
+    limit: int | None,
+    older_than_seconds: float | None,
+    progress: Progress | None,
+    paid_window_hours: float | None,
+    paid_recheck_seconds: float | None,
+    concurrency: int | None,
+) -> ReconcileReport:
     state = get_state()
     concurrency = state.config.reconcile_concurrency if concurrency is None else concurrency
     session = state.session

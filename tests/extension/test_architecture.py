@@ -41,6 +41,7 @@ FLOORS = {
             "outbox",
             "outages",
             "readiness",
+            "heartbeats",
         ],
         3,
     ),

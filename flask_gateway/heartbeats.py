@@ -1,0 +1,444 @@
+"""Heartbeats of the background work: did ``deliver`` and ``reconcile`` run lately, and how did it go?
+
+Every run of a background job records itself in ``gateway_job_runs`` (:class:`~flask_gateway.models.JobRun`),
+one row per job updated in place, in the shop's database: shared by every process on every machine. The
+hooks are inside the functions themselves (:func:`~flask_gateway.outbox.deliver_due`,
+:func:`~flask_gateway.reconciliation.reconcile`), so every way of running them records: ``flask gateway
+deliver`` (each ``--every`` round), ``flask gateway reconcile``, the Celery tasks, the admin's "Deliver what
+is due now", a shop's own call.
+
+- **What is written**: when the run started and finished, ``ok`` or ``failed`` (it raised, or its report
+  has errors: a receiver that raised, a checkout that could not be polled, the gateway not installed), a
+  one-line summary, the host name and pid, the count of runs and of failures.
+- **What it costs**: a delivery (every 5 s under Celery, mostly with nothing due) writes once, when it
+  ends: one ``UPDATE`` of one row by primary key (an ``INSERT`` the first time). A reconciliation, which may
+  run for minutes, also writes when it starts, so a long run is visible as started.
+- **Never in the caller's way**: each write is a short transaction of its own on a connection of its own
+  (an in-memory SQLite database, with one connection for the app, writes through the extension's session
+  once it has no transaction open). A write that fails (the table missing: the migrations not run; the
+  database away) logs one WARNING per failing spell and per job, and the job goes on; a database outage
+  then fails the job itself as it always did.
+- **Nested runs**: a run inside another run of the same job (a task that calls ``deliver_due(1)`` in a
+  loop inside its own :func:`record_run`) records nothing itself: the outer one records the whole.
+
+:func:`job_status` reads the records (one query) and says, per job, how long ago it last finished and
+whether it is **overdue**: never ran although the gateway was installed longer than the bound ago, or its
+last finished run, or its last successful one, is older than the bound (``GATEWAY_DELIVER_STALE_SECONDS``,
+``GATEWAY_RECONCILE_STALE_SECONDS``). The doctor (``background-work``), the admin status page, the
+readiness answer (informational) and the metrics report it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Final, Literal
+from urllib.parse import urlsplit, urlunsplit
+
+from sqlalchemy import Connection, insert, select, update
+from sqlalchemy.exc import IntegrityError
+
+from flask_gateway.core.outages import describe_database_error, is_database_outage
+from flask_gateway.core.sql import commit_keeping_loaded, sqlite_in_memory, sqlite_read_transactions
+from flask_gateway.core.timestamps import utcnow
+from flask_gateway.models import Installation, JobRun
+from flask_gateway.state import GatewayState, get_state, leaves_no_transaction
+
+__all__ = [
+    "JOBS",
+    "JobStatus",
+    "Run",
+    "broker_unreachable",
+    "job_status",
+    "mask_url",
+    "record_run",
+]
+
+_log = logging.getLogger("flask_gateway.heartbeats")
+
+#: The background jobs that record heartbeats.
+JOBS: Final = ("deliver", "reconcile")
+#: Jobs whose start is written when they start (long runs); the others write once, when they end.
+_ANNOUNCED: Final = frozenset({"reconcile"})
+#: The longest summary kept (one line).
+SUMMARY_LENGTH: Final = 500
+
+Outcome = Literal["ok", "failed"]
+
+#: The jobs whose run is in progress in this context (a nested run of the same job records nothing).
+_RUNNING: ContextVar[frozenset[str]] = ContextVar("flask_gateway_heartbeat_running", default=frozenset())
+
+
+class Run:
+    """What a run tells :func:`record_run` before it ends: its summary and whether it failed."""
+
+    def __init__(self, job: str, started_at: datetime) -> None:
+        self.job = job
+        self.started_at = started_at
+        self.summary = ""
+        self.failed = False
+
+    def done(self, summary: str, *, failed: bool = False) -> None:
+        """The run's one-line summary (newlines become `` | ``); ``failed``: its report has errors."""
+        self.summary = summary
+        self.failed = failed
+
+
+class _Failing:
+    """The jobs whose heartbeat could not be written in this process (one WARNING per failing spell)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._jobs: set[str] = set()
+
+    def failed(self, job: str, error: BaseException, *, quiet: bool) -> None:
+        with self._lock:
+            first = job not in self._jobs
+            self._jobs.add(job)
+        if first and not quiet:
+            _log.warning(
+                "the heartbeat of %s could not be recorded (%s): the job went on; doctor, the status page "
+                "and the metrics will call it overdue. If the table gateway_job_runs is missing, run the "
+                "migrations (or flask gateway init-db)",
+                job,
+                describe_database_error(error),
+            )
+        else:
+            _log.debug("the heartbeat of %s could not be recorded: %s", job, describe_database_error(error))
+
+    def succeeded(self, job: str) -> None:
+        if job not in self._jobs:  # the usual case: no lock taken
+            return
+        with self._lock:
+            was = job in self._jobs
+            self._jobs.discard(job)
+        if was:
+            _log.warning("the heartbeat of %s is recorded again", job)
+
+
+_FAILING: Final = _Failing()
+
+
+@contextmanager
+def record_run(job: str) -> Iterator[Run]:
+    """Record one run of ``job`` (one of :data:`JOBS`) around the block, in an app context.
+
+    The block may call ``run.done(summary, failed=...)``; a block that raises is a failed run (the error
+    propagates unchanged). The records never make the job fail: see the module docstring.
+    """
+    if job not in JOBS:
+        raise ValueError(f"unknown job {job!r}: one of {', '.join(JOBS)}")
+    running = _RUNNING.get()
+    run = Run(job, utcnow())
+    if job in running:  # the outer run of the same job records the whole
+        yield run
+        return
+    token = _RUNNING.set(running | {job})
+    try:
+        if job in _ANNOUNCED:
+            _write(job, {"last_started_at": run.started_at, **_where()}, quiet=False)
+        try:
+            yield run
+        except BaseException as error:
+            outage = isinstance(error, Exception) and is_database_outage(error)
+            _finish(run, "failed", f"raised {type(error).__name__}: {_first_line(error)}", quiet=outage)
+            raise
+        _finish(run, "failed" if run.failed else "ok", run.summary, quiet=False)
+    finally:
+        _RUNNING.reset(token)
+
+
+def _finish(run: Run, outcome: Outcome, summary: str, *, quiet: bool) -> None:
+    now = utcnow()
+    values: dict[str, Any] = {
+        "last_finished_at": now,
+        "last_outcome": outcome,
+        "last_summary": _one_line(summary),
+        **_where(),
+    }
+    if run.job not in _ANNOUNCED:
+        values["last_started_at"] = run.started_at
+    if outcome == "ok":
+        values["last_succeeded_at"] = now
+    _write(run.job, values, finished=True, failed=outcome == "failed", quiet=quiet)
+
+
+def _where() -> dict[str, Any]:
+    return {"host": socket.gethostname()[:255], "pid": os.getpid()}
+
+
+def _one_line(text: str) -> str:
+    line = " | ".join(part.strip() for part in text.strip().splitlines() if part.strip())
+    line = line.replace("\x00", "\ufffd")
+    return line if len(line) <= SUMMARY_LENGTH else line[: SUMMARY_LENGTH - 3] + "..."
+
+
+def _first_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return lines[0][:200] if lines else ""
+
+
+def _write(
+    job: str, values: dict[str, Any], *, finished: bool = False, failed: bool = False, quiet: bool
+) -> None:
+    """Upsert ``job``'s row in a short transaction of its own; never raises (one WARNING per spell)."""
+    try:
+        state = get_state()
+        try:
+            _in_own_transaction(state, lambda connection: _upsert(connection, job, values, finished, failed))
+        except IntegrityError:  # another process wrote the first row meanwhile: it is there now
+            _in_own_transaction(state, lambda connection: _upsert(connection, job, values, finished, failed))
+    except Exception as error:
+        _FAILING.failed(job, error, quiet=quiet)
+    else:
+        _FAILING.succeeded(job)
+
+
+def _in_own_transaction(state: GatewayState, write: Callable[[Connection], None]) -> None:
+    engine = state.engine
+    if engine.dialect.name == "sqlite":
+        # A transaction of the extension's session (SQLite: it may hold the write lock) must not wait on
+        # ours: the verbs that record end theirs at their first claim anyway.
+        session = state.session
+        if session.in_transaction():
+            commit_keeping_loaded(session)
+        if sqlite_in_memory(engine):  # one connection for the whole app: through the session
+            try:
+                write(session.connection())
+                commit_keeping_loaded(session)
+            except BaseException:
+                session.rollback()
+                raise
+            return
+    with engine.begin() as connection:
+        write(connection)
+
+
+def _upsert(connection: Connection, job: str, values: dict[str, Any], finished: bool, failed: bool) -> None:
+    """One ``UPDATE`` by primary key; the first time, an ``INSERT``."""
+    changes = dict(values)
+    if finished:
+        changes["runs"] = JobRun.runs + 1
+        changes["failures"] = JobRun.failures + (1 if failed else 0)
+    updated = connection.execute(update(JobRun).where(JobRun.job == job).values(**changes))
+    if not updated.rowcount:
+        first = {"job": job, "runs": int(finished), "failures": int(finished and failed), **values}
+        connection.execute(insert(JobRun).values(**first))
+
+
+# --- reading ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    """What the records say of one job, at ``checked_at``."""
+
+    job: str
+    last_started_at: datetime | None
+    last_finished_at: datetime | None
+    last_succeeded_at: datetime | None
+    #: ``ok``, ``failed``, or None (never finished).
+    last_outcome: str | None
+    last_summary: str | None
+    host: str | None
+    #: Since the last finished run (None: never finished).
+    age: timedelta | None
+    bound: timedelta
+    overdue: bool
+    pid: int | None = None
+    runs: int = 0
+    failures: int = 0
+    #: When the gateway was installed (for this environment), if it is.
+    installed_at: datetime | None = None
+    #: The time the status was computed for (``now``).
+    checked_at: datetime | None = None
+
+    @property
+    def running(self) -> bool:
+        """A run began after the last one finished: still going, or it died on the way."""
+        return self.last_started_at is not None and (
+            self.last_finished_at is None or self.last_started_at > self.last_finished_at
+        )
+
+    @property
+    def config_key(self) -> str:
+        return f"GATEWAY_{self.job.upper()}_STALE_SECONDS"
+
+    def describe(self) -> str:
+        """One line for people: when it last ran, how that went, and whether that is too long ago."""
+        now = self.checked_at or utcnow()
+        bound = f"the bound is {human_duration(self.bound)} ({self.config_key})"
+        if self.last_finished_at is None:
+            text = f"{self.job}: never finished a run"
+            if self.running and self.last_started_at is not None:
+                text += f" (one started {_ago(now, self.last_started_at)}{self._where()})"
+            elif self.installed_at is not None:
+                text += f" since the gateway was installed {_ago(now, self.installed_at)}"
+            return text + (f": overdue, {bound}" if self.overdue else "")
+        text = (
+            f"{self.job}: last run finished {_ago(now, self.last_finished_at)}{self._where()}, "
+            f"{self.last_outcome or 'unknown'}"
+        )
+        if self.last_summary:
+            text += f" ({self.last_summary})"
+        if self.last_outcome != "ok":
+            text += (
+                f"; last success {_ago(now, self.last_succeeded_at)}"
+                if self.last_succeeded_at is not None
+                else "; it never succeeded"
+            )
+        if self.running and self.last_started_at is not None:
+            text += f"; a run started {_ago(now, self.last_started_at)} has not finished"
+        return text + (f": overdue, {bound}" if self.overdue else "")
+
+    def _where(self) -> str:
+        if not self.host:
+            return ""
+        return f" on {self.host}" + (f" (pid {self.pid})" if self.pid is not None else "")
+
+    def to_json(self) -> dict[str, Any]:
+        """``age_seconds`` and ``overdue``: the readiness answer's part (nothing secret)."""
+        return {
+            "age_seconds": None if self.age is None else round(self.age.total_seconds(), 1),
+            "overdue": self.overdue,
+        }
+
+
+def bounds(state: GatewayState) -> dict[str, timedelta]:
+    """Each job's bound: past it without a (successful) run, the job is overdue."""
+    return {
+        "deliver": timedelta(seconds=state.config.deliver_stale_seconds),
+        "reconcile": timedelta(seconds=state.config.reconcile_stale_seconds),
+    }
+
+
+@leaves_no_transaction
+def job_status(*, now: datetime | None = None) -> list[JobStatus]:
+    """Each job of :data:`JOBS`, in that order, as the records say at ``now`` (default: now). Reads only:
+    one query (two when no job ever recorded a run). Raises what the driver raises when the database or
+    the table cannot be read."""
+    state = get_state()
+    now = now or utcnow()
+    installed = (
+        select(Installation.installed_at)
+        .where(Installation.environment == state.config.environment)
+        .order_by(Installation.id.desc())
+        .limit(1)
+        .scalar_subquery()
+    )
+    with sqlite_read_transactions():
+        session = state.session
+        rows = session.execute(select(JobRun, installed.label("installed_at"))).all()
+        installed_at = rows[0].installed_at if rows else session.scalar(select(installed))
+    records = {row.JobRun.job: row.JobRun for row in rows}
+    limits = bounds(state)
+    return [_status(job, records.get(job), limits[job], installed_at, now) for job in JOBS]
+
+
+def _status(
+    job: str, record: JobRun | None, bound: timedelta, installed_at: datetime | None, now: datetime
+) -> JobStatus:
+    finished = record.last_finished_at if record else None
+    succeeded = record.last_succeeded_at if record else None
+    age = now - finished if finished is not None else None
+    if finished is None:
+        # Never ran: overdue once the gateway has been installed longer than the bound (not installed:
+        # nothing to do yet; the doctor's installation finding says so).
+        overdue = installed_at is not None and now - installed_at > bound
+    elif age is not None and age > bound:
+        overdue = True
+    else:
+        # Runs, but does it succeed? Never succeeded counts from the installation (or at once, without one).
+        since = succeeded or installed_at
+        overdue = since is None or now - since > bound
+    return JobStatus(
+        job=job,
+        last_started_at=record.last_started_at if record else None,
+        last_finished_at=finished,
+        last_succeeded_at=succeeded,
+        last_outcome=record.last_outcome if record else None,
+        last_summary=record.last_summary if record else None,
+        host=record.host if record else None,
+        age=age,
+        bound=bound,
+        overdue=overdue,
+        pid=record.pid if record else None,
+        runs=record.runs if record else 0,
+        failures=record.failures if record else 0,
+        installed_at=installed_at,
+        checked_at=now,
+    )
+
+
+def human_duration(delta: timedelta) -> str:
+    """``42 s``, ``5 min``, ``2 h 5 min``, ``3 d 4 h``: a duration for people."""
+    seconds = max(0, int(delta.total_seconds()))
+    if seconds < 120:
+        return f"{seconds} s"
+    minutes = seconds // 60
+    if minutes < 120:
+        return f"{minutes} min"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 48:
+        return f"{hours} h {minutes} min" if minutes else f"{hours} h"
+    days, hours = divmod(hours, 24)
+    return f"{days} d {hours} h" if hours else f"{days} d"
+
+
+def _ago(now: datetime, then: datetime) -> str:
+    return f"{human_duration(now - then)} ago"
+
+
+# --- the broker ------------------------------------------------------------------------------------------
+
+
+def mask_url(url: str) -> str:
+    """``url`` with its password (if any) replaced by ``***``."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    netloc = f"{user}:***@{host}" + (f":{parts.port}" if parts.port is not None else "")
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+def broker_unreachable(url: str, *, timeout: float = 3.0) -> str | None:
+    """None when the Celery broker at ``url`` answers within ``timeout`` seconds, else why not (one line,
+    no password). Uses kombu when installed (any transport), else a TCP connection to the URL's host."""
+    try:
+        kombu: Any = importlib.import_module("kombu")  # optional: installed with Celery
+    except ImportError:
+        return _socket_unreachable(url, timeout)
+    try:
+        with kombu.Connection(url, connect_timeout=timeout) as connection:
+            connection.ensure_connection(max_retries=1, interval_start=0, timeout=timeout)
+    except Exception as error:
+        return f"{type(error).__name__}: {_first_line(error)}".replace(url, mask_url(url))
+    return None
+
+
+def _socket_unreachable(url: str, timeout: float) -> str | None:
+    parts = urlsplit(url)
+    default = {"redis": 6379, "rediss": 6379, "amqp": 5672, "amqps": 5671}.get(parts.scheme)
+    try:
+        port = parts.port or default
+    except ValueError:
+        return "the URL's port is not a number"
+    if not parts.hostname or port is None:
+        return "no host and port in the URL to try (install kombu to check other transports)"
+    try:
+        with socket.create_connection((parts.hostname, port), timeout=timeout):
+            return None
+    except OSError as error:
+        return f"{type(error).__name__}: {error.strerror or error}"
