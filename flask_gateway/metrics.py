@@ -100,6 +100,9 @@ class _Families:
     refunds: GaugeMetricFamily
     outbox: GaugeMetricFamily
     outbox_age: GaugeMetricFamily
+    job_last_run: GaugeMetricFamily
+    job_last_success: GaugeMetricFamily
+    job_overdue: GaugeMetricFamily
     skipped: list[str] = field(default_factory=list)
 
     @classmethod
@@ -153,6 +156,22 @@ class _Families:
                 "flask_gateway_outbox_oldest_pending_age_seconds",
                 "Seconds since the oldest pending outbox event was written (0: none pending)",
             ),
+            job_last_run=GaugeMetricFamily(
+                "flask_gateway_job_last_run_timestamp_seconds",
+                "When the background job last finished a run, on any machine (Unix time); absent when never",
+                labels=["job"],
+            ),
+            job_last_success=GaugeMetricFamily(
+                "flask_gateway_job_last_success_timestamp_seconds",
+                "When the background job last finished a run without failing (Unix time); absent when never",
+                labels=["job"],
+            ),
+            job_overdue=GaugeMetricFamily(
+                "flask_gateway_job_overdue",
+                "1 while the background job has not run (or not succeeded) within its bound "
+                "(GATEWAY_<JOB>_STALE_SECONDS), else 0",
+                labels=["job"],
+            ),
         )
 
     def all(self) -> list[GaugeMetricFamily]:
@@ -160,6 +179,8 @@ class _Families:
         families += [self.silent, self.awaiting, self.awaiting_age, self.refunds]
         if "outbox" not in self.skipped:
             families += [self.outbox, self.outbox_age]
+        if "heartbeats" not in self.skipped:
+            families += [self.job_last_run, self.job_last_success, self.job_overdue]
         return families
 
 
@@ -212,6 +233,7 @@ class GatewayCollector:
                 families.refunds.add_metric([state], int(refunds.get(state, 0)))
             session.commit()
         _outbox(families, health)
+        _heartbeats(families, health)
 
 
 def _health(families: _Families, health: CallbackHealth) -> None:
@@ -255,6 +277,31 @@ def _outbox(families: _Families, health: CallbackHealth) -> None:
         families.outbox.add_metric([state], int(counts.get(state, 0)))
     age = max((health.checked_at - oldest).total_seconds(), 0.0) if oldest is not None else 0.0
     families.outbox_age.add_metric([], age)
+
+
+def _heartbeats(families: _Families, health: CallbackHealth) -> None:
+    """When each background job last ran and succeeded, and whether it is overdue
+    (``flask_gateway.heartbeats``); skipped when its table cannot be read (not migrated yet)."""
+    from flask_gateway.heartbeats import job_status
+
+    try:
+        statuses = job_status(now=health.checked_at)
+    except SQLAlchemyError as error:
+        if is_database_outage(error):
+            raise  # the database is away, not the table: gateway_up 0
+        get_state().session.rollback()
+        log.warning(
+            "gateway metrics: the background jobs' heartbeats could not be read (not migrated?): %s",
+            describe_database_error(error),
+        )
+        families.skipped.append("heartbeats")
+        return
+    for status in statuses:
+        if status.last_finished_at is not None:
+            families.job_last_run.add_metric([status.job], status.last_finished_at.timestamp())
+        if status.last_succeeded_at is not None:
+            families.job_last_success.add_metric([status.job], status.last_succeeded_at.timestamp())
+        families.job_overdue.add_metric([status.job], 1 if status.overdue else 0)
 
 
 # --- the gateway calls ----------------------------------------------------------------------------------

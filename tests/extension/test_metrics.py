@@ -432,3 +432,127 @@ def test_the_scrape_config_sends_the_token():
     job = config["scrape_configs"][0]
     assert job["metrics_path"] == "/metrics"
     assert job["authorization"]["credentials_file"]
+
+
+# --- the background jobs' heartbeats (flask_gateway.heartbeats) ------------------------------------------
+
+
+def _job_row(app, job: str) -> models.JobRun:
+    with app.app_context():
+        session = get_state().session
+        row = session.get(models.JobRun, job)
+        assert row is not None
+        session.expunge(row)
+        session.rollback()
+        return row
+
+
+@pytest.mark.backends
+def test_the_heartbeats_of_the_background_jobs(installed: Harness, registered: GatewayMetrics):
+    from flask_gateway import deliver_due
+    from flask_gateway.heartbeats import record_run
+
+    quiet = scrape(registered.registry)
+    assert value(quiet, "flask_gateway_job_overdue", job="deliver") == 0  # installed a moment ago
+    assert value(quiet, "flask_gateway_job_overdue", job="reconcile") == 0
+    assert "flask_gateway_job_last_run_timestamp_seconds" not in quiet  # absent: never ran
+    assert "flask_gateway_job_last_success_timestamp_seconds" not in quiet
+
+    app = installed.shop
+    with app.app_context():
+        deliver_due()
+        with record_run("reconcile") as run:
+            run.done("Polled 1 of 1 due checkout(s): 1 could not be polled", failed=True)
+    delivered, reconciled = _job_row(app, "deliver"), _job_row(app, "reconcile")
+    assert delivered.last_finished_at is not None and reconciled.last_finished_at is not None
+    samples = scrape(registered.registry)
+    last_run = "flask_gateway_job_last_run_timestamp_seconds"
+    last_success = "flask_gateway_job_last_success_timestamp_seconds"
+    assert value(samples, last_run, job="deliver") == pytest.approx(delivered.last_finished_at.timestamp())
+    assert value(samples, last_success, job="deliver") == value(samples, last_run, job="deliver")
+    assert value(samples, last_run, job="reconcile") == pytest.approx(reconciled.last_finished_at.timestamp())
+    assert ("job", "reconcile") not in {label for labels in samples[last_success] for label in labels}
+    assert value(samples, "flask_gateway_job_overdue", job="deliver") == 0
+
+    # Past the bound: the deliver job last ran two bounds ago (another machine's cron stopped, say).
+    with app.app_context():
+        bound = timedelta(seconds=get_state().config.deliver_stale_seconds)
+        session = get_state().session
+        row = session.get(models.JobRun, "deliver")
+        assert row is not None
+        row.last_finished_at = row.last_succeeded_at = utcnow() - 2 * bound
+        session.commit()
+    stale = scrape(registered.registry)
+    assert value(stale, "flask_gateway_job_overdue", job="deliver") == 1
+    assert value(stale, last_run, job="deliver") == pytest.approx((utcnow() - 2 * bound).timestamp(), abs=30)
+
+
+def test_heartbeats_that_cannot_be_read_leave_the_rest_scraped(
+    installed: Harness, registered: GatewayMetrics, monkeypatch: pytest.MonkeyPatch, caplog
+):
+    from flask_gateway import heartbeats
+
+    def missing(**_options):
+        raise OperationalError("SELECT", {}, Exception("no such table: gateway_job_runs"))
+
+    monkeypatch.setattr(heartbeats, "job_status", missing)
+    samples = scrape(registered.registry)
+    assert value(samples, "flask_gateway_up") == 1
+    assert not any(name.startswith("flask_gateway_job_") for name in samples)
+    assert "heartbeats could not be read (not migrated?)" in caplog.text
+
+    def away(**_options):
+        raise OperationalError("SELECT", {}, Exception("server closed the connection unexpectedly"))
+
+    monkeypatch.setattr(heartbeats, "job_status", away)
+    assert value(scrape(registered.registry), "flask_gateway_up") == 0  # the database, not the table
+
+
+# --- multiprocess mode: refused with its fix when it cannot work ------------------------------------------
+
+
+def test_multiprocess_mode_after_prometheus_client_was_imported_is_refused(
+    installed: Harness, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+):
+    """This process imported prometheus_client without the variable: its values live in memory."""
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    registry = CollectorRegistry()
+    with pytest.raises(ConfigurationError, match="not when prometheus_client was first imported"):
+        register_metrics(installed.shop, registry)
+    assert generate_latest(registry) == b""  # nothing left registered
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR")
+    register_metrics(installed.shop, registry).unregister()  # without the variable: as before
+
+
+def test_multiprocess_mode_registers_the_files_collector(
+    installed: Harness, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+):
+    from prometheus_client import values
+    from prometheus_client.multiprocess import MultiProcessCollector
+
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path / "missing"))
+    monkeypatch.setattr(values, "ValueClass", values.MultiProcessValue())  # as if imported with it set
+    with pytest.raises(ConfigurationError, match="is not a directory this process can write"):
+        register_metrics(installed.shop, CollectorRegistry())
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    registry = CollectorRegistry()
+    handle = register_metrics(installed.shop, registry)
+    try:
+        assert isinstance(handle.processes, MultiProcessCollector)
+        assert handle.calls.registry is None  # the call metrics are in no registry: in the files
+        handle.calls(CallAttempt("getstatus", "POST", 1, 0.2, 503, None))
+        samples = scrape(registry)
+        assert (
+            value(samples, "flask_gateway_client_request_duration_seconds_count", operation="getstatus") == 1
+        )
+        assert (
+            value(samples, "flask_gateway_client_request_errors_total", operation="getstatus", kind="5xx")
+            == 1
+        )
+        assert value(samples, "flask_gateway_up") == 1
+        assert list(tmp_path.glob("*.db"))  # written to this process's files
+    finally:
+        handle.unregister()
+        values.ValueClass.close_all_files()  # type: ignore[attr-defined]
+    assert handle.calls not in http._observers
+    assert generate_latest(registry) == b""
