@@ -9,8 +9,10 @@ Two tasks, named for the beat schedule and for ``send_task`` from anywhere:
   15 s. A tick finding nothing due is one indexed query. It fails only when the database does: a receiver
   that raised is the outbox's business (logged, counted, due again later, dead after the last attempt).
 - ``flask_gateway.reconcile`` (:data:`RECONCILE`): one reconciliation run
-  (:func:`flask_gateway.reconciliation.reconcile`); it fails, with the run's summary, when a checkout
-  could not be polled (the next run tries again).
+  (:func:`flask_gateway.reconciliation.reconcile`, its keyword arguments too); it fails, with the run's
+  summary, when a checkout could not be polled (the next run tries again). Beat's run asks about the
+  checkouts due (``GATEWAY_RECONCILE_AFTER_SECONDS``); ``send_task(RECONCILE, kwargs={"older_than_seconds":
+  0})`` asks about every open checkout now (those not polled in the last minute).
 
 Flask's own pattern ("Background Tasks with Celery" in Flask's documentation): every task runs inside
 ``app.app_context()``, through a ``Task`` subclass. :func:`celery_init_app` is that pattern with the
@@ -26,11 +28,15 @@ deliver one event at once, and a worker that dies leaves its event to the first 
 covers an event delivered again. A lost task message loses nothing: the work is in the database, and the
 next beat tick finds it.
 
+A worker that loses Redis retries for as long as it takes (``broker_connection_max_retries = None``;
+Celery's default gives up after 100 attempts and the worker exits) and goes on when Redis is back.
+
 ``celery`` is imported here only: ``pip install "flask-bnpl-gateway[tasks]"`` (Celery with the Redis client).
 """
 
 from __future__ import annotations
 
+import os
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -44,6 +50,7 @@ from flask_gateway.state import get_state
 
 try:
     from celery import Celery, Task
+    from celery.beat import PersistentScheduler
     from celery.signals import worker_process_init
 except ImportError as exc:  # pragma: no cover - the optional extra is missing
     raise ImportError(
@@ -53,12 +60,14 @@ except ImportError as exc:  # pragma: no cover - the optional extra is missing
 
 __all__ = [
     "BEAT_SCHEDULE",
+    "BEAT_SCHEDULE_FILE",
     "DELIVER_EVERY",
     "DELIVER_LIMIT",
     "DELIVER_OUTBOX",
     "RECONCILE",
     "RELIABILITY",
     "GatewayTasks",
+    "InstanceFolderScheduler",
     "celery_init_app",
     "register_tasks",
 ]
@@ -101,9 +110,26 @@ RELIABILITY: Final[Mapping[str, Any]] = {
     "worker_cancel_long_running_tasks_on_connection_loss": True,
     # A worker that starts before Redis does waits for it (and says so) rather than exiting.
     "broker_connection_retry_on_startup": True,
+    # A worker that loses Redis retries for as long as it takes (Celery's default gives up after 100
+    # attempts, about an hour and a half, and the worker then exits): it reconnects when Redis is back.
+    "broker_connection_max_retries": None,
     # Nothing reads the results: their summaries are in the worker's log.
     "task_ignore_result": True,
 }
+
+
+#: Beat's schedule file (its record of when each entry last ran), in the Flask app's instance folder.
+BEAT_SCHEDULE_FILE: Final = "celerybeat-schedule"
+
+
+class InstanceFolderScheduler(PersistentScheduler):  # type: ignore[misc]  # celery is untyped
+    """Celery's default scheduler (``PersistentScheduler``), making its schedule file's folder (the app's
+    instance folder) when beat opens the file, the first time beat starts."""
+
+    def setup_schedule(self) -> None:
+        folder = os.path.dirname(os.path.abspath(self.schedule_filename))
+        os.makedirs(folder, exist_ok=True)
+        super().setup_schedule()
 
 
 @dataclass(frozen=True)
@@ -119,14 +145,23 @@ def celery_init_app(app: Flask) -> Any:
 
     Its configuration is :data:`RELIABILITY` and :data:`BEAT_SCHEDULE`, then ``app.config["CELERY"]`` (a
     dict of Celery's lower-case settings: ``broker_url`` at least) over them; a ``beat_schedule`` there adds
-    to the gateway's entries (or replaces one of the same name). Every task of it, the shop's own too, runs
-    in ``app.app_context()``. It becomes Celery's default app and ``app.extensions["celery"]``; the gateway's
-    tasks are ``celery.tasks[DELIVER_OUTBOX]`` and ``celery.tasks[RECONCILE]``.
+    to the gateway's entries (or replaces one of the same name). Beat keeps its schedule file
+    (``beat_schedule_filename``) in the app's instance folder, :data:`BEAT_SCHEDULE_FILE`, made when beat
+    starts (:class:`InstanceFolderScheduler`), unless ``CELERY`` names one (or ``beat --schedule`` does).
+    Every task of it, the shop's own too, runs in ``app.app_context()``. It becomes Celery's default app
+    and ``app.extensions["celery"]``; the gateway's tasks are ``celery.tasks[DELIVER_OUTBOX]`` and
+    ``celery.tasks[RECONCILE]``.
     """
     celery = Celery(app.name, task_cls=_flask_task(app, Task))
     own: dict[str, Any] = dict(app.config.get("CELERY") or {})
     schedule = {**BEAT_SCHEDULE, **own.pop("beat_schedule", {})}
-    celery.config_from_object({**RELIABILITY, **own, "beat_schedule": schedule})
+    beat_files = {
+        # Beat's record of the last runs: in the app's instance folder, not the working directory
+        # (made when beat starts, not here: nothing at init touches the disk).
+        "beat_schedule_filename": os.path.join(app.instance_path, BEAT_SCHEDULE_FILE),
+        "beat_scheduler": InstanceFolderScheduler,
+    }
+    celery.config_from_object({**RELIABILITY, **beat_files, **own, "beat_schedule": schedule})
     celery.set_default()
     app.extensions["celery"] = celery
     _fresh_connections_after_fork(app)

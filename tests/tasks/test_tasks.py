@@ -20,13 +20,17 @@ from flask_sqlalchemy import SQLAlchemy
 
 from flask_gateway import Gateway, create_checkout, payment_confirmed
 from flask_gateway import tasks as gateway_tasks
+from flask_gateway.models import GatewayCheckout
 from flask_gateway.outbox import CLAIM_LEASE, DeliveryReport, deliver_due
+from flask_gateway.state import get_state
 from flask_gateway.tasks import (
     BEAT_SCHEDULE,
+    BEAT_SCHEDULE_FILE,
     DELIVER_EVERY,
     DELIVER_OUTBOX,
     RECONCILE,
     RELIABILITY,
+    InstanceFolderScheduler,
     celery_init_app,
     register_tasks,
 )
@@ -172,3 +176,44 @@ def test_the_operations_page_recipe_builds_the_celery_app(
     assert celery.conf.task_acks_late and celery.conf.worker_prefetch_multiplier == 1
     assert set(celery.conf.beat_schedule) == set(BEAT_SCHEDULE)
     assert celery.tasks[DELIVER_OUTBOX].apply().get() == "Outbox: 0 delivered, 0 failed, 0 dead."
+
+
+def test_run_one_now_polls_the_checkouts_the_plain_task_leaves_for_later(
+    gateway_emulator: GatewayEmulator, gateway_app: Flask, celery: Any
+) -> None:
+    """docs/operations.md's "run one now": ``kwargs={"older_than_seconds": 0}`` asks about every open
+    checkout now; the plain task (what beat sends) leaves those changed or polled in the last
+    ``GATEWAY_RECONCILE_AFTER_SECONDS`` (300 s) alone."""
+    with gateway_app.test_request_context(base_url=SHOP_URL):
+        checkout = create_checkout(sample_order("ORD-NOW"))
+    gateway_emulator.pay(checkout.token)  # paid at the gateway; its callback not delivered
+
+    reconcile_task = celery.tasks[RECONCILE]
+    plain = reconcile_task.apply().get()
+    assert plain.startswith("Polled 0 of 0 due checkout(s)"), plain  # created a moment ago: not due
+    now = reconcile_task.apply(kwargs={"older_than_seconds": 0}).get()  # as send_task sends it
+    assert now.startswith("Polled 1 of 1 due checkout(s)") and "1 payment(s) confirmed" in now, now
+    with gateway_app.app_context():
+        assert get_state().session.get(GatewayCheckout, checkout.id).status == "PAID_PENDING_CALLBACK"
+
+
+def test_celery_init_app_puts_beats_file_in_the_instance_folder_unless_the_shop_names_one(
+    tmp_path: Path,
+) -> None:
+    app = Flask("shop", instance_path=str(tmp_path / "instance"))
+    app.config["CELERY"] = {"broker_url": "memory://"}
+    celery = celery_init_app(app)
+    assert celery.conf.beat_schedule_filename == str(tmp_path / "instance" / BEAT_SCHEDULE_FILE)
+    assert celery.conf.beat_scheduler is InstanceFolderScheduler
+    assert not (tmp_path / "instance").exists()  # nothing at init touches the disk
+
+    own = Flask("shop2", instance_path=str(tmp_path / "instance2"))
+    own.config["CELERY"] = {"broker_url": "memory://", "beat_schedule_filename": str(tmp_path / "beat")}
+    assert celery_init_app(own).conf.beat_schedule_filename == str(tmp_path / "beat")
+
+    # Beat's scheduler makes the folder when it opens the file (the first time beat starts).
+    scheduler = InstanceFolderScheduler(app=celery, schedule_filename=celery.conf.beat_schedule_filename)
+    try:
+        assert any(path.name.startswith(BEAT_SCHEDULE_FILE) for path in (tmp_path / "instance").iterdir())
+    finally:
+        scheduler.close()
