@@ -122,4 +122,4 @@ def child_exit(server: Any, worker: Any) -> None:
         return
     from prometheus_client import multiprocess
 
-    multiprocess.mark_process_dead(worker.pid)
+    multiprocess.mark_process_dead(worker.pid)  # type: ignore[no-untyped-call]

@@ -26,6 +26,14 @@ CONTENT_SECURITY_POLICY: Final = (
     "object-src 'none'; base-uri 'self'; frame-ancestors 'none'"
 )
 
+#: The CSRF failure's page when the session cookie is Secure (``SHOP_ENV=production``) and the request came
+#: over plain http: the browser never sends that cookie back, so the form cannot be checked.
+SECURE_COOKIE_OVER_HTTP: Final = (
+    "Nothing was changed: this page came over plain http, but the shop's session cookie is sent over https "
+    "only (it is Secure, as SHOP_ENV=production sets it), so your browser did not send it back with the "
+    "form. Open the shop at its https:// address. Behind a proxy that ends TLS, set SHOP_TRUSTED_PROXIES "
+    "to the number of proxies in front of the shop, so it believes their X-Forwarded-Proto: https."
+)
 
 #: South Africa keeps UTC+2 all year (no daylight saving time).
 SAST: Final = timezone(timedelta(hours=2), "SAST")
@@ -97,6 +105,18 @@ def register(app: Flask) -> None:
 
     @app.errorhandler(CSRFError)
     def _csrf_error(error: CSRFError) -> ResponseReturnValue:
+        if app.config.get("SESSION_COOKIE_SECURE") and not request.is_secure:
+            # The browser keeps a Secure cookie for https only: over plain http the form's session never
+            # comes back, and no reload helps. Say so (the owner's login is where it shows first).
+            return (
+                render_template(
+                    "shop/error.html",
+                    code=400,
+                    title="This shop needs https",
+                    message=SECURE_COOKIE_OVER_HTTP,
+                ),
+                400,
+            )
         return (
             render_template(
                 "shop/error.html",
