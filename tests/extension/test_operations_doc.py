@@ -1,12 +1,19 @@
-"""docs/operations.md's Celery recipe runs: its task reconciles a payment whose callbacks all failed."""
+"""docs/operations.md's Celery parts: one recipe, and its "run a reconciliation now" does what it says.
+
+- Every ``<!-- tested: PATH ... -->`` marker of the page names a test file that exists and reads the page.
+- One Celery recipe: the shipped tasks (``celery_init_app`` / ``register_tasks``). No block of the page
+  defines a task of its own or a beat schedule that reconciles: beside the shipped schedule it would
+  reconcile a second time.
+- The "run a reconciliation now" block, run as written against the shipped task, confirms a payment whose
+  callbacks all failed although the checkout is not due (created a moment ago, the 300 s default applies),
+  which the same task sent without ``kwargs`` (beat's run) leaves alone.
+"""
 
 from __future__ import annotations
 
-import dataclasses
 import re
-import sys
-import types
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -14,43 +21,73 @@ from flask_gateway.state import get_state
 from tests.extension.conftest import Harness
 from tests.extension.operations_support import load, new_checkout
 
-DOCS = Path(__file__).resolve().parents[2] / "docs"
+ROOT = Path(__file__).resolve().parents[2]
+PAGE = ROOT / "docs" / "operations.md"
+_MARKED = re.compile(r"<!-- tested: (\S+)[^>]*-->\n```(\w+)\n(.*?)```", flags=re.DOTALL)
 
 
-def _celery_recipe() -> str:
-    page = (DOCS / "operations.md").read_text()
-    blocks = re.findall(r"```python\n(.*?)```", page, flags=re.DOTALL)
-    return next(block for block in blocks if block.startswith("# tasks.py"))
+def _blocks(language: str = "python") -> list[str]:
+    return re.findall(rf"```{language}\n(.*?)```", PAGE.read_text(), flags=re.DOTALL)
 
 
-def test_the_celery_recipe_reconciles_on_its_schedule(harness: Harness, monkeypatch: pytest.MonkeyPatch):
-    celery_state = pytest.importorskip("celery._state")
-    # A Celery task is "shared" by default: registered on every app finalized later in this process. The
-    # next run of this test (the other database) defines the task again; keep each run's registrations
-    # to itself, as separate worker processes would.
-    monkeypatch.setattr(celery_state, "_on_app_finalizers", set(celery_state._on_app_finalizers))
+def _run_now_block() -> str:
+    (block,) = [
+        block
+        for path, _, block in _MARKED.findall(PAGE.read_text())
+        if "send_task" in block and path.endswith("test_operations_doc.py")
+    ]
+    return block
+
+
+def test_every_tested_marker_names_a_test_that_reads_the_page() -> None:
+    marked = _MARKED.findall(PAGE.read_text())
+    assert marked
+    for path, _, block in marked:
+        test = ROOT / path
+        assert test.is_file(), f"{path} (marker before {block.splitlines()[0]!r}) does not exist"
+        assert "operations.md" in test.read_text(), f"{path} never reads docs/operations.md"
+
+
+def test_one_celery_recipe_the_shipped_tasks() -> None:
+    python = _blocks()
+    recipes = [block for block in python if "celery_init_app" in block or "Celery(" in block]
+    assert len(recipes) == 1 and "celery_init_app" in recipes[0]
+    for block in python:
+        if "reconcile" in block:  # the shipped task and BEAT_SCHEDULE are the only reconciling ones
+            assert not re.search(r"@(celery\.task|shared_task)|beat_schedule", block), block
+
+
+def test_run_a_reconciliation_now_confirms_a_payment_the_plain_task_leaves_for_later(
+    harness: Harness,
+) -> None:
+    pytest.importorskip("celery")
+    from celery import Celery
+
+    from flask_gateway.tasks import RECONCILE, register_tasks
+
     harness.install()
     checkout_id, token = new_checkout(harness)
     harness.emulator.control("faults", {"operation": "callback", "kind": "callback_fail", "count": 3})
     harness.emulator.pay(token)
     for _ in range(3):
         harness.emulator.control("deliver")  # every attempt fails: the shop never hears of the payment
-    state = get_state(harness.shop)  # due at once (GATEWAY_RECONCILE_AFTER_SECONDS = 0)
-    state.config = dataclasses.replace(state.config, reconcile_after_seconds=0)
+    assert get_state(harness.shop).config.reconcile_after_seconds == 300  # the default: not due yet
 
-    myshop = types.ModuleType("myshop")
-    myshop.create_app = lambda: harness.shop  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "myshop", myshop)
-    namespace: dict[str, object] = {"__name__": "tasks"}
-    exec(compile(_celery_recipe(), "docs/operations.md#tasks.py", "exec"), namespace)  # noqa: S102
+    shop_celery = Celery("myshop", broker="memory://")
+    tasks = register_tasks(shop_celery, harness.shop)
+    assert tasks.reconcile.apply().get().startswith("Polled 0 of 0 due")  # beat's run: not due
 
-    celery = namespace["celery"]
-    schedule = celery.conf.beat_schedule["gateway-reconcile"]  # type: ignore[attr-defined]
-    assert schedule["schedule"] == 300.0
-    assert schedule["task"] in celery.tasks  # type: ignore[attr-defined]  # beat names a registered task
+    sent: list[str] = []
 
-    # apply(): the task runs in this process, as a worker would run it, without a broker.
-    summary = namespace["reconcile_gateway"].apply().get()  # type: ignore[attr-defined]
-    assert "1 payment(s) confirmed" in summary
+    class Worker:
+        """``celery`` of the block: what a worker does with the message it sends (``apply``)."""
+
+        def send_task(self, name: str, args: Any = None, kwargs: Any = None, **options: Any) -> None:
+            assert name == RECONCILE and name in shop_celery.tasks
+            sent.append(shop_celery.tasks[name].apply(args=args, kwargs=kwargs).get())
+
+    exec(compile(_run_now_block(), "docs/operations.md#run-now", "exec"), {"celery": Worker()})  # noqa: S102
+    (summary,) = sent
+    assert "1 payment(s) confirmed" in summary, summary
     with harness.shop.app_context():
         assert load(harness, checkout_id).status == "PAID_PENDING_CALLBACK"
