@@ -16,6 +16,18 @@
   N days, or every refused (never verified) row now (the checkouts' own history,
   ``gateway_checkout_events``, is kept).
 
+Every command first prints one line to stderr saying what it uses: ``Using database ..., gateway ... at
+..., account ...`` (the database URL with its password masked, or a SQLite file's absolute path; the
+gateway's environment and base URL; the installed account, or ``not installed``). Then it refuses, with
+one line and exit status 78 (``EX_CONFIG``), to run where it could only succeed by accident
+(:data:`COMMAND_CHECKS` says which command needs what):
+
+- the app says production (``GATEWAY_ENVIRONMENT="production"``) and the database is SQLite: the
+  development database, reached because the command did not load the production environment (unless
+  ``GATEWAY_SQLITE_IN_PRODUCTION = True``); checked before the database is opened;
+- the ``gateway_*`` tables (or some of their columns) are missing;
+- the gateway is not installed for the configured environment.
+
 A command that meets a database outage (``core.outages.is_database_outage``: the server restarting,
 refusing or dropping connections) stops with one line, ``Error: the database is unreachable (...)``, and
 exit status 75 (``EX_TEMPFAIL``): a cron job or timer runs it again later.
@@ -23,20 +35,24 @@ exit status 75 (``EX_TEMPFAIL``): a cron job or timer runs it again later.
 
 from __future__ import annotations
 
+import functools
+import os
 import signal
 import threading
+from collections.abc import Callable
 from contextlib import ExitStack
+from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import click
 from flask.cli import AppGroup
-from sqlalchemy import CursorResult, delete, inspect, or_, select
+from sqlalchemy import URL, CursorResult, delete, inspect, or_, select
 
 from flask_gateway.config import MAX_PAID_WINDOW_HOURS, MAX_RECONCILE_CONCURRENCY
 from flask_gateway.core.errors import GatewayError
 from flask_gateway.core.outages import DATABASE_ERRORS, describe_database_error, is_database_outage
-from flask_gateway.core.sql import create_all_safely
+from flask_gateway.core.sql import create_all_safely, sqlite_read_transactions
 from flask_gateway.core.timestamps import utcnow
 from flask_gateway.core.wire import status_payload_keys
 from flask_gateway.doctor import DEFAULT_TIMEOUT, run_checks
@@ -53,10 +69,21 @@ from flask_gateway.models import (
 )
 from flask_gateway.outbox import DeliveryReport, backlog, deliver_due, redeliver
 from flask_gateway.polling import refresh
+from flask_gateway.readiness import missing_schema
 from flask_gateway.reconciliation import PAID_RECHECK_SECONDS, reconcile
-from flask_gateway.state import GatewayState, get_state
+from flask_gateway.state import GatewayState, get_state, leaves_no_transaction
 
-__all__ = ["EXIT_DATABASE_AWAY", "DatabaseAway", "GatewayCommands", "gateway_cli"]
+__all__ = [
+    "COMMAND_CHECKS",
+    "EXIT_CONFIGURATION",
+    "EXIT_DATABASE_AWAY",
+    "Checks",
+    "ConfigurationFault",
+    "DatabaseAway",
+    "GatewayCommands",
+    "describe_database",
+    "gateway_cli",
+]
 
 #: The exit status of a command that stopped because the database is unreachable: ``EX_TEMPFAIL``
 #: (sysexits.h), "try again later", so a cron wrapper can tell it from a real failure (1).
@@ -93,8 +120,152 @@ gateway_cli = GatewayCommands(
     "gateway", help="Flask-Gateway: database tables, reconciliation, checkout status."
 )
 
+#: The exit status of a command refused because of how it is configured (the app says production but the
+#: database is SQLite, the tables are missing, the gateway is not installed): ``EX_CONFIG`` (sysexits.h).
+#: Running it again changes nothing; a person must fix the environment (unlike 75, an outage).
+EXIT_CONFIGURATION: Final = 78
+
+#: The environment file every documented cron line, systemd unit and Celery command loads (docs).
+ENVIRONMENT_FILE: Final = "/etc/shop/environment"
+
+
+class ConfigurationFault(click.ClickException):
+    """A command refused to run where it could only succeed by accident: one line (``Error: ...``), exit
+    status :data:`EXIT_CONFIGURATION`."""
+
+    exit_code = EXIT_CONFIGURATION
+
+
+@dataclass(frozen=True)
+class Checks:
+    """What a command needs before it runs (every command is refused on a SQLite database when the app
+    says production, unless ``GATEWAY_SQLITE_IN_PRODUCTION``)."""
+
+    #: Every ``gateway_*`` table and column exists.
+    tables: bool = True
+    #: The gateway is installed for ``GATEWAY_ENVIRONMENT``.
+    installed: bool = True
+
+
+#: Each command's checks (docs/extension.md's "Command line" shows the same table; a test compares them).
+#: ``init-db`` makes the tables and ``doctor`` reports them (and the installation) itself; ``callbacks``
+#: and ``outbox`` list local rows, for which "not installed" is a normal answer (a failed install's
+#: refused callbacks); every command that calls the gateway, delivers, or is scheduled needs both.
+COMMAND_CHECKS: Final[dict[str, Checks]] = {
+    "init-db": Checks(tables=False, installed=False),
+    "doctor": Checks(tables=False, installed=False),
+    "callbacks": Checks(tables=True, installed=False),
+    "outbox": Checks(tables=True, installed=False),
+    "reconcile": Checks(),
+    "deliver": Checks(),
+    "redeliver": Checks(),
+    "replay-callback": Checks(),
+    "status": Checks(),
+    "check-settings": Checks(),
+    "prune-callbacks": Checks(),
+}
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+#: Query parameters of a database URL whose values are not shown (``sslpassword``, ``password``, ...).
+_SECRET_QUERY_WORDS: Final = ("pass", "secret", "token", "key")
+
+
+def describe_database(url: URL) -> str:
+    """The database a URL names, safe to print: SQLite as ``SQLite file /abs/path`` or ``SQLite in
+    memory``; any other with its password (and any password-like query value) masked."""
+    if url.get_backend_name() == "sqlite":
+        database = url.database or ""
+        if database in ("", ":memory:") or "mode=memory" in str(url.query):
+            return "SQLite in memory"
+        if database.startswith("file:"):
+            return f"SQLite {database.split('?', 1)[0]}"
+        return f"SQLite file {os.path.abspath(database)}"
+    mask = "MASKED-BY-FLASK-GATEWAY"  # "***" itself would be percent-encoded in the query
+    query = {
+        name: (mask if any(word in name.lower() for word in _SECRET_QUERY_WORDS) else value)
+        for name, value in url.query.items()
+    }
+    return url.set(query=query).render_as_string(hide_password=True).replace(mask, "***")
+
+
+def _checked(name: str) -> Callable[[_F], _F]:
+    """Run ``name``'s :data:`COMMAND_CHECKS` (after one line saying what the command uses) before it."""
+    checks = COMMAND_CHECKS[name]
+
+    def decorate(command: _F) -> _F:
+        @functools.wraps(command)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            _preflight(checks)
+            return command(*args, **kwargs)
+
+        run.gateway_checks = checks  # type: ignore[attr-defined]  # tests: no command goes unchecked
+        return run  # type: ignore[return-value]  # same signature
+
+    return decorate
+
+
+def _preflight(checks: Checks) -> None:
+    state = get_state()
+    config = state.config
+    url = state.db.engine.url  # creating the engine connects nothing
+    database = describe_database(url)
+    gateway = f"gateway {config.environment} at {config.base_url}"
+
+    def say(installation: str) -> None:
+        click.echo(f"Using database {database}, {gateway}, {installation}.", err=True)
+
+    if (
+        config.environment == "production"
+        and url.get_backend_name() == "sqlite"
+        and not config.sqlite_in_production
+    ):
+        say("installation not read")
+        raise ConfigurationFault(
+            f"GATEWAY_ENVIRONMENT is 'production' but the database is {database}, a development "
+            "database: this command did not load the web workers' environment (run it as `flask "
+            f"--env-file {ENVIRONMENT_FILE} --app ... gateway ...`, docs/operations.md#cron). A "
+            "one-machine shop whose production database is SQLite sets GATEWAY_SQLITE_IN_PRODUCTION = True."
+        )
+    try:
+        missing, account = _read_setup(state)
+    except DATABASE_ERRORS as error:
+        if not is_database_outage(error):
+            raise
+        say("installation not read (the database does not answer)")
+        raise DatabaseAway(error) from None
+    if missing and account is None:
+        say("installation not read (tables missing)")
+    else:
+        say(f"account {account}" if account else "not installed")
+    if missing and checks.tables:
+        shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        raise ConfigurationFault(
+            f"the gateway's tables are missing in {database} ({shown}): run `flask gateway init-db` or "
+            "your migrations."
+        )
+    if account is None and checks.installed:
+        raise ConfigurationFault(
+            f"the gateway is not installed for the {config.environment} environment in {database}. If the "
+            "web app is installed, this command uses another database or environment than it: load the "
+            f"same environment (`flask --env-file {ENVIRONMENT_FILE} ...`, docs/operations.md#cron); "
+            f"else install it at {config.url_prefix}/admin/install."
+        )
+
+
+@leaves_no_transaction
+def _read_setup(state: GatewayState) -> tuple[list[str], str | None]:
+    """The missing tables and columns, and the installed account (None: not installed, or no table)."""
+    with sqlite_read_transactions():  # nothing here writes: no SQLite write lock
+        missing = missing_schema(state.engine)
+        if any(name.split(".")[0] == "gateway_installations" for name in missing):
+            return missing, None
+        key = state.installation_key()
+    return missing, None if key is None else key[0]
+
 
 @gateway_cli.command("init-db")
+@_checked("init-db")
 def init_db() -> None:
     """Create the gateway_* tables that do not exist yet (your own tables are left alone)."""
     engine = get_state().db.engine
@@ -141,6 +312,7 @@ def init_db() -> None:
     help="Getstatus calls in flight at once; 1: one at a time [default: GATEWAY_RECONCILE_CONCURRENCY].",
 )
 @click.option("--quiet", is_flag=True, help="No progress bar; only the summary.")
+@_checked("reconcile")
 def reconcile_command(
     limit: int | None,
     older_than: float | None,
@@ -189,6 +361,7 @@ def _when(value: Any) -> str:
     is_flag=True,
     help="Apply the gateway's answer to the local record (through the state machine).",
 )
+@_checked("status")
 def status_command(token: str, apply_answer: bool) -> None:
     """Show checkout TOKEN: the local record and what the gateway's getstatus says."""
     state = get_state()
@@ -250,6 +423,7 @@ def status_command(token: str, apply_answer: bool) -> None:
 
 
 @gateway_cli.command("check-settings")
+@_checked("check-settings")
 def check_settings_command() -> None:
     """Compare the gateway's settings with the shop's and say what differs (exit 1 when something does)."""
     try:
@@ -271,6 +445,7 @@ def check_settings_command() -> None:
 )
 @click.option("--refused", is_flag=True, help="Only callbacks answered 4xx/5xx or not answered at all.")
 @click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True)
+@_checked("callbacks")
 def callbacks_command(outcome: str | None, refused: bool, limit: int) -> None:
     """The newest callbacks received, one line each (the body is in the admin's callback log)."""
     query = select(CallbackLog).order_by(CallbackLog.id.desc()).limit(limit)
@@ -305,6 +480,7 @@ def callbacks_command(outcome: str | None, refused: bool, limit: int) -> None:
     help="Keep running: deliver what is due every SECONDS until stopped (SIGTERM or Ctrl-C), through "
     "database outages. For a shop without a task queue: a systemd service instead of a cron line.",
 )
+@_checked("deliver")
 def deliver_command(limit: int, every: float | None) -> None:
     """Deliver the outbox events that are due (run it from cron every minute or two, or with --every).
 
@@ -371,6 +547,7 @@ def _deliver_rounds(state: GatewayState, limit: int, every: float, stop: threadi
     help="Only events in this state (repeatable). Default: pending and dead.",
 )
 @click.option("--limit", default=20, show_default=True, type=click.IntRange(1, 10_000))
+@_checked("outbox")
 def outbox_command(states: tuple[str, ...], limit: int) -> None:
     """The outbox's events waiting or dead (paid, not yet fulfilled, ...), newest first, one line each."""
     wanted = states or (OutboxState.PENDING.value, OutboxState.DEAD.value)
@@ -399,6 +576,7 @@ def outbox_command(states: tuple[str, ...], limit: int) -> None:
 
 @gateway_cli.command("redeliver")
 @click.argument("event_id", type=int)
+@_checked("redeliver")
 def redeliver_command(event_id: int) -> None:
     """Deliver one outbox event now, whatever its state (a dead one after the receiver was fixed)."""
     try:
@@ -412,6 +590,7 @@ def redeliver_command(event_id: int) -> None:
 
 @gateway_cli.command("replay-callback")
 @click.argument("log_id", type=int)
+@_checked("replay-callback")
 def replay_callback_command(log_id: int) -> None:
     """Process a stored callback again (one that was verified when it arrived): confirmed with the gateway
     and applied as a callback is; a new row of the callback log says how it went."""
@@ -444,6 +623,7 @@ def replay_callback_command(log_id: int) -> None:
     help="Delete the rows of refused, never verified requests (bad signature, too large), whatever their "
     "age: a flood in progress can be purged now. With --older-than-days, only the older ones.",
 )
+@_checked("prune-callbacks")
 def prune_callbacks_command(days: int | None, refused: bool) -> None:
     """Delete callback log rows (the checkouts and their history stay)."""
     if days is None and not refused:
@@ -483,6 +663,7 @@ _MARK_STYLE = {"ok": "green", "warn": "yellow", "problem": "red", "unknown": Non
     show_default=True,
     help="Seconds to wait for the shop's public URL (the gateway's own calls use GATEWAY_TIMEOUT).",
 )
+@_checked("doctor")
 def doctor_command(no_network: bool, timeout: float) -> None:
     """Check what breaks integrations and say how to fix each; exit 1 on a problem."""
     report = run_checks(network=not no_network, timeout=timeout)

@@ -1,11 +1,25 @@
-"""``flask gateway init-db | reconcile | status`` through ``app.test_cli_runner()``."""
+"""``flask gateway init-db | reconcile | status | ...`` through ``app.test_cli_runner()``, and what every
+command checks first (the line saying what it uses; exit status 78 where it could only succeed by
+accident)."""
 
 from __future__ import annotations
 
-import pytest
-from sqlalchemy import inspect
+import os
+import sqlite3
+from pathlib import Path
+from typing import Any
 
+import pytest
+from flask import Flask
+from flask_sqlalchemy import SQLAlchemy
+from sqlalchemy import inspect, make_url
+
+from flask_gateway import Gateway
+from flask_gateway.cli import COMMAND_CHECKS, EXIT_CONFIGURATION, Checks, describe_database, gateway_cli
+from flask_gateway.errors import ConfigurationError
 from flask_gateway.models import GatewayBase
+from flask_gateway.testing import EMULATOR_URL
+from tests.extension.cli_support import run_gateway
 from tests.extension.conftest import Harness, sample_order
 from tests.extension.operations_support import load, new_checkout
 
@@ -17,7 +31,9 @@ def installed(harness: Harness) -> Harness:
 
 
 def invoke(harness: Harness, *args: str):
-    return harness.shop.test_cli_runner().invoke(args=["gateway", *args])
+    """stdout and stderr apart: ``result.stdout`` is the command's answer, ``result.stderr`` starts with
+    the line saying what it uses."""
+    return run_gateway(harness.shop, *args)
 
 
 @pytest.mark.backends
@@ -33,14 +49,15 @@ def test_init_db_creates_only_the_gateway_tables(harness):
         assert not [t for t in inspect(db.engine).get_table_names() if t.startswith("gateway_")]
     result = invoke(harness, "init-db")
     assert result.exit_code == 0, result.output
-    assert "Created 7 table(s): gateway_" in result.output
+    names = [table.name for table in GatewayBase.metadata.sorted_tables]
+    assert f"Created {len(names)} table(s): gateway_" in result.stdout
     with harness.shop.app_context():
         tables = set(inspect(db.engine).get_table_names())
     assert {t.name for t in GatewayBase.metadata.sorted_tables} <= tables
     assert "shop_products" not in tables
     again = invoke(harness, "init-db")
     assert again.exit_code == 0
-    assert "All 7 gateway tables exist already" in again.output
+    assert f"All {len(names)} gateway tables exist already" in again.stdout
 
 
 @pytest.mark.backends
@@ -61,7 +78,7 @@ def test_reconcile_command(installed):
     # The default age (GATEWAY_RECONCILE_AFTER_SECONDS) leaves what just changed alone.
     quiet = invoke(installed, "reconcile", "--quiet")
     assert quiet.exit_code == 0
-    assert quiet.output.strip().startswith("Polled 0 of 0 due checkout(s)")
+    assert quiet.stdout.strip().startswith("Polled 0 of 0 due checkout(s)")
     assert "Polling" not in quiet.output
 
 
@@ -81,10 +98,18 @@ def test_reconcile_command_limit_and_failure_exit_code(installed):
     assert "getstatus: HTTP 500 Injected fault" in failed.output
 
 
-def test_reconcile_command_not_installed(harness):
-    result = invoke(harness, "reconcile")
-    assert result.exit_code == 0
-    assert "not installed" in result.output
+@pytest.mark.parametrize("command", ["reconcile", "deliver", "prune-callbacks", "check-settings"])
+def test_a_scheduled_command_without_an_installation_exits_78(harness, command):
+    """Run against a database where the gateway is not installed (the wrong one: cron without the
+    environment), a scheduled command must fail, not report "nothing to do" and exit 0."""
+    args = [command, "--older-than-days", "90"] if command == "prune-callbacks" else [command]
+    result = invoke(harness, *args)
+    assert result.exit_code == EXIT_CONFIGURATION == 78, result.output
+    first, error = result.stderr.strip().splitlines()
+    assert first.startswith("Using database ") and first.endswith(", not installed.")
+    assert error.startswith("Error: the gateway is not installed for the emulator environment in ")
+    assert "--env-file /etc/shop/environment" in error
+    assert result.stdout == ""  # refused before it did anything
 
 
 def test_status_command(installed):
@@ -133,17 +158,17 @@ def test_callbacks_command_lists_the_newest_first_and_filters(installed):
     checkout_id = _received_callbacks(installed)
     result = invoke(installed, "callbacks")
     assert result.exit_code == 0, result.output
-    lines = result.output.strip().splitlines()
+    lines = result.stdout.strip().splitlines()
     assert len(lines) == 2
     assert "HTTP 401" in lines[0] and "rejected-signature" in lines[0] and "NOT verified" in lines[0]
     assert "no checkout" in lines[0]  # nothing of an unverified body is trusted, not even its token
     assert "HTTP 200" in lines[1] and "accepted" in lines[1] and f"checkout #{checkout_id}" in lines[1]
 
-    refused = invoke(installed, "callbacks", "--refused").output.strip().splitlines()
+    refused = invoke(installed, "callbacks", "--refused").stdout.strip().splitlines()
     assert len(refused) == 1 and "rejected-signature" in refused[0]
-    accepted = invoke(installed, "callbacks", "--outcome", "accepted").output.strip().splitlines()
+    accepted = invoke(installed, "callbacks", "--outcome", "accepted").stdout.strip().splitlines()
     assert len(accepted) == 1 and "accepted" in accepted[0]
-    assert invoke(installed, "callbacks", "--outcome", "mismatch").output.strip() == "No callbacks match."
+    assert invoke(installed, "callbacks", "--outcome", "mismatch").stdout.strip() == "No callbacks match."
     assert invoke(installed, "callbacks", "--outcome", "bogus").exit_code == 2
 
 
@@ -171,7 +196,7 @@ def test_prune_callbacks_deletes_only_old_rows_and_keeps_the_history(installed):
 
     result = invoke(installed, "prune-callbacks", "--older-than-days", "90")
     assert result.exit_code == 0, result.output
-    assert result.output.startswith("Deleted 1 callback log row(s) received before ")
+    assert result.stdout.startswith("Deleted 1 callback log row(s) received before ")
     with installed.shop.app_context():
         session = get_state().session
         left = session.scalars(select(CallbackLog)).all()
@@ -194,10 +219,176 @@ def test_prune_callbacks_refused_purges_a_flood_now_and_keeps_verified_rows(inst
     result = invoke(installed, "prune-callbacks", "--refused")
 
     assert result.exit_code == 0, result.output
-    assert result.output.strip() == "Deleted 4 refused (never verified) callback log row(s)."
+    assert result.stdout.strip() == "Deleted 4 refused (never verified) callback log row(s)."
     with installed.shop.app_context():
         left = get_state().session.scalars(select(CallbackLog)).all()
         assert [(row.outcome, row.verified, row.checkout_id) for row in left] == [
             ("accepted", True, checkout_id)
         ]
     assert invoke(installed, "prune-callbacks").exit_code == 2  # says what to delete
+
+
+# --- what every command checks first ------------------------------------------------------------------
+
+
+def _args(command: str) -> list[str]:
+    """The fewest arguments each command runs with."""
+    return {
+        "status": ["status", "tok-1"],
+        "redeliver": ["redeliver", "1"],
+        "replay-callback": ["replay-callback", "1"],
+        "prune-callbacks": ["prune-callbacks", "--refused"],
+        "doctor": ["doctor", "--no-network"],
+        "reconcile": ["reconcile", "--quiet"],
+    }.get(command, [command])
+
+
+def _shop(database_url: str, **config: Any) -> Flask:
+    """A shop with the extension on ``database_url``; no table is created, nothing is installed."""
+    app = Flask("cli_shop")
+    app.config.update(SECRET_KEY="shop-secret-key-for-the-cli-tests", SQLALCHEMY_DATABASE_URI=database_url)
+    app.config.update(config)
+    Gateway(app, db=SQLAlchemy(app))
+    return app
+
+
+PRODUCTION: dict[str, Any] = {
+    "GATEWAY_ENVIRONMENT": "production",
+    "GATEWAY_BASE_URL": "https://checkout.gateway.example",
+    "GATEWAY_INSTALL_URL": "https://install.gateway.example",
+    "GATEWAY_V1_BASE_URL": "https://v1.gateway.example",
+    "GATEWAY_PUBLIC_URL": "https://shop.example",
+}
+
+
+@pytest.mark.backends
+def test_every_command_first_says_on_stderr_which_database_gateway_and_account_it_uses(installed):
+    with installed.shop.app_context():
+        url = installed.db.engine.url
+    result = invoke(installed, "callbacks")
+    assert result.exit_code == 0, result.output
+    first = result.stderr.splitlines()[0]
+    assert first == (
+        f"Using database {describe_database(url)}, gateway emulator at {EMULATOR_URL}, account demo-merchant."
+    )
+    assert "Using database" not in result.stdout  # a script reading the answer gets only the answer
+    if url.get_backend_name() == "sqlite":
+        assert first.startswith(f"Using database SQLite file {url.database}, ")
+        assert os.path.isabs(str(url.database))
+    else:
+        assert first.startswith(f"Using database postgresql+psycopg://{url.username}@")
+        if url.password:
+            assert str(url.password) not in result.output
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        (
+            "postgresql+psycopg://shop:s3cret-pw@db.internal:5432/shop",
+            "postgresql+psycopg://shop:***@db.internal:5432/shop",
+        ),
+        (
+            "postgresql+psycopg://shop@/shop?host=/run/postgresql&sslpassword=hunter2",
+            "postgresql+psycopg://shop@/shop?host=%2Frun%2Fpostgresql&sslpassword=***",
+        ),
+        ("sqlite://", "SQLite in memory"),
+        ("sqlite:///:memory:", "SQLite in memory"),
+        ("sqlite:////srv/shop/instance/shop.sqlite3", "SQLite file /srv/shop/instance/shop.sqlite3"),
+    ],
+)
+def test_describe_database_masks_passwords_and_gives_sqlite_files_absolute(url, shown):
+    assert describe_database(make_url(url)) == shown
+    assert "s3cret-pw" not in describe_database(make_url(url))
+
+
+def test_describe_database_makes_a_relative_sqlite_path_absolute(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert describe_database(make_url("sqlite:///shop.sqlite3")) == f"SQLite file {tmp_path / 'shop.sqlite3'}"
+
+
+def test_every_command_declares_its_checks_and_the_docs_table_shows_them():
+    assert set(gateway_cli.commands) == set(COMMAND_CHECKS)
+    for name, command in gateway_cli.commands.items():
+        assert command.callback is not None
+        assert getattr(command.callback, "gateway_checks", None) is COMMAND_CHECKS[name], name
+    documented = {}
+    section = (Path(__file__).parents[2] / "docs" / "extension.md").read_text().split("## Command line")[1]
+    for line in section.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) == 4 and cells[0].startswith("`") and cells[1].split()[0].rstrip(":") in ("yes", "no"):
+            documented[cells[0].strip("`")] = (
+                Checks(tables=cells[1].startswith("yes"), installed=cells[2].startswith("yes")),
+                cells[3].split()[0],
+            )
+    assert documented == {name: (checks, "yes") for name, checks in COMMAND_CHECKS.items()}
+
+
+@pytest.mark.parametrize("command", sorted(COMMAND_CHECKS))
+def test_a_production_app_on_a_sqlite_database_is_refused_before_the_database_is_opened(tmp_path, command):
+    database = tmp_path / "instance" / "shop.sqlite3"
+    app = _shop(f"sqlite:///{database}", **PRODUCTION)
+    result = run_gateway(app, *_args(command))
+    assert result.exit_code == EXIT_CONFIGURATION, result.output
+    first, error = result.stderr.strip().splitlines()
+    assert first == (
+        f"Using database SQLite file {database}, gateway production at https://checkout.gateway.example, "
+        "installation not read."
+    )
+    assert error.startswith(
+        f"Error: GATEWAY_ENVIRONMENT is 'production' but the database is SQLite file {database}"
+    )
+    assert "GATEWAY_SQLITE_IN_PRODUCTION = True" in error
+    assert not database.exists()  # SQLite makes the file it is asked to open: not even that
+
+
+def test_gateway_sqlite_in_production_lets_a_one_machine_shop_run_on_its_sqlite_file(tmp_path):
+    database = tmp_path / "shop.sqlite3"
+    app = _shop(f"sqlite:///{database}", GATEWAY_SQLITE_IN_PRODUCTION=True, **PRODUCTION)
+    created = run_gateway(app, "init-db")
+    assert created.exit_code == 0, created.output
+    assert created.stdout.startswith("Created ")
+    listed = run_gateway(app, "callbacks")
+    assert (listed.exit_code, listed.stdout.strip()) == (0, "No callbacks match."), listed.output
+    assert listed.stderr.strip().endswith(
+        "gateway production at https://checkout.gateway.example, not installed."
+    )
+    assert run_gateway(app, "reconcile").exit_code == EXIT_CONFIGURATION  # still: not installed
+    with pytest.raises(ConfigurationError, match="GATEWAY_SQLITE_IN_PRODUCTION='yes': True or False"):
+        _shop(f"sqlite:///{database}", GATEWAY_SQLITE_IN_PRODUCTION="yes", **PRODUCTION)
+
+
+def test_missing_tables_refuse_every_command_but_init_db_and_doctor(tmp_path):
+    database = tmp_path / "empty.sqlite3"
+    app = _shop(f"sqlite:///{database}")
+    for command in sorted(set(COMMAND_CHECKS) - {"init-db"}):
+        result = run_gateway(app, *_args(command))
+        first = result.stderr.splitlines()[0]
+        assert first.endswith(", installation not read (tables missing)."), (command, result.output)
+        if COMMAND_CHECKS[command].tables:
+            assert result.exit_code == EXIT_CONFIGURATION, (command, result.output)
+            error = result.stderr.strip().splitlines()[1]
+            assert error.startswith(
+                f"Error: the gateway's tables are missing in SQLite file {database} (gateway_"
+            )
+            assert error.endswith("run `flask gateway init-db` or your migrations.")
+        elif command == "doctor":  # it reports them itself, with the rest
+            assert result.exit_code == 1, result.output
+            assert "init-db" in result.stdout
+    created = run_gateway(app, "init-db")
+    assert created.exit_code == 0 and created.stdout.startswith("Created "), created.output
+    listed = run_gateway(app, "outbox")
+    assert listed.exit_code == 0, listed.output  # not installed: a normal answer for a local listing
+    assert listed.stderr.strip().endswith(", not installed.")
+    assert listed.stdout.startswith("No outbox events")
+
+
+def test_a_missing_column_counts_as_missing_tables(tmp_path):
+    database = tmp_path / "old.sqlite3"
+    app = _shop(f"sqlite:///{database}")
+    assert run_gateway(app, "init-db").exit_code == 0
+    with sqlite3.connect(database) as connection:
+        connection.execute("ALTER TABLE gateway_outbox DROP COLUMN last_error")
+    result = run_gateway(app, "outbox")
+    assert result.exit_code == EXIT_CONFIGURATION
+    assert "(gateway_outbox.last_error): run `flask gateway init-db` or your migrations." in result.stderr

@@ -33,6 +33,7 @@ from flask_gateway.secrets import SecretBox
 from flask_gateway.state import get_state
 from flask_gateway.testing import DEMO_ACCOUNT, GatewayEmulator, gateway_config
 from tests.conftest import Databases
+from tests.extension.cli_support import run_gateway
 from tests.extension.conftest import sample_order
 
 SHOP = "https://shop.example"
@@ -359,7 +360,7 @@ def setups(databases: Databases) -> Iterator[Callable[..., Setup]]:
 
 
 def doctor(shop: Flask, *args: str) -> Any:
-    return shop.test_cli_runner().invoke(args=["gateway", "doctor", "--timeout", "2", *args])
+    return run_gateway(shop, "doctor", "--timeout", "2", *args)  # stdout: the findings only
 
 
 def findings(output: str) -> dict[str, list[tuple[str, str]]]:
@@ -392,7 +393,7 @@ def test_doctor_finds_each_broken_setup(setups: Callable[..., Setup], row: Broke
     result = doctor(setup.shop)
 
     assert result.exit_code == 1, result.output
-    found = problems(result.output)
+    found = problems(result.stdout)
     assert sorted(found) == sorted(row.expected), result.output
     for check, (problem, fix) in row.expected.items():
         said, _, how = found[check].partition(" fix: ")
@@ -408,7 +409,7 @@ def test_a_healthy_setup_passes(setups: Callable[..., Setup]) -> None:
     result = doctor(setup.shop)
 
     assert result.exit_code == 0, result.output
-    found = findings(result.output)
+    found = findings(result.stdout)
     checks = ["configuration", "public-url", "csrf", "database", "installation", "settings", "callback"]
     assert list(found)[: len(checks)] == checks
     assert {mark for items in found.values() for mark, _text in items} <= {"ok", "unknown"}, result.output
@@ -437,7 +438,7 @@ def test_csrfprotect_after_the_gateway_still_lets_callbacks_through(setups: Call
     setup = setups(csrf="after")
     result = doctor(setup.shop)
     assert result.exit_code == 0, result.output
-    assert findings(result.output)["csrf"] == [
+    assert findings(result.stdout)["csrf"] == [
         (
             "ok",
             "CSRFProtect is used and exempts the gateway's callback: an unsigned POST to "
@@ -453,7 +454,7 @@ def test_no_network_skips_the_gateway_and_the_public_url(setups: Callable[..., S
     result = doctor(setup.shop, "--no-network")
 
     assert result.exit_code == 0, result.output
-    found = findings(result.output)
+    found = findings(result.stdout)
     for check in ("settings", "callback"):
         assert found[check] == [("unknown", "skipped (--no-network): run without it to check")]
 
@@ -465,7 +466,7 @@ def test_the_outbox_check_is_unknown_without_an_outbox(
     monkeypatch.delattr(models, "OutboxEvent", raising=False)
     result = doctor(setup.shop, "--no-network")
     assert result.exit_code == 0, result.output
-    assert findings(result.output)["outbox"] == [
+    assert findings(result.stdout)["outbox"] == [
         ("unknown", "this version of Flask-Gateway has no outbox: nothing to check")
     ]
 
@@ -480,7 +481,7 @@ def test_a_proxy_that_rate_limits_is_a_warning(setups: Callable[..., Setup]) -> 
     )
     result = doctor(setup.shop)
     assert result.exit_code == 0, result.output
-    ((mark, said),) = findings(result.output)["callback"]
+    ((mark, said),) = findings(result.stdout)["callback"]
     assert mark == "warn"
     assert "ProxyFix" in said
 
@@ -522,7 +523,7 @@ def test_the_quickstarts_embedded_shop_passes_with_a_warning(setups: Callable[..
     result = doctor(setup.shop)
 
     assert result.exit_code == 0, result.output
-    found = findings(result.output)
+    found = findings(result.stdout)
     ((mark, said),) = found["configuration"]
     assert mark == "warn"
     assert "SECRET_KEY is a development placeholder: fine here, never in the sandbox or production." in said

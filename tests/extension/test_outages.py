@@ -29,10 +29,11 @@ from flask_gateway import (
     database_unavailable,
     is_database_outage,
 )
-from flask_gateway.cli import EXIT_DATABASE_AWAY
+from flask_gateway.cli import EXIT_CONFIGURATION, EXIT_DATABASE_AWAY
 from flask_gateway.core.outages import RETRY_AFTER_SECONDS, OutageWatch
 from flask_gateway.state import get_state
 from tests.conftest import dispose_engines
+from tests.extension.cli_support import run_gateway
 from tests.postgres import PostgresCluster, start_cluster
 from tests.processes import free_port
 
@@ -455,17 +456,26 @@ def test_remove_session_never_raises_and_clears_the_registry(
     ids=lambda command: command[0],
 )
 def test_a_command_with_the_database_away_says_so_in_one_line(command: list[str]) -> None:
-    app = shop_on(closed_port_url())
-    result = app.test_cli_runner().invoke(args=["gateway", *command])
+    """The line saying what the command uses (which database is away), then the error: nothing else."""
+    url = closed_port_url()
+    app = shop_on(url)
+    result = run_gateway(app, *command)
     assert result.exit_code == EXIT_DATABASE_AWAY, result.output
-    assert result.output.startswith("Error: the database is unreachable (OperationalError: ")
-    assert "run the command again once it answers" in result.output
-    assert len(result.output.strip().splitlines()) == 1, result.output
+    using, error = result.stderr.strip().splitlines()
+    assert using == (
+        f"Using database {url}, gateway emulator at http://127.0.0.1:5050, installation not read (the "
+        "database does not answer)."
+    )
+    assert error.startswith("Error: the database is unreachable (OperationalError: ")
+    assert "run the command again once it answers" in error
+    assert result.stdout == ""
     assert "Traceback" not in result.output
 
 
-def test_a_command_meeting_a_missing_table_still_raises(tmp_path: Any) -> None:
+def test_a_command_meeting_a_missing_table_says_so_in_one_line(tmp_path: Any) -> None:
     app = shop_on(f"sqlite:///{tmp_path / 'empty.sqlite3'}")
-    result = app.test_cli_runner().invoke(args=["gateway", "callbacks"])
-    assert isinstance(result.exception, OperationalError)
-    assert "no such table" in str(result.exception)
+    result = run_gateway(app, "callbacks")
+    assert result.exit_code == EXIT_CONFIGURATION, result.output
+    assert result.stderr.strip().splitlines()[1].startswith("Error: the gateway's tables are missing in ")
+    assert "run `flask gateway init-db` or your migrations." in result.stderr
+    assert "Traceback" not in result.output

@@ -38,6 +38,7 @@ from flask_gateway.state import get_state
 from flask_gateway.testing import SHOP_URL, GatewayEmulator
 from flask_gateway.transitions import Observation, apply, send_pending
 from tests.conftest import Databases
+from tests.extension.cli_support import cli_runner
 from tests.extension.conftest import make_shop, sample_order
 
 #: Small numbers so a test walks every state: retries after 10 s, then 20 s; dead after the third attempt.
@@ -245,7 +246,7 @@ def test_dead_after_the_last_attempt_tells_the_shop_and_a_person_delivers_it_aga
     assert [(d["checkout"].id, d["event_id"]) for d in dead] == [(checkout.id, event.id)]
     assert "call 3" in dead[0]["error"]
 
-    runner = gateway_app.test_cli_runner()
+    runner = cli_runner(gateway_app)  # stdout apart from the line saying what the command uses
     listed = runner.invoke(args=["gateway", "outbox"])
     assert f"#{event.id}  payment_confirmed" in listed.output and "dead" in listed.output
     assert "call 3" in listed.output
@@ -254,7 +255,7 @@ def test_dead_after_the_last_attempt_tells_the_shop_and_a_person_delivers_it_aga
     assert again.exit_code == 0, again.output
     assert fulfilment.fulfilled == [event.id]
     assert events(gateway_app)[0].state == OutboxState.DELIVERED
-    assert runner.invoke(args=["gateway", "outbox"]).output.startswith("No outbox events")
+    assert runner.invoke(args=["gateway", "outbox"]).stdout.startswith("No outbox events")
     assert len(dead) == 1
 
 
