@@ -44,7 +44,7 @@ from flask import Flask
 from sqlalchemy import func, select
 from sqlalchemy.exc import SQLAlchemyError
 
-from flask_gateway import models
+from flask_gateway import heartbeats, models
 from flask_gateway.core import http
 from flask_gateway.core.http import CallAttempt
 from flask_gateway.core.outages import describe_database_error, is_database_outage
@@ -282,10 +282,8 @@ def _outbox(families: _Families, health: CallbackHealth) -> None:
 def _heartbeats(families: _Families, health: CallbackHealth) -> None:
     """When each background job last ran and succeeded, and whether it is overdue
     (``flask_gateway.heartbeats``); skipped when its table cannot be read (not migrated yet)."""
-    from flask_gateway.heartbeats import job_status
-
     try:
-        statuses = job_status(now=health.checked_at)
+        statuses = heartbeats.job_status(now=health.checked_at)
     except SQLAlchemyError as error:
         if is_database_outage(error):
             raise  # the database is away, not the table: gateway_up 0

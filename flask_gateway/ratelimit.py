@@ -14,11 +14,14 @@ Where the counters live (``GATEWAY_RATELIMIT_STORAGE_URI``):
 Flask-Limiter can use the same table: ``Limiter(storage_uri="flask-gateway-db://")`` (the example shop
 does, for its login form). The storage finds the database through the current app's Flask-Gateway.
 
-A storage that fails (the database or Redis is down) never stops a request: the limit is not applied and
-a warning is logged ("fail open"): the rate limits keep floods cheap, they are not what proves anything.
-When the storage is the database and the database is away (``core.outages.is_database_outage``), the
-line is a DEBUG one: the request meets the outage again in its own work, which answers 503 and logs it
-once per outage (``flask_gateway.outages``), not a traceback per request.
+A storage that fails (the database or Redis is down) never stops a request: the limit is not applied
+("fail open"): the rate limits keep floods cheap, they are not what proves anything. Each process logs
+**one WARNING when its storage starts failing** (the error in one line; its traceback only when the
+``flask_gateway.ratelimit`` logger is at DEBUG) and **one when it works again**, with how long it failed
+and how many requests were let through meanwhile (:class:`StorageWatch`); the failures in between are
+DEBUG lines. When the storage is the database and the database is away
+(``core.outages.is_database_outage``), every line is a DEBUG one: the request meets the outage again in
+its own work, which answers 503 and logs it once per outage (``flask_gateway.outages``).
 """
 
 from __future__ import annotations
@@ -26,9 +29,13 @@ from __future__ import annotations
 import hashlib
 import logging
 import random
+import threading
 import time
-from dataclasses import dataclass
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Final, cast
+from urllib.parse import urlsplit, urlunsplit
 
 from flask import current_app
 from limits import RateLimitItem, parse
@@ -45,7 +52,7 @@ from flask_gateway.errors import ConfigurationError
 from flask_gateway.models import RateLimitCounter
 from flask_gateway.state import get_state
 
-__all__ = ["DatabaseStorage", "RateLimit", "make_storage"]
+__all__ = ["DatabaseStorage", "RateLimit", "StorageWatch", "make_storage"]
 
 _log = logging.getLogger("flask_gateway.ratelimit")
 
@@ -164,22 +171,125 @@ class DatabaseStorage(Storage):
             connection.execute(delete(table).where(table.c.key == _key(key)))
 
 
+class StorageWatch:
+    """One rate-limit storage as this process sees it: working, or failing since when (thread-safe).
+
+    ``label`` names the storage in the log lines (a URI with its password masked); ``clock`` is a monotonic
+    clock in seconds (tests replace it).
+    """
+
+    def __init__(self, label: str, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.label = label
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._since: float | None = None
+        self._let_through = 0
+
+    @property
+    def failing(self) -> bool:
+        """True from the first failure until the next success."""
+        return self._since is not None
+
+    @property
+    def let_through(self) -> int:
+        """Requests let through unlimited during the current failing spell (0 when working)."""
+        return self._let_through
+
+    def failed(self, name: str, what: str, error: Exception, *, let_through: bool) -> None:
+        """A call of limit ``name`` failed (``what``: "not applied", "not counted"); the first failure of a
+        spell logs one WARNING, the others a DEBUG line each."""
+        with self._lock:
+            self._let_through += int(let_through)
+            first = self._since is None
+            if first:
+                self._since = self._clock()
+        reason = _describe(error)
+        if not first:
+            _log.debug("rate limit %s: the storage still fails; %s (%s)", name, what, reason)
+            return
+        _log.warning(
+            "rate limits: the storage (%s) fails (%s): the limits are not applied, requests are let "
+            "through, until it works again (one line will say when)",
+            self.label,
+            reason,
+            exc_info=_log.isEnabledFor(logging.DEBUG),
+        )
+
+    def succeeded(self) -> None:
+        """The storage answered; the first success after a failing spell logs one WARNING."""
+        if self._since is None:  # the common case: no lock taken
+            return
+        with self._lock:
+            if self._since is None:
+                return
+            seconds, let_through = self._clock() - self._since, self._let_through
+            self._since, self._let_through = None, 0
+        _log.warning(
+            "rate limits: the storage (%s) works again after %.1f s; %d request(s) were let through "
+            "without their limit meanwhile",
+            self.label,
+            seconds,
+            let_through,
+        )
+
+
+#: The watch of each storage (the limits built on one storage share its failing spells).
+_WATCHES: weakref.WeakKeyDictionary[Storage, StorageWatch] = weakref.WeakKeyDictionary()
+_WATCHES_LOCK = threading.Lock()
+
+
+def watch_of(storage: Storage, label: str | None = None) -> StorageWatch:
+    """The :class:`StorageWatch` of ``storage`` (made on first use, named ``label``)."""
+    with _WATCHES_LOCK:
+        watch = _WATCHES.get(storage)
+        if watch is None:
+            watch = _WATCHES[storage] = StorageWatch(label or type(storage).__name__)
+        return watch
+
+
+def _describe(error: Exception) -> str:
+    """The error in one line, no traceback (a database error as ``core.outages`` words it)."""
+    if isinstance(error, SQLAlchemyError):
+        return describe_database_error(error)
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0][:300]}" if lines else type(error).__name__
+
+
+def _mask(uri: str) -> str:
+    """``uri`` with its password (if any) replaced by ``***``."""
+    try:
+        parts = urlsplit(uri)
+        password = parts.password
+    except ValueError:
+        return uri.split("://", 1)[0] + "://..."
+    if password is None:
+        return uri
+    netloc = parts.netloc.rsplit("@", 1)[1]
+    user = parts.username or ""
+    return urlunsplit((parts.scheme, f"{user}:***@{netloc}", parts.path, parts.query, parts.fragment))
+
+
 def make_storage(uri: str | None) -> Storage:
     """The storage named by ``GATEWAY_RATELIMIT_STORAGE_URI`` (None: the app's database)."""
     if not uri:
-        return DatabaseStorage()
+        database = DatabaseStorage()
+        watch_of(database, "the app's database")
+        return database
     try:
         storage = storage_from_string(uri)
     except Exception as error:  # limits raises ConfigurationError, or ImportError for a missing client
         raise ConfigurationError(
-            f"GATEWAY_RATELIMIT_STORAGE_URI={uri!r} cannot be used: {error}. Leave it unset to keep the "
+            f"GATEWAY_RATELIMIT_STORAGE_URI={_mask(uri)!r} cannot be used: "
+            f"{str(error).replace(uri, _mask(uri))}. Leave it unset to keep the "
             "counters in the app's database, or give a limits storage URI such as redis://host:6379 "
             "(with the redis package installed)."
         ) from None
     if not isinstance(storage, Storage):
         raise ConfigurationError(
-            f"GATEWAY_RATELIMIT_STORAGE_URI={uri!r} is an async storage: use a sync one (no async+ prefix)."
+            f"GATEWAY_RATELIMIT_STORAGE_URI={_mask(uri)!r} is an async storage: use a sync one (no async+ "
+            "prefix)."
         )
+    watch_of(storage, _mask(uri))
     return storage
 
 
@@ -190,6 +300,8 @@ class RateLimit:
     name: str
     item: RateLimitItem
     limiter: FixedWindowRateLimiter
+    #: The storage's failing spells, shared with the other limits on the same storage.
+    watch: StorageWatch = field(default_factory=lambda: StorageWatch("the rate-limit storage"))
 
     @classmethod
     def build(cls, name: str, spec: str, storage: Storage) -> RateLimit:
@@ -200,18 +312,20 @@ class RateLimit:
             raise ConfigurationError(
                 f"The {name} rate limit {spec!r} is not a limit such as '30 per minute' or '100/hour'."
             ) from None
-        return cls(name=name, item=item, limiter=FixedWindowRateLimiter(storage))
+        return cls(name=name, item=item, limiter=FixedWindowRateLimiter(storage), watch=watch_of(storage))
 
     def retry_after(self, client: str) -> int | None:
         """Seconds until ``client`` may try again when it used up the limit, else None (also when the
         storage fails: a limit never stops a request because its own storage is down)."""
         try:
             if self.limiter.test(self.item, self.name, client):
+                self.watch.succeeded()
                 return None
             reset_at = self.limiter.get_window_stats(self.item, self.name, client).reset_time
         except Exception as error:
-            _storage_failed(self.name, "not applied", error)
+            self._failed("not applied", error, let_through=True)
             return None
+        self.watch.succeeded()
         return max(int(reset_at - time.time()) + 1, 1)
 
     def hit(self, client: str) -> None:
@@ -219,11 +333,17 @@ class RateLimit:
         try:
             self.limiter.hit(self.item, self.name, client)
         except Exception as error:
-            _storage_failed(self.name, "not counted", error)
+            self._failed("not counted", error, let_through=False)
+        else:
+            self.watch.succeeded()
 
-
-def _storage_failed(name: str, what: str, error: Exception) -> None:
-    if is_database_outage(error):
-        _log.debug("rate limit %s: the database is away; %s (%s)", name, what, describe_database_error(error))
-    else:
-        _log.warning("rate limit %s: the storage failed; %s", name, what, exc_info=True)
+    def _failed(self, what: str, error: Exception, *, let_through: bool) -> None:
+        if is_database_outage(error):  # the request's own work logs the outage (flask_gateway.outages)
+            _log.debug(
+                "rate limit %s: the database is away; %s (%s)",
+                self.name,
+                what,
+                describe_database_error(error),
+            )
+            return
+        self.watch.failed(self.name, what, error, let_through=let_through)
