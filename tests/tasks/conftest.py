@@ -24,7 +24,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -118,6 +118,34 @@ def _signal_group(pgid: int, sig: signal.Signals) -> None:
         os.killpg(pgid, sig)
 
 
+def spawn_celery(root: Path, name: str, app: str, env: Mapping[str, str], *arguments: str) -> Worker:
+    """``celery -A app <arguments>`` with ``env`` over ``os.environ``, the leader of its own process group,
+    its output in ``root/<name>.log`` (scanned for secrets)."""
+    log_path = root / f"{name}.log"
+    command = [sys.executable, "-m", "celery", "-A", app, *arguments]
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            command,
+            env={**os.environ, **env},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            start_new_session=True,  # its own process group: killed whole, never signalled by a Ctrl-C
+        )
+    secret_watch.watch_file(log_path)
+    return Worker(name=name, process=process, log_path=log_path)
+
+
+def wait_ready(worker: Worker, text: str) -> None:
+    """Wait until ``text`` is in the process's log (bounded); stop it and raise if it never comes."""
+    deadline = time.monotonic() + START_TIMEOUT
+    while text not in worker.log():
+        if not worker.alive() or time.monotonic() > deadline:
+            worker.stop()
+            raise RuntimeError(f"{worker.name} did not start (no {text!r}):\n{worker.log()[-3000:]}")
+        time.sleep(0.1)
+
+
 @dataclass
 class TaskStack:
     root: Path
@@ -140,29 +168,9 @@ class TaskStack:
     # --- processes ------------------------------------------------------------------------------------
 
     def _spawn(self, name: str, *arguments: str) -> Worker:
-        log_path = self.root / f"{name}.log"
-        command = [sys.executable, "-m", "celery", "-A", "tests.tasks.worker_app:celery", *arguments]
-        with log_path.open("wb") as log:
-            process = subprocess.Popen(
-                command,
-                env={**os.environ, **self.env},
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=ROOT,
-                start_new_session=True,  # its own process group: killed whole, never signalled by a Ctrl-C
-            )
-        secret_watch.watch_file(log_path)
-        return Worker(name=name, process=process, log_path=log_path)
+        return spawn_celery(self.root, name, "tests.tasks.worker_app:celery", self.env, *arguments)
 
-    @staticmethod
-    def _ready(worker: Worker, text: str) -> None:
-        """Wait until ``text`` is in the process's log (bounded); stop it and raise if it never comes."""
-        deadline = time.monotonic() + START_TIMEOUT
-        while text not in worker.log():
-            if not worker.alive() or time.monotonic() > deadline:
-                worker.stop()
-                raise RuntimeError(f"{worker.name} did not start (no {text!r}):\n{worker.log()[-3000:]}")
-            time.sleep(0.1)
+    _ready = staticmethod(wait_ready)
 
     def _spawn_worker(self) -> Worker:
         self.started += 1
