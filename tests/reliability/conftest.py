@@ -31,7 +31,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -107,13 +107,14 @@ def start_gunicorn(
     threads: int,
     ready_path: str = "/",
     preload: bool = False,
+    options: Sequence[str] = (),
 ) -> Server:
     """``gunicorn app_spec`` on ``port``, access and error log in ``log_dir/name.log``; waits until it answers
     HTTP on ``ready_path`` (any answer: a 503 while the database is away is one). ``threads`` 1: gunicorn's
     sync workers (one request at a time per process), else gthread. ``preload``: the master imports the app
     once and forks workers from it (a replaced worker starts in milliseconds instead of importing the app
     again); only for an app whose import and ``create_app`` open no connection (forked workers would share
-    it)."""
+    it). ``options``: more of gunicorn's command-line options, before the app (``-c`` a config file)."""
     log_path = log_dir / f"{name}.log"
     worker_class = ["--worker-class", "sync"] if threads == 1 else ["--threads", str(threads)]
     command = [
@@ -121,7 +122,7 @@ def start_gunicorn(
         "--bind", f"127.0.0.1:{port}", "--timeout", "120", "--graceful-timeout", str(GRACEFUL_TIMEOUT),
         "--keep-alive", "30", "--access-logfile", "-", "--access-logformat", ACCESS_FORMAT,
         "--error-logfile", "-", "--log-level", "info", "--pythonpath", str(ROOT),
-        *(["--preload"] if preload else []), app_spec,
+        *(["--preload"] if preload else []), *options, app_spec,
     ]  # fmt: skip
     with log_path.open("wb") as log:
         process = subprocess.Popen(
