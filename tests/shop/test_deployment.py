@@ -491,3 +491,84 @@ def test_gunicorn_serves_the_shop_with_the_config_file(tmp_path: Path, log_forma
         assert not (metrics / "counter_99999.db").exists()
     else:
         assert metrics.is_dir()  # made by on_starting, before any worker loads the app
+
+
+# --- docs/example-shop.md, "Deploying it" -------------------------------------------------------------------
+
+DOC = ROOT / "docs" / "example-shop.md"
+
+
+def _environment_file() -> str:
+    text = DOC.read_text()
+    match = re.search(r"```sh\n# /etc/shop/environment\n(.*?)```", text, re.S)
+    assert match, "docs/example-shop.md shows no /etc/shop/environment"
+    return match.group(1)
+
+
+def test_the_documented_environment_file_starts_the_shop_in_production(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The file as the doc shows it, read as ``flask --env-file`` reads it (python-dotenv), its ``<...>``
+    placeholders filled in: the shop builds, in production, with every deployment setting applied."""
+    import io
+
+    from cryptography.fernet import Fernet
+    from dotenv import dotenv_values
+
+    values = dotenv_values(stream=io.StringIO(_environment_file()), interpolate=False)
+    filled = {
+        "SHOP_SECRET_KEY": "k" * 64,
+        "SHOP_ADMIN_PASSWORD_HASH": OWNER_HASH,
+        "SHOP_METRICS_TOKEN": TOKEN,
+        "GATEWAY_ENCRYPTION_KEY": Fernet.generate_key().decode(),
+    }
+    assert values["SHOP_ADMIN_PASSWORD_HASH"] == "<scrypt:32768:8:1$...$...>"  # quoted: "$" kept as it is
+    for name, value in values.items():
+        assert value is not None, name
+        if value.startswith("<"):
+            value = filled.get(name, "placeholder")
+        monkeypatch.setenv(name, re.sub(r"<[^>]+>", "placeholder", value))
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+    app = create_app()
+    assert app.config["SHOP_ENV"] == "production"
+    assert app.config["SQLALCHEMY_DATABASE_URI"].startswith("postgresql+psycopg://shop:")
+    assert app.config["SQLALCHEMY_ENGINE_OPTIONS"] == {
+        "pool_pre_ping": True,
+        "pool_size": 5,
+        "max_overflow": 5,
+    }
+    assert app.config["CELERY"] == {"broker_url": "redis://redis.internal:6379/0"}
+    assert app.config["SHOP_TRUSTED_PROXIES"] == 1 and app.config["SESSION_COOKIE_SECURE"] is True
+    assert "shop_metrics" in app.view_functions
+    # Every name in the file is one the shop, gunicorn.conf.py or the extension reads.
+    sources = (
+        "".join(path.read_text() for path in (ROOT / "example_shop").glob("*.py"))
+        + (ROOT / "flask_gateway" / "config.py").read_text()
+    )
+    assert [name for name in values if f'"{name}"' not in sources] == []
+
+
+def test_the_deployment_section_runs_the_tested_commands() -> None:
+    text = DOC.read_text()
+    section = text[text.index("## Deploying it") : text.index("## URL map")]
+    for command in (
+        "gunicorn -c example_shop/gunicorn.conf.py example_shop.wsgi:app",  # test_gunicorn_serves_the_shop...
+        "celery -A example_shop.celery_app:celery worker",
+        "celery -A example_shop.celery_app:celery beat",
+    ):
+        assert command in section
+    # Every deployment setting is in the configuration table or gunicorn's.
+    for name in (
+        "SHOP_DATABASE_URL",
+        "SHOP_DB_POOL_SIZE",
+        "SHOP_DB_MAX_OVERFLOW",
+        "SHOP_CELERY_BROKER_URL",
+        "SHOP_METRICS_TOKEN",
+        "SHOP_TRUSTED_PROXIES",
+        "SHOP_LOG_FORMAT",
+        "SHOP_BIND",
+        "SHOP_WORKERS",
+        "SHOP_THREADS",
+        "PROMETHEUS_MULTIPROC_DIR",
+    ):
+        assert re.search(rf"^\| (`SHOP_\w+`, )?`{name}`", text, re.M), name
