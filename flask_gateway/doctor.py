@@ -16,11 +16,17 @@ page). :func:`run_checks` runs them all, one after the other, and never stops at
 ``installation``    installed for this environment; the stored API key and signing key decrypt
 ``settings``        (network) the gateway's settings are the shop's (``drift.check_settings``)
 ``callback``        (network) the callback answers at its public URL with the extension's own refusal of an
-                    unsigned request (401 ``{"message": ...}``), not a proxy's 404, 502 or login page
+                    unsigned request (401 ``{"message": ...}``), not a proxy's 404, 502 or login page; the
+                    probe is marked (``X-Gateway-Doctor-Probe``, an HMAC with a key derived from
+                    ``SECRET_KEY``) so the shop records it as ``doctor-probe``, not as a refused callback
 ``reconcile``       no checkout due for reconciliation has waited more than an hour: something runs
                     ``flask gateway reconcile``
 ``outbox``          no outbox event overdue by more than 15 minutes (something runs ``flask gateway
                     deliver``) and none dead; ``unknown`` in a version without the outbox
+``background-work`` each job's heartbeat (:mod:`flask_gateway.heartbeats`): how long ago ``deliver`` and
+                    ``reconcile`` last ran, what they said, and whether that is past
+                    ``GATEWAY_DELIVER_STALE_SECONDS`` / ``GATEWAY_RECONCILE_STALE_SECONDS``
+``broker``          the Celery broker (``CELERY["broker_url"]``) answers within 5 seconds (password masked)
 ``readiness``       ``GET /gateway/readyz`` would answer 200 (database, schema, installation:
                     :mod:`flask_gateway.readiness`), else a load balancer keeps the shop out; names the
                     liveness and readiness probe URLs either way
@@ -30,8 +36,9 @@ page). :func:`run_checks` runs them all, one after the other, and never stops at
 
 Side effects, all harmless: the ``csrf`` check runs the app's ``before_request`` hooks for a test request
 (the callback's view is not called). ``settings`` sends the same settings update that changes nothing as
-``flask gateway check-settings`` and records its result. ``callback`` leaves one refused row in the callback
-log (``rejected-signature``, User-Agent ``flask-gateway-doctor``) and sends ``callback_rejected`` once.
+``flask gateway check-settings`` and records its result. ``callback`` leaves one row in the callback log,
+``doctor-probe`` (User-Agent ``flask-gateway-doctor``): no refused callback, no ``callback_rejected``. A shop
+whose ``SECRET_KEY`` differs from the doctor's (another environment) records it as ``rejected-signature``.
 """
 
 from __future__ import annotations
@@ -66,6 +73,8 @@ from flask_gateway.errors import (
     NotInstalledError,
     SecretUnreadable,
 )
+from flask_gateway.heartbeats import JobStatus, broker_unreachable, job_status, mask_url
+from flask_gateway.inbound import PROBE_HEADER, doctor_probe_mark
 from flask_gateway.models import GatewayBase, GatewayCheckout, Installation
 from flask_gateway.readiness import missing_schema, readiness
 from flask_gateway.reconciliation import CLAIM_LEASE_SECONDS, _due
@@ -774,11 +783,16 @@ def check_callback_reachable(options: Options) -> list[Finding]:
     url = callback_url()
     local_dev = config.environment in ("emulator", "embedded") and local_host_kind(url) is not None
     http = options.http or requests.Session()
+    body = b"{}"
+    headers = {"Content-Type": "application/json", "User-Agent": USER_AGENT}
+    mark = doctor_probe_mark(body)  # the shop records it as the doctor's probe, not a refused callback
+    if mark is not None:
+        headers[PROBE_HEADER] = mark
     try:
         answer = http.post(
             url,
-            data=b"{}",
-            headers={"Content-Type": "application/json", "User-Agent": USER_AGENT},
+            data=body,
+            headers=headers,
             timeout=options.timeout,
             allow_redirects=False,
         )
@@ -1007,6 +1021,86 @@ def check_outbox_schedule(_options: Options) -> list[Finding]:
     ]
 
 
+# --- the background work's heartbeats ------------------------------------------------------------------
+
+_DOCS_BACKGROUND: Final = "docs/operations.md#is-the-background-work-running"
+#: How to get each job running again.
+_JOB_FIX: Final = {
+    "deliver": "schedule flask gateway deliver every minute (cron, with the same environment as the web "
+    "workers) or run flask gateway deliver --every 5 as a service; with Celery, start the worker and beat "
+    "(the task flask_gateway.deliver_outbox) and check their broker",
+    "reconcile": "schedule flask gateway reconcile every 5 minutes (cron, with the same environment as the "
+    "web workers); with Celery, start the worker and beat (the task flask_gateway.reconcile) and check "
+    "their broker",
+}
+#: The longest wait for the broker (whatever ``--timeout`` says).
+BROKER_TIMEOUT: Final = 5.0
+
+
+def check_background_work(_options: Options) -> list[Finding]:
+    """Each job's heartbeat (:mod:`flask_gateway.heartbeats`): how long ago it ran, what it said, whether
+    that is past its bound."""
+    name = "background-work"
+    try:
+        statuses = job_status()
+    except SQLAlchemyError as error:
+        return [
+            Finding(
+                name,
+                "unknown",
+                f"the heartbeats cannot be read ({type(error).__name__}): see the database finding",
+                f"run the migrations or flask gateway init-db ({_DOCS_BACKGROUND})",
+            )
+        ]
+    return [_background_finding(name, status) for status in statuses]
+
+
+def _background_finding(name: str, status: JobStatus) -> Finding:
+    schedule = f"{_JOB_FIX[status.job]} ({_DOCS_BACKGROUND})"
+    read_it = f"read the summary and the log of the run, and fix its cause ({_DOCS_BACKGROUND})"
+    runs_but_fails = status.age is not None and status.age <= status.bound and status.last_outcome != "ok"
+    if status.overdue:
+        return Finding(
+            name,
+            "problem",
+            f"{status.describe()}: "
+            + (
+                "it runs but has not succeeded lately"
+                if runs_but_fails
+                else "nothing runs it (or its runs cannot record themselves)"
+            ),
+            read_it if runs_but_fails else schedule,
+        )
+    if status.last_finished_at is None:  # not overdue yet: too soon to tell whether anything runs it
+        why = "the gateway is not installed" if status.installed_at is None else "too soon to tell"
+        return Finding(name, "unknown", f"{status.describe()} ({why})", schedule)
+    if status.last_outcome != "ok":
+        return Finding(name, "warn", status.describe(), read_it)
+    return Finding(name, "ok", status.describe())
+
+
+def check_broker(options: Options) -> list[Finding]:
+    """The Celery broker (``app.config["CELERY"]["broker_url"]``) answers; nothing to check without one."""
+    name = "broker"
+    url = (current_app.config.get("CELERY") or {}).get("broker_url")
+    if not url:
+        return [Finding(name, "ok", "no Celery broker configured (CELERY broker_url): nothing to check")]
+    shown = mask_url(str(url))
+    why = broker_unreachable(str(url), timeout=min(options.timeout, BROKER_TIMEOUT))
+    if why is None:
+        return [Finding(name, "ok", f"the Celery broker at {shown} answers")]
+    return [
+        Finding(
+            name,
+            "problem",
+            f"the Celery broker at {shown} does not answer ({why}): beat sends no task and the worker "
+            "runs none, so nothing delivers the outbox or reconciles",
+            f"start the broker (e.g. systemctl start redis-server) or fix CELERY broker_url; the worker and "
+            f"beat reconnect by themselves once it answers ({_DOCS_BACKGROUND})",
+        )
+    ]
+
+
 # --- the health probes -----------------------------------------------------------------------------------
 
 
@@ -1121,6 +1215,8 @@ CHECKS: Final[tuple[Check, ...]] = (
     Check("callback", check_callback_reachable, network=True, reads=False),
     Check("reconcile", check_reconcile_schedule),
     Check("outbox", check_outbox_schedule),
+    Check("background-work", check_background_work),
+    Check("broker", check_broker, reads=False),
     Check("readiness", check_readiness),
     Check("package", check_package, reads=False),
 )

@@ -93,16 +93,17 @@ class Run:
 
 
 class _Failing:
-    """The jobs whose heartbeat could not be written in this process (one WARNING per failing spell)."""
+    """The jobs whose heartbeat could not be written in this process, per database (one WARNING per
+    failing spell)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._jobs: set[str] = set()
+        self._jobs: set[tuple[str, str]] = set()
 
-    def failed(self, job: str, error: BaseException, *, quiet: bool) -> None:
+    def failed(self, where: str, job: str, error: BaseException, *, quiet: bool) -> None:
         with self._lock:
-            first = job not in self._jobs
-            self._jobs.add(job)
+            first = (where, job) not in self._jobs
+            self._jobs.add((where, job))
         if first and not quiet:
             _log.warning(
                 "the heartbeat of %s could not be recorded (%s): the job went on; doctor, the status page "
@@ -114,12 +115,12 @@ class _Failing:
         else:
             _log.debug("the heartbeat of %s could not be recorded: %s", job, describe_database_error(error))
 
-    def succeeded(self, job: str) -> None:
-        if job not in self._jobs:  # the usual case: no lock taken
+    def succeeded(self, where: str, job: str) -> None:
+        if (where, job) not in self._jobs:  # the usual case: no lock taken
             return
         with self._lock:
-            was = job in self._jobs
-            self._jobs.discard(job)
+            was = (where, job) in self._jobs
+            self._jobs.discard((where, job))
         if was:
             _log.warning("the heartbeat of %s is recorded again", job)
 
@@ -190,16 +191,18 @@ def _write(
     job: str, values: dict[str, Any], *, finished: bool = False, failed: bool = False, quiet: bool
 ) -> None:
     """Upsert ``job``'s row in a short transaction of its own; never raises (one WARNING per spell)."""
+    where = ""
     try:
         state = get_state()
+        where = state.engine.url.render_as_string(hide_password=True)
         try:
             _in_own_transaction(state, lambda connection: _upsert(connection, job, values, finished, failed))
         except IntegrityError:  # another process wrote the first row meanwhile: it is there now
             _in_own_transaction(state, lambda connection: _upsert(connection, job, values, finished, failed))
     except Exception as error:
-        _FAILING.failed(job, error, quiet=quiet)
+        _FAILING.failed(where, job, error, quiet=quiet)
     else:
-        _FAILING.succeeded(job)
+        _FAILING.succeeded(where, job)
 
 
 def _in_own_transaction(state: GatewayState, write: Callable[[Connection], None]) -> None:

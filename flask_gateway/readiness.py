@@ -6,6 +6,12 @@ Three named checks, in this order (a later one is not run when an earlier one fa
 - ``schema``: every ``gateway_*`` table and column exists (``flask gateway init-db`` or the migrations ran);
 - ``installation``: the gateway is installed for the configured ``GATEWAY_ENVIRONMENT``.
 
+When all three pass, the answer also says how the background work goes (``background``: per job of
+:mod:`flask_gateway.heartbeats`, the seconds since its last finished run and whether it is overdue), for a
+dashboard or a human; it never makes the probe fail: a web process serves shoppers while the workers are
+down (the doctor, the metric ``flask_gateway_job_overdue`` and its alert say so). It costs one more small
+query (the ``gateway_job_runs`` rows, two of them); a probe that cannot read them leaves it out.
+
 A success of ``schema`` and ``installation`` is kept for the life of the process (per app): neither
 undoes itself while the shop runs, so a ready process answers a probe with one ``SELECT 1``. A failure is
 checked again on every probe, so the process turns ready as soon as it is fixed.
@@ -31,6 +37,7 @@ from sqlalchemy.engine import Engine
 
 from flask_gateway.core.outages import describe_database_error, is_database_outage, ping
 from flask_gateway.core.sql import sqlite_read_transactions
+from flask_gateway.heartbeats import JobStatus, job_status
 from flask_gateway.models import GatewayBase
 from flask_gateway.state import GatewayState, leaves_no_transaction
 
@@ -64,6 +71,8 @@ class ProbeCheck:
 @dataclass(frozen=True)
 class Readiness:
     checks: tuple[ProbeCheck, ...]
+    #: The background work's heartbeats (informational), when the checks passed and they could be read.
+    background: tuple[JobStatus, ...] = ()
 
     @property
     def ready(self) -> bool:
@@ -88,6 +97,8 @@ class Readiness:
         if not self.ready:
             answer["failing"] = [check.name for check in self.failing]
             answer["message"] = f"Not ready: {self.summary().removeprefix('not ready: ')}."
+        if self.background:
+            answer["background"] = {status.job: status.to_json() for status in self.background}
         return answer
 
 
@@ -106,10 +117,12 @@ def missing_schema(engine: Engine) -> list[str]:
     return missing
 
 
-def readiness(app: Flask, state: GatewayState, *, record: bool = True, cache: bool = True) -> Readiness:
+def readiness(
+    app: Flask, state: GatewayState, *, record: bool = True, cache: bool = True, background: bool = True
+) -> Readiness:
     """Run the readiness checks for ``app`` (in its app context). ``record``: a database outage counts in
     the app's outage watch (one WARNING per outage) and a success ends one; ``cache``: keep and use the
-    successes of this process (the doctor asks afresh)."""
+    successes of this process (the doctor asks afresh); ``background``: add the heartbeats when ready."""
     passed = _PASSED.setdefault(app, set()) if cache else set()
     with sqlite_read_transactions():  # nothing here writes: no SQLite write lock
         database = _run("database", lambda: _database(state, record=record))
@@ -121,7 +134,19 @@ def readiness(app: Flask, state: GatewayState, *, record: bool = True, cache: bo
             installation = ProbeCheck("installation", None, "not checked: the schema is not current")
         else:
             installation = _cached(passed, "installation", lambda: _installation(state))
-    return Readiness((database, schema, installation))
+        checks = (database, schema, installation)
+        if background and all(check.ok for check in checks):
+            return Readiness(checks, _background())
+    return Readiness(checks)
+
+
+def _background() -> tuple[JobStatus, ...]:
+    """The heartbeats, or none when they cannot be read (informational: never a failed probe)."""
+    try:
+        return tuple(job_status())
+    except Exception as error:
+        _log.debug("readiness: the heartbeats could not be read: %s", describe_database_error(error))
+        return ()
 
 
 def _cached(passed: set[str], name: str, check: Callable[[], ProbeCheck]) -> ProbeCheck:

@@ -19,6 +19,7 @@ from flask.typing import ResponseReturnValue
 from flask_wtf.csrf import CSRFError, validate_csrf
 from pydantic import ValidationError as ModelValidationError
 from sqlalchemy import false, func, or_, select
+from sqlalchemy.exc import SQLAlchemyError
 from werkzeug.wrappers import Response
 from wtforms import ValidationError as FormValidationError
 
@@ -31,6 +32,7 @@ from flask_gateway.core.errors import (
     GatewayError,
     GatewayServerError,
 )
+from flask_gateway.core.outages import describe_database_error, is_database_outage
 from flask_gateway.core.wire import CHANGEABLE_STATUSES, REFUNDABLE_STATUSES, CheckoutStatus
 from flask_gateway.drift import check_settings, last_report
 from flask_gateway.errors import CallbackRejected, NotInstalledError, SecretUnreadable
@@ -44,6 +46,7 @@ from flask_gateway.forms import (
     format_money,
 )
 from flask_gateway.health import check_callback_health, describe_age
+from flask_gateway.heartbeats import JobStatus, job_status
 from flask_gateway.inbound import replay_callback
 from flask_gateway.installation import InstallSettings, adopt_signing_key, install, update_settings
 from flask_gateway.labels import (
@@ -197,8 +200,21 @@ def index() -> ResponseReturnValue:
         drift=last_report(installation) if installation else None,
         health=health,
         describe_age=describe_age,
+        background=_background_work(),
         action_form=ActionForm(),
     )
+
+
+def _background_work() -> list[JobStatus] | None:
+    """The heartbeats of deliver and reconcile; None when they cannot be read (the table missing: the
+    page says so). A database outage propagates (the outage page)."""
+    try:
+        return job_status()
+    except SQLAlchemyError as error:
+        if is_database_outage(error):
+            raise
+        _log.warning("the heartbeats could not be read: %s", describe_database_error(error))
+        return None
 
 
 @bp.post("/check-settings")
