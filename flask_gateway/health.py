@@ -18,13 +18,20 @@ What each figure is (over a window, the last 24 hours unless told):
   success URL).
 - **Refused callbacks**: callbacks received in the window that were answered with an error or never
   answered (HTTP status 400 or more, or none yet): the callback log's "refused or unanswered" filter.
-- **Paid, awaiting the callback**: v2 checkouts in ``PAID_PENDING_CALLBACK``. The gateway said "paid" (to
-  the shopper's return page, a status check or reconciliation) and no payment callback has been
-  acknowledged yet: a verified payment callback records ``PAID``, as the gateway says ``PAID`` once the
-  shop answered its callback with 200. The payment is confirmed (``payment_confirmed`` was sent, the order
-  fulfilled); what is missing is the gateway's callback. The oldest one's age counts from its ``paid_at``.
-  A callback lost for good leaves the checkout there (the gateway only says ``PAID`` after a callback
-  answered 200), so an age that keeps growing means callbacks are not arriving.
+  ``flask gateway doctor``'s own probe (``doctor-probe``, answered 401) is not one (:data:`REFUSED`).
+- **Paid, awaiting the callback**: v2 checkouts in ``PAID_PENDING_CALLBACK`` whose callback may still
+  come. The gateway said "paid" (to the shopper's return page, a status check or reconciliation) and no
+  payment callback has been acknowledged yet: a verified payment callback records ``PAID``, as the
+  gateway says ``PAID`` once the shop answered its callback with 200. The payment is confirmed
+  (``payment_confirmed`` was sent, the order fulfilled); what is missing is the gateway's callback. The
+  oldest one's age counts from its ``paid_at``.
+- **Callback never came**: a callback lost for good leaves the checkout in ``PAID_PENDING_CALLBACK`` for
+  ever, at the gateway too (it says ``PAID`` only after a callback answered 200). Once the gateway,
+  asked at least :data:`CALLBACK_ATTEMPTS_WINDOW` after the payment (by reconciliation, a status check,
+  the shopper's return), still says ``PAID_PENDING_CALLBACK``, its attempts are over and the payment is
+  confirmed with it: the checkout stops awaiting the callback and counts here instead (those paid in the
+  window). The rule reads the checkout's timeline (``gateway_checkout_events``: every answer of the
+  gateway is a line of it, a "no change" one too).
 - **Silent**: no verified callback for ``GATEWAY_CALLBACK_SILENCE_MINUTES`` while at least
   ``GATEWAY_CALLBACK_SILENCE_PAYMENTS`` v2 payments were confirmed another way in those minutes: the
   gateway takes payments, but its callbacks do not arrive (a wrong callback URL, a stale signing key, a
@@ -45,24 +52,30 @@ import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Final
+from typing import Any, Final
 
 from flask import Flask
 from limits.storage import Storage
-from sqlalchemy import case, func, or_, select
+from sqlalchemy import ColumnElement, and_, case, exists, func, literal, or_, select
+from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.orm import Session
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.functions import FunctionElement
 
 from flask_gateway import signals
-from flask_gateway.core.sql import sqlite_read_transactions
+from flask_gateway.core.sql import UTCDateTime, sqlite_read_transactions
 from flask_gateway.core.timestamps import utcnow
 from flask_gateway.core.wire import PAYMENT_STATUSES, CheckoutStatus
-from flask_gateway.models import CallbackLog, CheckoutEvent, GatewayCheckout
+from flask_gateway.models import CallbackLog, CallbackOutcome, CheckoutEvent, GatewayCheckout
 from flask_gateway.ratelimit import make_storage
 from flask_gateway.state import get_state, leaves_no_transaction
 
 __all__ = [
+    "CALLBACK_ATTEMPTS_WINDOW",
     "CONFIRMATION_PATHS",
     "DAY",
+    "GATEWAY_ANSWER_SOURCES",
+    "REFUSED",
     "SPELL_MEMORY_SECONDS",
     "CallbackHealth",
     "PathShare",
@@ -79,6 +92,18 @@ log = logging.getLogger("flask_gateway.health")
 DAY: Final = timedelta(days=1)
 #: The sources that can confirm a payment (``CheckoutEvent.source``), in the order they are listed.
 CONFIRMATION_PATHS: Final = ("callback", "return", "poll", "reconcile", "admin", "v1")
+#: How long after a payment the gateway's callback attempts (three, then its dead-letter queue) are surely
+#: over: the specification gives no timing, so an hour (docs/decisions.md). A checkout the gateway still
+#: calls ``PAID_PENDING_CALLBACK`` when asked after that will get no callback.
+CALLBACK_ATTEMPTS_WINDOW: Final = timedelta(hours=1)
+#: The sources of a timeline event that is the gateway's own getstatus answer.
+GATEWAY_ANSWER_SOURCES: Final = ("poll", "reconcile", "admin", "return")
+#: The callback log's "refused or unanswered" rows: answered 400 or more, or never answered; the
+#: doctor's probe (answered 401 as any unsigned request) is not a refusal.
+REFUSED: Final = and_(
+    or_(CallbackLog.http_status >= 400, CallbackLog.http_status == 0),
+    CallbackLog.outcome != CallbackOutcome.DOCTOR_PROBE.value,
+)
 #: How long the warning of a silent spell is remembered (a spell longer than this is announced again).
 SPELL_MEMORY_SECONDS: Final = 30 * 24 * 3600
 _SPELL_KEY: Final = "flask-gateway/callbacks-silent/"
@@ -127,10 +152,13 @@ class CallbackHealth:
     refused: int = 0
     #: Payments confirmed in the window, by the path that confirmed them (``CONFIRMATION_PATHS``).
     confirmations: Mapping[str, int] = field(default_factory=dict)
-    #: v2 checkouts in ``PAID_PENDING_CALLBACK``: paid, the gateway's callback not acknowledged yet.
+    #: v2 checkouts in ``PAID_PENDING_CALLBACK`` whose callback may still come (module docstring).
     awaiting_callback: int = 0
     #: The oldest of them: its ``paid_at``.
     oldest_awaiting_paid_at: datetime | None = None
+    #: Paid in the window, the gateway's callback attempts over, the payment confirmed with the gateway
+    #: (``PAID_PENDING_CALLBACK`` when asked after :data:`CALLBACK_ATTEMPTS_WINDOW`): no callback came.
+    callback_never_came: int = 0
     #: Set when the callbacks went silent while payments continued.
     silence: Silence | None = None
 
@@ -180,6 +208,11 @@ class CallbackHealth:
         )
         if self.oldest_awaiting_age is not None:
             line += f", the oldest paid {describe_age(self.oldest_awaiting_age)} ago"
+        if self.callback_never_came:
+            line += (
+                f"; {self.callback_never_came} paid in the last {window} got no callback "
+                "(the gateway's attempts are over; confirmed with the gateway)"
+            )
         line += "."
         if self.silence is not None:
             line = f"{silence_text(self.silence)}\n{line}"
@@ -231,22 +264,22 @@ def callback_health(*, window: timedelta = DAY, now: datetime | None = None) -> 
             .order_by(CallbackLog.id.desc())
             .limit(1)
         ).first()
-        refused = or_(CallbackLog.http_status >= 400, CallbackLog.http_status == 0)
         callbacks: dict[str, int] = {}
         refused_count = 0
         for outcome, count, refusals in session.execute(
-            select(CallbackLog.outcome, func.count(), func.sum(case((refused, 1), else_=0)))
+            select(CallbackLog.outcome, func.count(), func.sum(case((REFUSED, 1), else_=0)))
             .where(CallbackLog.received_at >= since)
             .group_by(CallbackLog.outcome)
         ):
             callbacks[outcome] = int(count)
             refused_count += int(refusals or 0)
+        over = _callback_attempts_over()
         awaiting, oldest = session.execute(
-            select(func.count(), func.min(GatewayCheckout.paid_at)).where(
-                GatewayCheckout.status == CheckoutStatus.PAID_PENDING_CALLBACK.value,
-                GatewayCheckout.api_version == "v2",
-            )
+            select(func.count(), func.min(GatewayCheckout.paid_at)).where(_PENDING_CALLBACK, ~over)
         ).one()
+        never_came = session.scalar(
+            select(func.count()).where(_PENDING_CALLBACK, over, GatewayCheckout.paid_at >= since)
+        )
         silence = _silence(
             session,
             now,
@@ -266,7 +299,48 @@ def callback_health(*, window: timedelta = DAY, now: datetime | None = None) -> 
         confirmations=confirmations,
         awaiting_callback=int(awaiting or 0),
         oldest_awaiting_paid_at=oldest,
+        callback_never_came=int(never_came or 0),
         silence=silence,
+    )
+
+
+_PENDING_CALLBACK: Final = and_(
+    GatewayCheckout.status == CheckoutStatus.PAID_PENDING_CALLBACK.value,
+    GatewayCheckout.api_version == "v2",
+)
+
+
+class _PlusSeconds(FunctionElement[datetime]):
+    """``column + seconds`` as a time, in the database's own words (SQLite and PostgreSQL)."""
+
+    type = UTCDateTime()
+    inherit_cache = True
+    name = "plus_seconds"
+
+
+@compiles(_PlusSeconds, "sqlite")
+def _plus_seconds_sqlite(element: _PlusSeconds, compiler: SQLCompiler, **kw: Any) -> str:
+    column, seconds = list(element.clauses)
+    # Stored as 'YYYY-MM-DD HH:MM:SS.ffffff' (UTC); datetime() answers in the same form, to the second.
+    modifier = f"'+' || {compiler.process(seconds, **kw)} || ' seconds'"
+    return f"datetime({compiler.process(column, **kw)}, {modifier})"
+
+
+@compiles(_PlusSeconds)
+def _plus_seconds_default(element: _PlusSeconds, compiler: SQLCompiler, **kw: Any) -> str:
+    column, seconds = list(element.clauses)
+    return f"({compiler.process(column, **kw)} + make_interval(secs => {compiler.process(seconds, **kw)}))"
+
+
+def _callback_attempts_over() -> ColumnElement[bool]:
+    """The checkout's own timeline has a getstatus answer of ``PAID_PENDING_CALLBACK`` given at least
+    :data:`CALLBACK_ATTEMPTS_WINDOW` after its payment: the gateway's attempts were over, no callback came."""
+    return exists().where(
+        CheckoutEvent.checkout_id == GatewayCheckout.id,
+        CheckoutEvent.source.in_(GATEWAY_ANSWER_SOURCES),
+        CheckoutEvent.to_status == CheckoutStatus.PAID_PENDING_CALLBACK.value,
+        CheckoutEvent.at
+        >= _PlusSeconds(GatewayCheckout.paid_at, literal(int(CALLBACK_ATTEMPTS_WINDOW.total_seconds()))),
     )
 
 

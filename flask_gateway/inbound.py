@@ -64,9 +64,11 @@ committed: for every 4xx answer (429 excepted: nothing is stored), a mismatch an
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import logging
 import re
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal, NoReturn
@@ -127,9 +129,11 @@ from flask_gateway.urls import external_url, load_signed_reference, return_url
 __all__ = [
     "EXCERPT_CHARS",
     "MAX_CALLBACK_BYTES",
+    "PROBE_HEADER",
     "CallbackOutcome",
     "CallbackResult",
     "V1Reply",
+    "doctor_probe_mark",
     "loggable_headers",
     "process_callback",
     "process_return",
@@ -181,6 +185,56 @@ class CallbackResult:
     log: CallbackLog
     checkout: GatewayCheckout
     transition: Transition
+
+
+# --- flask gateway doctor's probe --------------------------------------------------------------------
+
+#: Marks ``flask gateway doctor``'s own unsigned probe of the callback: ``t=<unix time>,v1=<hex HMAC>``.
+PROBE_HEADER: Final = "X-Gateway-Doctor-Probe"
+#: How far from the receiving process's clock a probe's time may be (seconds, either way).
+PROBE_WINDOW_SECONDS: Final = 300
+_PROBE_KEY_LABEL: Final = b"flask-gateway/doctor-probe/v1"
+_PROBE_MARK: Final = re.compile(r"t=(\d{1,12}),v1=([0-9a-f]{64})")
+
+
+def _probe_key() -> bytes | None:
+    """A key of its own for the probe's mark, derived from the app's ``SECRET_KEY`` (None without one)."""
+    secret = current_app.config.get("SECRET_KEY")
+    if not secret:
+        return None
+    raw = secret if isinstance(secret, bytes) else str(secret).encode("utf-8")
+    return hmac.new(raw, _PROBE_KEY_LABEL, hashlib.sha256).digest()
+
+
+def _probe_signature(key: bytes, stamp: int, body: bytes) -> str:
+    return hmac.new(key, b"%d." % stamp + body, hashlib.sha256).hexdigest()
+
+
+def doctor_probe_mark(body: bytes, *, now: float | None = None) -> str | None:
+    """The :data:`PROBE_HEADER` value for ``flask gateway doctor``'s probe carrying ``body`` (None when the
+    app has no ``SECRET_KEY``): the time, and an HMAC of it and the body made with a key derived from
+    ``SECRET_KEY``. The shop answers the probe as any unsigned callback (401) and records it as
+    ``doctor-probe``: no refused callback, no ``callback_rejected``, not counted against the rate limit.
+    Only a holder of ``SECRET_KEY`` can make one, so copying the doctor's User-Agent hides nothing."""
+    key = _probe_key()
+    if key is None:
+        return None
+    stamp = int(time.time() if now is None else now)
+    return f"t={stamp},v1={_probe_signature(key, stamp, body)}"
+
+
+def _is_doctor_probe(headers: Headers, body: bytes | None) -> bool:
+    mark = headers.get(PROBE_HEADER)
+    if not mark or body is None:
+        return False
+    found = _PROBE_MARK.fullmatch(mark.strip())
+    key = _probe_key()
+    if found is None or key is None:
+        return False
+    stamp = int(found.group(1))
+    if abs(time.time() - stamp) > PROBE_WINDOW_SECONDS:
+        return False
+    return hmac.compare_digest(found.group(2), _probe_signature(key, stamp, body))
 
 
 # --- the callback log --------------------------------------------------------------------------------
@@ -238,9 +292,15 @@ def _count_against(client: str | None) -> None:
 def _refuse_unverified(
     error: type[CallbackRejected], headers: Headers, body: bytes | None, client: str | None, reason: str
 ) -> NoReturn:
-    """Keep a bounded excerpt of a request that proved nothing (401, 413), count it, signal, raise."""
+    """Keep a bounded excerpt of a request that proved nothing (401, 413), count it, signal, raise.
+
+    ``flask gateway doctor``'s probe (:func:`doctor_probe_mark`) gets the same answer, and its row says
+    ``doctor-probe``: it is not counted against the client nor signalled, and logged at INFO."""
     session = get_state().session
     session.rollback()
+    probe = error is CallbackUnauthorized and _is_doctor_probe(headers, body)
+    if probe:
+        reason = f"flask gateway doctor's probe, answered as an unsigned callback: {reason}"
     excerpt = body[: EXCERPT_CHARS * 4].decode("utf-8", errors="replace")[:EXCERPT_CHARS] if body else ""
     log = CallbackLog(
         received_at=utcnow(),
@@ -252,13 +312,16 @@ def _refuse_unverified(
         },
         body=storable_text(excerpt),
         verified=False,
-        outcome=error.outcome,
+        outcome=CallbackOutcome.DOCTOR_PROBE.value if probe else error.outcome,
         http_status=error.code or 400,
         detail=reason[:_DETAIL_CHARS],
         client_address=client,
     )
     session.add(log)
     commit_keeping_loaded(session)
+    if probe:
+        _log.info("Callback %s: %s (HTTP %s)", log.id, reason, error.code)
+        raise error(log=log)
     _log.warning("Callback %s refused (HTTP %s, %s): %s", log.id, error.code, error.outcome, reason)
     _count_against(client)
     _send_rejected(None, reason, log)

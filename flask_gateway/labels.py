@@ -167,6 +167,12 @@ CALLBACK_OUTCOME_LABELS: Final = _labels(
         "An error in the shop while processing it (see the server log); the gateway sends it again.",
         "problem",
     ),
+    (
+        CallbackOutcome.DOCTOR_PROBE.value,
+        "Checked by flask gateway doctor",
+        "The doctor's own unsigned test request, answered as any unsigned request is: not a refusal.",
+        "ok",
+    ),
 )
 
 _SOURCE_LABELS: Final[Mapping[str, str]] = {

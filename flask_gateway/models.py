@@ -192,6 +192,9 @@ class CallbackOutcome(enum.StrEnum):
     INVALID_BODY = "invalid-body"
     TOO_LARGE = "too-large"
     ERROR = "error"
+    #: ``flask gateway doctor``'s own probe (unsigned, marked with a key derived from ``SECRET_KEY``):
+    #: answered 401 as any unsigned request, never counted as a refused callback.
+    DOCTOR_PROBE = "doctor-probe"
 
 
 class CallbackLog(GatewayBase):

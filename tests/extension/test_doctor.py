@@ -28,6 +28,7 @@ from sqlalchemy import select, text, update
 from flask_gateway import Gateway, create_checkout, models
 from flask_gateway.core.timestamps import utcnow
 from flask_gateway.doctor import run_checks
+from flask_gateway.health import callback_health
 from flask_gateway.models import CallbackLog, GatewayCheckout
 from flask_gateway.secrets import SecretBox
 from flask_gateway.state import get_state
@@ -425,12 +426,15 @@ def test_a_healthy_setup_passes(setups: Callable[..., Setup]) -> None:
     ]
     assert result.output.strip().splitlines()[-1].startswith("No problem found (")
     # Its footprint (docs/operations.md): the csrf check never calls the view, the callback check leaves one
-    # refused row that names the doctor, and callback_rejected is sent once.
+    # row that names the doctor, recorded as its probe (marked with a key derived from SECRET_KEY): answered
+    # 401 as an unsigned callback, but no refused callback and no callback_rejected.
     with setup.shop.app_context():
         rows = get_state().session.scalars(select(CallbackLog)).all()
-    assert [(row.outcome, row.http_status) for row in rows] == [("rejected-signature", 401)]
+        assert callback_health().refused == 0
+    assert [(row.outcome, row.http_status) for row in rows] == [("doctor-probe", 401)]
     assert rows[0].headers["User-Agent"].startswith("flask-gateway-doctor/")
-    assert [s.signal for s in setup.gateway.signals] == ["callback_rejected"]
+    assert "X-Gateway-Doctor-Probe" not in rows[0].headers  # the mark is not kept
+    assert [s.signal for s in setup.gateway.signals] == []
 
 
 def test_csrfprotect_after_the_gateway_still_lets_callbacks_through(setups: Callable[..., Setup]) -> None:
