@@ -17,6 +17,7 @@ from flask_gateway.core.timestamps import utcnow
 from flask_gateway.errors import ConfigurationError
 from flask_gateway.health import CallbackHealth, callback_health, describe_age
 from flask_gateway.models import CallbackLog, GatewayCheckout
+from flask_gateway.polling import refresh
 from flask_gateway.state import get_state
 from tests.conftest import Databases
 from tests.extension.conftest import ACCOUNT, Harness, make_shop, sample_order
@@ -406,3 +407,82 @@ def test_a_failing_health_check_leaves_the_reconcile_run_done(
         report = reconcile()
     assert report.finished_at is not None and not report.errors
     assert "the callback health check failed" in caplog.text
+
+
+# --- a callback lost for good ----------------------------------------------------------------------------
+
+
+def everything_earlier(harness: Harness, earlier: timedelta) -> None:
+    """All the shop recorded happened ``earlier`` (the polls too: the checkouts are due again)."""
+    time_passes(harness, int(earlier.total_seconds() // 60))
+    with harness.shop.app_context():
+        session = get_state().session
+        for checkout in session.scalars(select(GatewayCheckout)):
+            if checkout.last_polled_at is not None:
+                checkout.last_polled_at -= earlier
+        session.commit()
+
+
+@pytest.mark.backends
+def test_a_callback_lost_for_good_stops_awaiting_once_the_gateway_confirms_after_its_attempts(
+    installed: Harness,
+):
+    installed.gateway.admin_guard(lambda: True)
+    fail_callbacks(installed)
+    lost, _ = paid(installed, "ORD-LOST")
+    for _ in range(3):
+        deliver(installed)  # every attempt fails: the gateway gives up (its dead letters)
+    with installed.shop.app_context():
+        assert reconcile(older_than_seconds=0).confirmed == 1  # confirmed by reconciliation
+        assert load(installed, lost).status == "PAID_PENDING_CALLBACK"
+    assert (health(installed).awaiting_callback, health(installed).callback_never_came) == (1, 0)
+
+    # Asked again within the hour: the gateway's attempts may not be over; still awaiting its callback.
+    everything_earlier(installed, timedelta(minutes=10))
+    with installed.shop.app_context():
+        assert reconcile(older_than_seconds=0).polled == 1
+    assert (health(installed).awaiting_callback, health(installed).callback_never_came) == (1, 0)
+
+    # Two hours on, before anything asks the gateway again: overdue (the alert's figure is the age).
+    everything_earlier(installed, timedelta(hours=2))
+    overdue = health(installed)
+    assert overdue.awaiting_callback == 1
+    assert overdue.oldest_awaiting_age is not None and overdue.oldest_awaiting_age > timedelta(hours=2)
+
+    # Reconciliation asks: the gateway still says PAID_PENDING_CALLBACK, more than an hour after the
+    # payment. Its callback will never come; the payment is confirmed with it. Not awaiting any more.
+    with installed.shop.app_context():
+        report = reconcile(older_than_seconds=0)
+        assert (report.polled, report.statuses) == (1, {"PAID_PENDING_CALLBACK": 1})
+        assert load(installed, lost).status == "PAID_PENDING_CALLBACK"  # what the gateway says
+    cleared = health(installed)
+    assert (cleared.awaiting_callback, cleared.oldest_awaiting_age) == (0, None)
+    assert cleared.callback_never_came == 1
+    assert "0 paid checkout(s) awaiting the gateway's callback; 1 paid in the last 1 day got no callback" in (
+        cleared.summary()
+    )
+    html = installed.client.get(f"{ADMIN}/").get_data(as_text=True)
+    assert 'data-awaiting-callback="0"' in html and 'data-callback-never-came="1"' in html
+    # A day later it has left the window's figure, and still awaits nothing.
+    later = health(installed, now=utcnow() + timedelta(days=1))
+    assert (later.awaiting_callback, later.callback_never_came) == (0, 0)
+
+
+@pytest.mark.backends
+def test_a_status_check_after_the_attempts_clears_it_too_and_a_waiting_one_stays(installed: Harness):
+    fail_callbacks(installed)
+    lost, _ = paid(installed, "ORD-LOST")
+    deliver(installed)
+    come_back(installed, lost)  # the shopper's return confirms it (source "return")
+    everything_earlier(installed, timedelta(hours=3))
+    fresh, _ = paid(installed, "ORD-FRESH")
+    come_back(installed, fresh)  # paid now: its callback may still come
+    assert health(installed).awaiting_callback == 2
+
+    with installed.shop.app_context():  # the admin's "Refresh status from the gateway"
+        assert refresh(load(installed, lost), source="admin").checkout.status == "PAID_PENDING_CALLBACK"
+
+    figures = health(installed)
+    assert (figures.awaiting_callback, figures.callback_never_came) == (1, 1)
+    with installed.shop.app_context():
+        assert figures.oldest_awaiting_paid_at == load(installed, fresh).paid_at
