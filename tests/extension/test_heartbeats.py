@@ -25,7 +25,7 @@ from flask_gateway.core.timestamps import utcnow
 from flask_gateway.doctor import Options as DoctorOptions
 from flask_gateway.doctor import check_broker
 from flask_gateway.heartbeats import JOBS, JobStatus, job_status, mask_url, record_run
-from flask_gateway.models import Installation, JobRun, OutboxEvent
+from flask_gateway.models import GatewayBase, Installation, JobRun, OutboxEvent
 from flask_gateway.state import get_state
 from flask_gateway.testing import SHOP_URL, GatewayEmulator
 from tests.extension.conftest import sample_order
@@ -260,7 +260,7 @@ def test_a_heartbeat_that_cannot_be_written_never_fails_the_job_and_warns_once(
 
     with gateway_app.app_context():  # the migrations ran: recorded again, and said once
         get_state().engine.dispose()
-        JobRun.__table__.create(get_state().engine)
+        GatewayBase.metadata.tables["gateway_job_runs"].create(get_state().engine)
         deliver_due()
     assert rows(gateway_app)["deliver"].runs == 1
     assert caplog.records[-1].getMessage() == "the heartbeat of deliver is recorded again"
