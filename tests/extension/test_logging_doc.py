@@ -169,7 +169,9 @@ def loggers_in_code() -> set[str]:
             if isinstance(argument, ast.Name) and argument.id == "__name__":
                 names.add(module_name(path))
             else:
-                assert isinstance(argument, ast.Constant), f"{path}:{node.lineno}: a logger name to list"
+                assert isinstance(argument, ast.Constant) and isinstance(argument.value, str), (
+                    f"{path}:{node.lineno}: a logger name to list"
+                )
                 names.add(argument.value)
     emulator = PACKAGE / "emulator"
     if any(re.search(r"\bapp\.logger\.", p.read_text()) for p in emulator.rglob("*.py")):

@@ -137,7 +137,7 @@ def test_redis_down_logs_one_line_when_it_fails_and_one_when_it_works_again(
 
 def test_the_limits_on_one_storage_share_its_spells(shop: Harness):
     state = get_state(shop.shop)
-    assert state.plan_limit is not None and state.callback_limit is not None
+    assert isinstance(state.plan_limit, RateLimit) and isinstance(state.callback_limit, RateLimit)
     assert state.plan_limit.watch is state.callback_limit.watch  # one outage: one line, not one per limit
 
 
