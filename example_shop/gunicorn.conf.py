@@ -75,7 +75,8 @@ _FORMATTERS: dict[str, dict[str, Any]] = {
     },
 }
 
-#: One handler (stderr) and one format for gunicorn's lines, its access log and the app's; INFO kept.
+#: One handler (stderr) and one format for gunicorn's lines, its access log and the app's; INFO kept
+#: (docs/logging.md, "Under gunicorn").
 logconfig_dict: dict[str, Any] = {
     "version": 1,
     "disable_existing_loggers": False,
@@ -87,6 +88,7 @@ logconfig_dict: dict[str, Any] = {
     "loggers": {
         "gunicorn.error": {"level": "INFO", "handlers": ["stderr"], "propagate": False},
         "gunicorn.access": {"level": "INFO", "handlers": ["stderr"], "propagate": False},
+        "flask_gateway": {"level": "INFO"},
     },
 }
 
