@@ -229,6 +229,16 @@ def test_metrics_route_needs_the_token_and_serves_the_gateways_figures(
     assert "Set-Cookie" not in scrape.headers
 
 
+def test_a_scrape_while_the_database_is_away_answers_with_up_0(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Prometheus hears of the outage from the figures (``flask_gateway_up 0``), not from a failed scrape."""
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+    away = f"postgresql+psycopg://shop:secret-password@127.0.0.1:{free_port()}/shop"
+    app = create_app(shop_config(away, SHOP_METRICS_TOKEN=TOKEN))
+    scrape = app.test_client().get(f"{SHOP_URL}/metrics", headers={"Authorization": f"Bearer {TOKEN}"})
+    assert scrape.status_code == 200
+    assert "\nflask_gateway_up 0.0\n" in scrape.get_data(as_text=True)
+
+
 def test_metrics_token_without_prometheus_client_is_a_clear_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
