@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 import requests
 from flask import Flask, request, url_for
+from werkzeug.security import generate_password_hash
 
 from example_shop import create_app
 from example_shop.config import ShopConfigError, resolve
@@ -525,7 +526,8 @@ def test_the_documented_environment_file_starts_the_shop_in_production(
     from cryptography.fernet import Fernet
     from dotenv import dotenv_values
 
-    values = dotenv_values(stream=io.StringIO(_environment_file()), interpolate=False)
+    text = _environment_file()
+    values = dotenv_values(stream=io.StringIO(text))  # as Flask's --env-file reads it (interpolating)
     filled = {
         "SHOP_SECRET_KEY": "k" * 64,
         "SHOP_ADMIN_PASSWORD_HASH": OWNER_HASH,
@@ -533,6 +535,12 @@ def test_the_documented_environment_file_starts_the_shop_in_production(
         "GATEWAY_ENCRYPTION_KEY": Fernet.generate_key().decode(),
     }
     assert values["SHOP_ADMIN_PASSWORD_HASH"] == "<scrypt:32768:8:1$...$...>"  # quoted: "$" kept as it is
+    # A real hash written as the doc's line writes it comes back whole.
+    real = generate_password_hash("owner password", method="pbkdf2:sha256:1000")
+    line = re.search(r"^SHOP_ADMIN_PASSWORD_HASH=.*$", text, re.M)
+    assert line is not None
+    written = line.group(0).replace("<scrypt:32768:8:1$...$...>", real)
+    assert dotenv_values(stream=io.StringIO(written))["SHOP_ADMIN_PASSWORD_HASH"] == real
     for name, value in values.items():
         assert value is not None, name
         if value.startswith("<"):
