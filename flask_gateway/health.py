@@ -18,7 +18,7 @@ What each figure is (over a window, the last 24 hours unless told):
   success URL).
 - **Refused callbacks**: callbacks received in the window that were answered with an error or never
   answered (HTTP status 400 or more, or none yet): the callback log's "refused or unanswered" filter.
-  ``flask gateway doctor``'s own probe (``doctor-probe``, answered 401) is not one (:data:`REFUSED`).
+  ``flask gateway doctor``'s own probe (``doctor-probe``, answered 401) is not one (``REFUSED``).
 - **Paid, awaiting the callback**: v2 checkouts in ``PAID_PENDING_CALLBACK`` whose callback may still
   come. The gateway said "paid" (to the shopper's return page, a status check or reconciliation) and no
   payment callback has been acknowledged yet: a verified payment callback records ``PAID``, as the
@@ -27,7 +27,7 @@ What each figure is (over a window, the last 24 hours unless told):
   oldest one's age counts from its ``paid_at``.
 - **Callback never came**: a callback lost for good leaves the checkout in ``PAID_PENDING_CALLBACK`` for
   ever, at the gateway too (it says ``PAID`` only after a callback answered 200). Once the gateway,
-  asked at least :data:`CALLBACK_ATTEMPTS_WINDOW` after the payment (by reconciliation, a status check,
+  asked at least ``CALLBACK_ATTEMPTS_WINDOW`` after the payment (by reconciliation, a status check,
   the shopper's return), still says ``PAID_PENDING_CALLBACK``, its attempts are over and the payment is
   confirmed with it: the checkout stops awaiting the callback and counts here instead (those paid in the
   window). The rule reads the checkout's timeline (``gateway_checkout_events``: every answer of the
@@ -157,7 +157,7 @@ class CallbackHealth:
     #: The oldest of them: its ``paid_at``.
     oldest_awaiting_paid_at: datetime | None = None
     #: Paid in the window, the gateway's callback attempts over, the payment confirmed with the gateway
-    #: (``PAID_PENDING_CALLBACK`` when asked after :data:`CALLBACK_ATTEMPTS_WINDOW`): no callback came.
+    #: (``PAID_PENDING_CALLBACK`` when asked after ``CALLBACK_ATTEMPTS_WINDOW``): no callback came.
     callback_never_came: int = 0
     #: Set when the callbacks went silent while payments continued.
     silence: Silence | None = None
@@ -334,7 +334,7 @@ def _plus_seconds_default(element: _PlusSeconds, compiler: SQLCompiler, **kw: An
 
 def _callback_attempts_over() -> ColumnElement[bool]:
     """The checkout's own timeline has a getstatus answer of ``PAID_PENDING_CALLBACK`` given at least
-    :data:`CALLBACK_ATTEMPTS_WINDOW` after its payment: the gateway's attempts were over, no callback came."""
+    ``CALLBACK_ATTEMPTS_WINDOW`` after its payment: the gateway's attempts were over, no callback came."""
     return exists().where(
         CheckoutEvent.checkout_id == GatewayCheckout.id,
         CheckoutEvent.source.in_(GATEWAY_ANSWER_SOURCES),

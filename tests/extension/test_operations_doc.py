@@ -91,3 +91,25 @@ def test_run_a_reconciliation_now_confirms_a_payment_the_plain_task_leaves_for_l
     assert "1 payment(s) confirmed" in summary, summary
     with harness.shop.app_context():
         assert load(harness, checkout_id).status == "PAID_PENDING_CALLBACK"
+
+
+def test_the_callback_log_table_lists_every_outcome_with_its_answer() -> None:
+    from flask_gateway import errors
+    from flask_gateway.models import CallbackOutcome
+
+    page = PAGE.read_text()
+    section = page[page.index("## Reading the callback log") :]
+    section = section[: section.index("\n## ", 1)]
+    rows = dict(re.findall(r"^\| `([a-z-]+)` \| ([^|]+?) \|", section, flags=re.MULTILINE))
+    assert set(rows) == {outcome.value for outcome in CallbackOutcome}
+    # A refusal's answer is its error's HTTP status; the doctor's probe is answered as an unsigned callback.
+    refusals = [
+        error
+        for error in vars(errors).values()
+        if isinstance(error, type) and issubclass(error, errors.CallbackRejected) and error.outcome in rows
+    ]
+    assert len(refusals) >= 5
+    for error in refusals:
+        assert rows[error.outcome] == str(error.code), error.outcome
+    assert rows["doctor-probe"] == str(errors.CallbackUnauthorized.code)
+    assert rows["accepted"] == rows["duplicate"] == rows["mismatch"] == rows["unconfirmed"] == "200"
