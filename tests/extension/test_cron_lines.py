@@ -2,9 +2,9 @@
 runs ``flask`` or ``celery`` loads the shop's environment file.
 
 Each line of each ```cron block of ``docs/*.md`` is run with ``/bin/sh -c`` and only its paths rewritten:
-``/srv/shop`` is a temporary project folder (``.venv`` a link to this checkout's virtualenv, ``myshop/`` the
-app factory of docs/operations.md as written there, ``example_shop`` a link to the example shop), and
-``/etc/shop/environment`` a temporary environment file. The environment is cron's: ``PATH=/usr/bin:/bin``,
+``/srv/shop`` is a temporary project folder (``.venv`` a link to the virtualenv running the tests,
+``myshop/`` the app factory of docs/operations.md as written there, ``example_shop`` a link to the example
+shop), and ``/etc/shop/environment`` a temporary environment file. The environment is cron's: ``PATH=/usr/bin:/bin``,
 ``HOME``, ``SHELL``, ``LOGNAME`` and nothing of this process.
 
 - With a correct environment file (the shop's database, the gateway installed on its embedded emulator)
@@ -157,7 +157,7 @@ def write_environment(path: Path, values: dict[str, str]) -> None:
 def site(tmp_path: Path, databases: Databases) -> Site:
     project = tmp_path / "srv" / "shop"
     (project / "myshop").mkdir(parents=True)
-    (project / ".venv").symlink_to(ROOT / ".venv")
+    (project / ".venv").symlink_to(sys.prefix)  # this run's virtualenv (nox's min and newest too)
     (project / "example_shop").symlink_to(ROOT / "example_shop")
     ((factory,),) = [_FACTORY.findall(OPERATIONS.read_text())]
     (project / "myshop" / "__init__.py").write_text(factory)
