@@ -75,6 +75,7 @@ from flask_gateway.state import GatewayState, get_state, leaves_no_transaction
 
 __all__ = [
     "COMMAND_CHECKS",
+    "ENVIRONMENT_FILE",
     "EXIT_CONFIGURATION",
     "EXIT_DATABASE_AWAY",
     "Checks",
