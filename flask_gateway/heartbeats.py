@@ -43,7 +43,7 @@ from datetime import datetime, timedelta
 from typing import Any, Final, Literal
 from urllib.parse import urlsplit, urlunsplit
 
-from sqlalchemy import Connection, insert, select, update
+from sqlalchemy import Connection, insert, literal, select, true, update
 from sqlalchemy.exc import IntegrityError
 
 from flask_gateway.core.outages import describe_database_error, is_database_outage
@@ -326,7 +326,7 @@ def bounds(state: GatewayState) -> dict[str, timedelta]:
 @leaves_no_transaction
 def job_status(*, now: datetime | None = None) -> list[JobStatus]:
     """Each job of :data:`JOBS`, in that order, as the records say at ``now`` (default: now). Reads only:
-    one query (two when no job ever recorded a run). Raises what the driver raises when the database or
+    one query. Raises what the driver raises when the database or
     the table cannot be read."""
     state = get_state()
     now = now or utcnow()
@@ -337,11 +337,13 @@ def job_status(*, now: datetime | None = None) -> list[JobStatus]:
         .limit(1)
         .scalar_subquery()
     )
+    # One statement whatever the table holds: a row of one (the installation's time) joined to each job's.
+    one = select(literal(1).label("one")).subquery()
+    statement = select(installed.label("installed_at"), JobRun).select_from(one).outerjoin(JobRun, true())
     with sqlite_read_transactions():
-        session = state.session
-        rows = session.execute(select(JobRun, installed.label("installed_at"))).all()
-        installed_at = rows[0].installed_at if rows else session.scalar(select(installed))
-    records = {row.JobRun.job: row.JobRun for row in rows}
+        rows = state.session.execute(statement).all()
+    installed_at = rows[0].installed_at if rows else None
+    records = {row.JobRun.job: row.JobRun for row in rows if row.JobRun is not None}
     limits = bounds(state)
     return [_status(job, records.get(job), limits[job], installed_at, now) for job in JOBS]
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import socket
 import threading
@@ -450,3 +451,19 @@ def test_the_status_page_shows_each_job_red_when_overdue(
     assert "20 minutes ago" in page and "<strong>overdue</strong> (more than 5 minutes)" in page
     assert "Schedule <code>flask gateway deliver</code> every minute" in page
     assert '<tr data-job="reconcile" data-overdue="no">' in page
+
+
+def test_the_admins_deliver_what_is_due_now_records_a_run(
+    gateway_emulator: GatewayEmulator, gateway_app: Flask
+) -> None:
+    get_state(gateway_app).admin_guard.check = lambda: True
+    client = gateway_app.test_client()
+    page = client.get("/gateway/admin/outbox/").get_data(as_text=True)
+    token = re.search(r'name="csrf_token" type="hidden" value="([^"]+)"', page)
+    assert token is not None
+
+    answer = client.post("/gateway/admin/outbox/deliver-due", data={"csrf_token": token.group(1)})
+
+    assert answer.status_code == 302
+    deliver = rows(gateway_app)["deliver"]
+    assert (deliver.runs, deliver.last_outcome, deliver.last_summary) == (1, "ok", DELIVER_SUMMARY)
