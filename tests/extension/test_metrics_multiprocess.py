@@ -1,11 +1,12 @@
 """The gateway-call metrics under gunicorn with several workers: prometheus_client's multiprocess mode.
 
-A real server (``gunicorn --workers 4``, sync workers) with docs/operations.md's ``gunicorn.conf.py`` recipe and
-``PROMETHEUS_MULTIPROC_DIR`` in its environment, serving a small app whose gateway is the embedded emulator
-(``GATEWAY_ENVIRONMENT="embedded"``): ``POST /calls?n=N`` makes N ``getstatus`` calls to it (each refused with
-a 4xx: a key the emulator does not know), ``GET /metrics`` answers the registry of ``register_metrics``. Real
-scrapes over HTTP, each answered by whichever worker the kernel hands it to, must show every call of every
-worker, never less than the scrape before, and the same after a worker is killed and replaced.
+A real server (``gunicorn --workers 4``, sync workers) with docs/operations.md's ``gunicorn.conf.py``
+recipe and ``PROMETHEUS_MULTIPROC_DIR`` in its environment, serving a small app whose gateway is the
+embedded emulator (``GATEWAY_ENVIRONMENT="embedded"``): ``POST /calls?n=N`` makes N ``getstatus`` calls to
+it (each refused with a 4xx: a key the emulator does not know; or a 5xx while its SQLite file is busy: an
+error all the same), ``GET /metrics`` answers the registry of ``register_metrics``. Real scrapes over
+HTTP, each answered by whichever worker the kernel hands it to, must show every call of every worker,
+never less than the scrape before, and the same after a worker is killed and replaced.
 """
 
 from __future__ import annotations
@@ -135,8 +136,8 @@ class MultiWorkerServer:
             for sample in family.samples:
                 if sample.name == CALLS and sample.labels == {"operation": "getstatus"}:
                     calls = sample.value
-                elif sample.name == ERRORS and sample.labels == {"operation": "getstatus", "kind": "4xx"}:
-                    errors = sample.value
+                elif sample.name == ERRORS and sample.labels["operation"] == "getstatus":
+                    errors += sample.value  # 4xx (the key is refused); 5xx if the emulator's SQLite is busy
                 elif sample.name == CALLS.replace("_count", "_bucket") and sample.labels.get("le") == "+Inf":
                     infinity = sample.value
                 elif sample.name == "flask_gateway_up":
