@@ -36,6 +36,7 @@ THIRD_PARTY = {
     "psycopg": "docs/operations.md: the PostgreSQL driver a shop on PostgreSQL adds",
     "nox": "the version-range sessions (minimum and newest dependencies) a contributor runs",
     "pip": "pip install --upgrade pip, before an editable install",
+    "python-json-logger": "docs/logging.md and the example shop's SHOP_LOG_FORMAT=json: JSON log lines (optional)",
 }
 
 #: pip options that take a value (the value is not a requirement, except -e's).
