@@ -428,9 +428,18 @@ def broker_unreachable(url: str, *, timeout: float = 3.0) -> str | None:
     try:
         with kombu.Connection(url, connect_timeout=timeout) as connection:
             connection.ensure_connection(max_retries=1, interval_start=0, timeout=timeout)
+    except ImportError:  # the transport's client library is missing here: the network can still tell
+        return _socket_unreachable(url, timeout)
     except Exception as error:
-        return f"{type(error).__name__}: {_first_line(error)}".replace(url, mask_url(url))
+        return _masked(f"{type(error).__name__}: {_first_line(error)}", url)
     return None
+
+
+def _masked(text: str, url: str) -> str:
+    """``text`` with ``url`` masked, and its password wherever else it appears."""
+    text = text.replace(url, mask_url(url))
+    password = urlsplit(url).password
+    return text.replace(password, "***") if password else text
 
 
 def _socket_unreachable(url: str, timeout: float) -> str | None:

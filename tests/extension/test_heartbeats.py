@@ -10,6 +10,7 @@ import os
 import re
 import signal
 import socket
+import sys
 import threading
 from collections.abc import Iterator
 from datetime import datetime, timedelta
@@ -25,7 +26,7 @@ from flask_gateway.config import GatewayConfig
 from flask_gateway.core.timestamps import utcnow
 from flask_gateway.doctor import Options as DoctorOptions
 from flask_gateway.doctor import check_broker
-from flask_gateway.heartbeats import JOBS, JobStatus, job_status, mask_url, record_run
+from flask_gateway.heartbeats import JOBS, JobStatus, broker_unreachable, job_status, mask_url, record_run
 from flask_gateway.models import GatewayBase, Installation, JobRun, OutboxEvent
 from flask_gateway.state import get_state
 from flask_gateway.testing import SHOP_URL, GatewayEmulator
@@ -383,7 +384,7 @@ def redis() -> Iterator[RedisServer]:
 
 
 def test_doctor_says_when_the_broker_does_not_answer_without_its_password(
-    gateway_app: Flask, redis: RedisServer
+    gateway_app: Flask, redis: RedisServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     with gateway_app.app_context():
         assert [f.level for f in check_broker(DoctorOptions())] == ["ok"]  # no broker: nothing to check
@@ -401,6 +402,12 @@ def test_doctor_says_when_the_broker_does_not_answer_without_its_password(
 
     [finding] = check_broker_with(gateway_app, redis.url)
     assert (finding.level, finding.message) == ("ok", f"the Celery broker at {redis.url} answers")
+
+    # Without kombu (Celery not installed here): a plain TCP connection tells.
+    with monkeypatch.context() as without:
+        without.setitem(sys.modules, "kombu", None)
+        assert broker_unreachable(redis.url, timeout=2) is None
+        assert broker_unreachable(closed, timeout=2) == "ConnectionRefusedError: Connection refused"
 
     redis.stop()  # the broker goes down
     [finding] = check_broker_with(gateway_app, redis.url)
