@@ -26,6 +26,7 @@ from flask_gateway.config import GatewayConfig
 from flask_gateway.core.timestamps import utcnow
 from flask_gateway.doctor import Options as DoctorOptions
 from flask_gateway.doctor import check_broker
+from flask_gateway.errors import ConfigurationError
 from flask_gateway.heartbeats import JOBS, JobStatus, broker_unreachable, job_status, mask_url, record_run
 from flask_gateway.models import GatewayBase, Installation, JobRun, OutboxEvent
 from flask_gateway.state import get_state
@@ -335,6 +336,10 @@ def test_the_bounds_are_configurable(gateway_emulator: GatewayEmulator, gateway_
     assert finished is not None
     later = statuses(gateway_app, now=finished + timedelta(seconds=61))
     assert later["deliver"].overdue and not later["reconcile"].overdue
+
+    for bad in (5, "300", True):  # a clear error at start, never a surprise later
+        with pytest.raises(ConfigurationError, match=r"GATEWAY_DELIVER_STALE_SECONDS=.*from 10 to 604800"):
+            GatewayConfig.from_mapping({**gateway_app.config, "GATEWAY_DELIVER_STALE_SECONDS": bad})
 
 
 # --- who reports it --------------------------------------------------------------------------------------
