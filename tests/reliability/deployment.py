@@ -1,0 +1,304 @@
+"""The deployment test's pieces (``test_deployment.py``): the example shop as an operator runs it.
+
+- ``celery`` (read lazily, PEP 562): the beat app, ``example_shop.celery_app``'s Celery app unchanged but for
+  its two tick intervals, from ``DEPLOY_DELIVER_EVERY`` and ``DEPLOY_RECONCILE_EVERY`` (seconds), so a
+  reconciliation bound of 20 s can be met. The worker runs ``example_shop.celery_app:celery`` itself. Lazy
+  because building it builds the shop from the environment (the test process has no shop environment).
+- :class:`Scraper`: ``GET /metrics`` with the bearer token through gunicorn's port, over and over from a
+  thread of its own; every scrape kept (when, which figures).
+- :func:`doctor`: ``flask --app example_shop gateway doctor`` as a subprocess, its findings parsed.
+- :func:`behind_tls_proxy`: a shopper's session as the TLS proxy in front of the shop forwards it
+  (``X-Forwarded-Proto: https`` to ``SHOP_TRUSTED_PROXIES=1``; the Secure cookie sent back on the proxy's
+  plain-http hop), since ``SHOP_ENV=production`` sets Secure cookies.
+- :func:`stop_redis` / :func:`start_redis_again`: the same ``redis-server`` command on the same port.
+- :func:`access_lines`: gunicorn's access log lines (status, method, path, worker pid).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import requests
+import requests.adapters
+import requests.cookies
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.processes import wait_for
+from tests.redis_server import RedisServer
+from tests.reliability.conftest import ROOT
+from tests.reliability.support import Recorder, Shopper
+
+#: gunicorn's access-log line for these tests: status, method, path and the worker's pid (``<1234>``).
+ACCESS_FORMAT: Final = "ACCESS %(s)s %(m)s %(U)s %(p)s"
+_ACCESS: Final = re.compile(r"ACCESS (\d{3}) (\S+) (\S+) <(\d+)>")
+#: The doctor's marks (``flask_gateway.doctor``), at the start of a finding's first line.
+_FINDING: Final = re.compile(r"^\[(ok|warn|PROBLEM|unknown)\]\s+([\w-]+): (.*)$")
+
+
+# --- the beat app ------------------------------------------------------------------------------------------
+
+
+def _beat_app() -> Any:
+    from example_shop.celery_app import celery
+
+    every = {
+        "flask-gateway-deliver-outbox": float(os.environ["DEPLOY_DELIVER_EVERY"]),
+        "flask-gateway-reconcile": float(os.environ["DEPLOY_RECONCILE_EVERY"]),
+    }
+    schedule = dict(celery.conf.beat_schedule)
+    for name, seconds in every.items():
+        entry = dict(schedule[name])
+        entry["schedule"] = seconds
+        entry["options"] = {**entry.get("options", {}), "expires": seconds}
+        schedule[name] = entry
+    celery.conf.beat_schedule = schedule
+    return celery
+
+
+def __getattr__(name: str) -> Any:
+    if name == "celery":
+        return _beat_app()
+    raise AttributeError(name)
+
+
+# --- scrapes -----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Scrape:
+    #: ``time.monotonic()`` and ``time.time()`` when the answer came.
+    at: float
+    wall: float
+    status: int
+    #: ``(sample name, sorted labels) -> value`` of every sample.
+    samples: Mapping[tuple[str, tuple[tuple[str, str], ...]], float]
+    #: The samples of counter and histogram families (never going down without a restart).
+    counting: frozenset[tuple[str, tuple[tuple[str, str], ...]]]
+
+    def value(self, name: str, **labels: str) -> float | None:
+        return self.samples.get((name, tuple(sorted(labels.items()))))
+
+    def total(self, name: str, **labels: str) -> float:
+        """The sum of ``name`` over the samples whose labels include ``labels``."""
+        return sum(
+            value
+            for (sample, sample_labels), value in self.samples.items()
+            if sample == name and set(labels.items()) <= set(sample_labels)
+        )
+
+    def overdue(self, job: str) -> float | None:
+        return self.value("flask_gateway_job_overdue", job=job)
+
+    def age(self, job: str) -> float | None:
+        """Seconds since the job's last finished run, as the scrape says."""
+        last = self.value("flask_gateway_job_last_run_timestamp_seconds", job=job)
+        return None if last is None else round(self.wall - last, 1)
+
+
+def parse_scrape(text: str, status: int, at: float, wall: float) -> Scrape:
+    samples: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+    counting = set()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            key = (sample.name, tuple(sorted(sample.labels.items())))
+            samples[key] = sample.value
+            if family.type in ("counter", "histogram"):
+                counting.add(key)
+    return Scrape(at=at, wall=wall, status=status, samples=samples, counting=frozenset(counting))
+
+
+@dataclass
+class Scraper:
+    """Scrapes ``url`` every ``every`` seconds from a thread of its own until :meth:`stop`."""
+
+    url: str
+    token: str
+    every: float = 0.5
+    scrapes: list[Scrape] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def scrape(self) -> Scrape:
+        with requests.Session() as session:  # a new connection: any worker may answer
+            answer = session.get(self.url, headers={"Authorization": f"Bearer {self.token}"}, timeout=30)
+        found = parse_scrape(
+            answer.text if answer.ok else "", answer.status_code, time.monotonic(), time.time()
+        )
+        with self._lock:
+            self.scrapes.append(found)
+            if not answer.ok:
+                self.errors.append(f"{answer.status_code}: {answer.text[:300]}")
+        return found
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.scrape()
+            except Exception as exc:  # reported by the test, which asserts there is none
+                with self._lock:
+                    self.errors.append(repr(exc))
+            self._stop.wait(self.every)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="scraper", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(60)
+
+    def since(self, moment: float) -> list[Scrape]:
+        with self._lock:
+            return [scrape for scrape in self.scrapes if scrape.at >= moment]
+
+    def first(self, moment: float, predicate: Any, *, timeout: float, what: str) -> Scrape:
+        """The first scrape from ``moment`` on for which ``predicate(scrape)`` holds (bounded wait)."""
+
+        def found() -> Scrape | None:
+            return next((scrape for scrape in self.since(moment) if predicate(scrape)), None)
+
+        result: Scrape = wait_for(found, timeout=timeout, interval=0.1, what=what)
+        return result
+
+
+def resets(scrapes: list[Scrape]) -> list[str]:
+    """Every counter or histogram sample that went down from one scrape to the next."""
+    found = []
+    for before, after in itertools.pairwise(scrapes):
+        for key in before.counting:
+            now = after.samples.get(key)
+            if now is None or now < before.samples[key]:
+                found.append(f"{key[0]}{dict(key[1])}: {before.samples[key]} -> {now}")
+    return found
+
+
+# --- the doctor --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DoctorRun:
+    returncode: int
+    output: str
+    started: float
+    seconds: float
+    #: ``check -> [(level, message), ...]`` (a wrapped message joined again).
+    findings: Mapping[str, list[tuple[str, str]]]
+
+    def levels(self, check: str) -> list[str]:
+        return [level for level, _ in self.findings.get(check, [])]
+
+    def says(self, check: str, level: str, text: str) -> bool:
+        return any(lvl == level and text in message for lvl, message in self.findings.get(check, []))
+
+
+def doctor(env: Mapping[str, str], *arguments: str) -> DoctorRun:
+    """``flask --app example_shop gateway doctor`` in a process of its own, with ``env`` over os.environ."""
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "flask", "--app", "example_shop", "gateway", "doctor", *arguments],
+        env={**os.environ, **env},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    output = done.stdout + done.stderr
+    entries: list[list[str]] = []  # [level, check, message]
+    in_message = False
+    for line in output.splitlines():
+        found = _FINDING.match(line)
+        if found:
+            level, check, message = found.groups()
+            entries.append([level.lower(), check, message])
+            in_message = True
+        elif in_message and line.startswith(" " * 10) and not line.strip().startswith("fix:"):
+            entries[-1][2] += " " + line.strip()
+        else:
+            in_message = False
+    findings: dict[str, list[tuple[str, str]]] = {}
+    for level, check, message in entries:
+        findings.setdefault(check, []).append((level, message))
+    return DoctorRun(done.returncode, output, started, time.monotonic() - started, findings)
+
+
+# --- shoppers behind the TLS proxy -------------------------------------------------------------------------
+
+
+class _ProxyHopJar(requests.cookies.RequestsCookieJar):
+    """A browser's cookies as the proxy's plain-http hop carries them: the Secure flag is the browser's
+    business (it talks https to the proxy), so every cookie is sent back here."""
+
+    def set_cookie(self, cookie: Any, *args: Any, **kwargs: Any) -> Any:
+        cookie.secure = False
+        return super().set_cookie(cookie, *args, **kwargs)
+
+
+def behind_tls_proxy(shopper: Shopper) -> Shopper:
+    """The shopper's requests as the TLS proxy forwards them: ``X-Forwarded-Proto: https`` (believed with
+    ``SHOP_TRUSTED_PROXIES=1``), the page's https origin as ``Referer`` (Flask-WTF checks it on https), and
+    the shop's Secure cookie sent back on this plain-http hop."""
+    shopper.session.cookies = _ProxyHopJar()
+    shopper.session.mount(shopper.shop_url + "/", _ProxyHop(shopper.shop_url))
+    return shopper
+
+
+class _ProxyHop(requests.adapters.HTTPAdapter):
+    """The shop's requests only (the gateway is reached directly): the proxy's headers added."""
+
+    def __init__(self, shop_url: str) -> None:
+        super().__init__()
+        origin = shop_url.replace("http://", "https://", 1)
+        self.forwarded = {"X-Forwarded-Proto": "https", "Referer": f"{origin}/"}
+
+    def add_headers(self, request: requests.PreparedRequest, **kwargs: Any) -> None:
+        request.headers.update(self.forwarded)
+
+
+def proxied_shopper(shop_url: str, recorder: Recorder) -> Shopper:
+    return behind_tls_proxy(Shopper(shop_url, recorder))
+
+
+# --- redis-server stopped and started again ----------------------------------------------------------------
+
+
+def stop_redis(server: RedisServer) -> None:
+    """Stop the server (SIGTERM), keeping its folder and port for :func:`start_redis_again`."""
+    server.process.terminate()
+    server.process.wait(timeout=15)
+
+
+def start_redis_again(server: RedisServer) -> None:
+    """The very command ``start_redis`` ran, on the same port; waits until it answers PING."""
+    with server.log_path.open("ab") as log:
+        server.process = subprocess.Popen(
+            server.process.args, stdout=log, stderr=subprocess.STDOUT, cwd=server.root
+        )
+    wait_for(server.ping, timeout=20, interval=0.05, what=f"redis-server again on port {server.port}")
+
+
+# --- gunicorn's access log ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Access:
+    status: int
+    method: str
+    path: str
+    pid: int
+
+
+def access_lines(log: str) -> list[Access]:
+    return [Access(int(status), method, path, int(pid)) for status, method, path, pid in _ACCESS.findall(log)]

@@ -1,0 +1,606 @@
+"""The deployment test (issue 25): the example shop deployed as docs/example-shop.md says, with its own files.
+
+One machine, real processes:
+
+- PostgreSQL (the session's throwaway cluster), one database for the emulator and one for the shop;
+- the emulator under gunicorn (``tests/reliability/conftest.py``'s ``start_gunicorn``);
+- the shop under gunicorn with :data:`SHOP_WORKERS` workers, run with ``-c example_shop/gunicorn.conf.py
+  example_shop.wsgi:app`` (its ``logconfig_dict``, its multiprocess-metrics hooks), ``SHOP_ENV=production``
+  with the secrets production needs, ``PROMETHEUS_MULTIPROC_DIR`` in gunicorn's environment only (the
+  systemd unit of the web server sets it: the worker, beat and the doctor are other servers), the metrics
+  route behind ``SHOP_METRICS_TOKEN``, ``SHOP_TRUSTED_PROXIES=1`` (the test's shoppers come as the TLS proxy
+  forwards them);
+- a ``redis-server`` of its own (stopped and started again on its port), one Celery worker from
+  ``example_shop.celery_app`` and beat from the same app with shorter ticks (``tests/reliability/
+  deployment.py``: delivery every :data:`DELIVER_EVERY` s, reconciliation every :data:`RECONCILE_EVERY` s).
+
+``GATEWAY_OUTBOX_DELIVER_AT_ONCE=0``: every payment is fulfilled by the worker's ``deliver_outbox`` task, never
+in the request, so a payment made while Redis or the worker is down waits for the background work, and "none
+lost" says the background work caught up. Every third shopper's callback is lost (the emulator's
+``callback_fail`` fault for all its attempts) and the shopper closes the browser after paying: only the
+reconcile task can confirm that payment.
+
+While shoppers pay (one after the other, from a thread) and a scraper reads ``/metrics`` every half second
+through gunicorn's port, the test
+
+1. waits until both jobs have run and checks the doctor's ``background-work`` and ``broker`` findings ok;
+2. stops Redis: the metric ``flask_gateway_job_overdue{job="deliver"}`` turns 1 within the deliver bound
+   plus a tick, the doctor says the delivery is overdue and the broker does not answer; starts Redis again:
+   both clear within :data:`CLEAR_WITHIN` s, with the same worker and beat processes;
+3. stops the worker (SIGTERM, warm shutdown) until the delivery is overdue, then starts a new one: clears;
+4. at the end: every payment confirmed and fulfilled once, its ``payment_confirmed`` outbox event delivered
+   once, nothing pending or dead; no scrape failed, no counter or histogram went down, the scrapes were
+   answered by several workers and each showed every ``create`` call made before it began; no 5xx in
+   gunicorn's access log, no traceback in the shop's log.
+
+The figures (heartbeat ages during each outage, time to detect and to clear, scrapes, calls) are printed:
+``pytest tests/reliability/test_deployment.py -p no:randomly -n 0 -s``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+import pytest
+import requests
+from werkzeug.security import generate_password_hash
+
+from tests import secret_watch
+from tests.conftest import fetch_all, selected_backends
+from tests.postgres import PostgresCluster
+from tests.processes import Server, wait_for
+from tests.redis_server import RedisServer, start_redis
+from tests.reliability.conftest import ROOT, Stack, plan_stack, start_gunicorn
+from tests.reliability.deployment import (
+    ACCESS_FORMAT,
+    DoctorRun,
+    Scrape,
+    Scraper,
+    access_lines,
+    doctor,
+    proxied_shopper,
+    resets,
+    start_redis_again,
+    stop_redis,
+)
+from tests.reliability.support import (
+    Recorder,
+    add_fault,
+    control_get,
+    fulfilment_counts,
+    order_reference,
+    token_of,
+    tracebacks,
+)
+from tests.tasks.conftest import Worker, spawn_celery, wait_ready
+
+pytestmark = pytest.mark.xdist_group("deployment")
+
+SHOP_WORKERS: Final = 3
+#: GATEWAY_DELIVER_STALE_SECONDS and GATEWAY_RECONCILE_STALE_SECONDS.
+DELIVER_BOUND: Final = 10
+RECONCILE_BOUND: Final = 20
+#: Beat's ticks (seconds).
+DELIVER_EVERY: Final = 2.0
+RECONCILE_EVERY: Final = 4.0
+#: Seconds within which an outage's end must show in the metric and the doctor.
+CLEAR_WITHIN: Final = 30.0
+#: Slack for a busy machine on top of "bound + tick" (scrape interval, the doctor's own run).
+SLACK: Final = 4.0
+#: The emulator's callback attempts for one payment (EMULATOR_CALLBACK_RETRY_DELAYS has two delays).
+CALLBACK_ATTEMPTS: Final = 3
+METRICS_TOKEN: Final = "deployment-test-metrics-token-0123456789"
+PRODUCTS: Final = ("enamel-kettle", "ilala-basket", "stoneware-mugs")
+
+
+@dataclass
+class Deployment:
+    stack: Stack
+    redis: RedisServer
+    root: Path
+    #: The shop's environment file: the web workers, the Celery worker, beat and cron all load it.
+    env: dict[str, str]
+    #: What gunicorn has on top (prometheus_client's folder).
+    web_env: dict[str, str]
+    worker: Worker
+    beat: Worker
+    started: int = 1
+
+    def start_worker(self) -> Worker:
+        self.started += 1
+        self.worker = _start_worker(self.root, self.env, f"worker{self.started}")
+        return self.worker
+
+    def shop_log(self) -> str:
+        return self.stack.shop.log_path.read_text(errors="replace")
+
+
+def _spawn_worker(root: Path, env: dict[str, str], name: str) -> Worker:
+    """``celery -A example_shop.celery_app:celery worker``, as the docs run it (two pool processes)."""
+    return spawn_celery(
+        root, name, "example_shop.celery_app:celery",
+        env, "worker", "--pool", "prefork", "--concurrency", "2", "--hostname", f"{name}@%h",
+        "--loglevel", "INFO",
+    )  # fmt: skip
+
+
+def _start_worker(root: Path, env: dict[str, str], name: str) -> Worker:
+    worker = _spawn_worker(root, env, name)
+    wait_ready(worker, " ready.")
+    return worker
+
+
+@pytest.fixture
+def deployment(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Deployment]:
+    if "postgresql" not in selected_backends(request.config):
+        pytest.skip("the deployment test runs on PostgreSQL only, and --database=sqlite was chosen")
+    began = time.monotonic()
+    cluster: PostgresCluster = request.getfixturevalue("postgres_cluster")
+    root = tmp_path_factory.mktemp("deployment")
+    redis = start_redis()
+    plan = plan_stack(
+        cluster,
+        shop_env={
+            "SHOP_ENV": "production",
+            "SHOP_SECRET_KEY": "deployment-shop-secret-" + "k" * 40,
+            "SHOP_ADMIN_PASSWORD_HASH": generate_password_hash("owner-password-of-the-deployment"),
+            "SHOP_CELERY_BROKER_URL": redis.url,
+            "SHOP_METRICS_TOKEN": METRICS_TOKEN,
+            "SHOP_TRUSTED_PROXIES": "1",
+            "SHOP_DB_POOL_SIZE": "5",
+            "GATEWAY_DELIVER_STALE_SECONDS": str(DELIVER_BOUND),
+            "GATEWAY_RECONCILE_STALE_SECONDS": str(RECONCILE_BOUND),
+            "GATEWAY_RECONCILE_AFTER_SECONDS": "2",
+            "GATEWAY_OUTBOX_DELIVER_AT_ONCE": "0",
+            # The emulator was started with EMULATOR_WAF=allow-local (its firewall lets 127.0.0.1 through).
+            "GATEWAY_WAF": "allow-local",
+            "DEPLOY_DELIVER_EVERY": str(DELIVER_EVERY),
+            "DEPLOY_RECONCILE_EVERY": str(RECONCILE_EVERY),
+        },
+    )
+    env = dict(plan.shop_env)
+    env.pop("SHOP_ADMIN_PASSWORD")  # development only: production takes the hash
+    web_env = {**env, "PROMETHEUS_MULTIPROC_DIR": str(root / "prometheus")}
+    servers: list[Server] = []
+    workers: list[Worker] = []
+    deployment = None
+    try:
+        init = _run_flask(env, "shop", "init-db")
+        assert init.returncode == 0, init.stdout + init.stderr
+        emulator = start_gunicorn(
+            "emulator", "flask_gateway.emulator:create_app()", plan.emulator_env, root,
+            port=plan.emulator_port, workers=2, threads=4, ready_path="/livez",
+        )  # fmt: skip
+        servers.append(emulator)
+        shop = start_gunicorn(
+            "shop", "example_shop.wsgi:app", web_env, root, port=plan.shop_port, workers=SHOP_WORKERS,
+            threads=4, ready_path="/gateway/livez",
+            options=["-c", str(ROOT / "example_shop" / "gunicorn.conf.py"), "--access-logformat", ACCESS_FORMAT],
+        )  # fmt: skip
+        servers.append(shop)
+        for server in servers:
+            secret_watch.watch_file(server.log_path)
+        stack = Stack(
+            emulator=emulator, shop=shop, emulator_db=plan.emulator_db, shop_db=plan.shop_db, shop_env=env
+        )
+        requests.get(shop.url + "/", timeout=60)  # the first request auto-installs the shop
+        wait_for(
+            lambda: fetch_all(plan.shop_db, "SELECT count(*) FROM gateway_installations") == [(1,)],
+            timeout=30,
+            what="the shop's auto-install",
+        )
+        worker = _spawn_worker(root, env, "worker1")
+        workers.append(worker)
+        beat = spawn_celery(
+            root, "beat", "tests.reliability.deployment:celery", env,
+            "beat", "--schedule", str(root / "beat-schedule"), "--loglevel", "INFO", "--max-interval", "1",
+        )  # fmt: skip
+        workers.append(beat)
+        wait_ready(worker, " ready.")
+        wait_ready(beat, "beat: Starting...")
+        say(f"started in {time.monotonic() - began:.0f} s")
+        deployment = Deployment(stack, redis, root, env, web_env, worker, beat)
+        yield deployment
+    finally:
+        for process in [*workers, *([deployment.worker] if deployment else [])]:
+            process.stop()
+        for server in reversed(servers):
+            server.stop()
+        redis.stop()
+        for url in (plan.shop_db, plan.emulator_db):
+            cluster.drop_database(url.rsplit("/", 1)[1], wait=False)
+
+
+def _run_flask(env: dict[str, str], *arguments: str) -> Any:
+    import subprocess
+    import sys
+
+    return subprocess.run(
+        [sys.executable, "-m", "flask", "--app", "example_shop", *arguments],
+        env={**os.environ, **env},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+# --- the shoppers ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Payment:
+    token: str
+    reference: str
+    lost: bool
+    phase: str
+
+
+@dataclass
+class Shoppers:
+    """Shoppers paying one after the other from a thread: every third one's callback lost."""
+
+    stack: Stack
+    recorder: Recorder = field(default_factory=Recorder)
+    payments: list[Payment] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    #: ``create`` calls completed (a 303 from POST /checkout) and when (``time.monotonic()``).
+    creates: list[float] = field(default_factory=list)
+    phase: str = "start"
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+    _unsettled: list[str] = field(default_factory=list)
+
+    def pay(self, index: int) -> None:
+        lost = index % 3 == 2
+        shopper = proxied_shopper(self.stack.shop.url, self.recorder)
+        shopper.add_to_cart(PRODUCTS[index % len(PRODUCTS)])
+        answer = shopper.submit_checkout(shopper.checkout_form())
+        assert answer.status_code == 303, (answer.status_code, answer.text[:300])
+        self.creates.append(time.monotonic())
+        payment_url = answer.headers["Location"]
+        token = token_of(payment_url)
+        if lost:
+            # No other payment's callback may take the fault's uses: those sent earlier are delivered first.
+            for earlier in self._unsettled:
+                wait_for(
+                    lambda token=earlier: self._callback_ok(token),
+                    timeout=30,
+                    what=f"the callback of {earlier}",
+                )
+            self._unsettled.clear()
+            add_fault(self.stack, operation="callback", kind="callback_fail", count=CALLBACK_ATTEMPTS)
+        paid = shopper.pay_or_cancel(payment_url, "pay", follow=not lost)
+        if lost:  # the shopper closed the browser; every callback attempt fails
+            assert paid.status_code == 303, paid.status_code
+            wait_for(
+                lambda: control_get(self.stack, "faults")["faults"] == [],
+                timeout=30,
+                what=f"the {CALLBACK_ATTEMPTS} failed callback attempts for {token}",
+            )
+        else:
+            if paid.status_code != 200 or "/orders/view/" not in paid.url:
+                text = re.sub(r"<[^>]*>|\s+", " ", paid.text)
+                raise AssertionError(f"paying ended at {paid.status_code} {paid.url}: {text[:1500]}")
+            self._unsettled.append(token)
+        self.payments.append(Payment(token, order_reference(self.stack, token), lost, self.phase))
+
+    def _callback_ok(self, token: str) -> bool:
+        attempts = control_get(self.stack, "callbacks", checkoutToken=token)["callbacks"]
+        return any(attempt["ok"] for attempt in attempts)
+
+    def _run(self) -> None:
+        index = 0
+        while not self._stop.is_set():
+            try:
+                self.pay(index)
+            except Exception as exc:  # asserted empty by the test
+                self.errors.append(f"payment {index}: {exc!r}")
+                say(f"payment {index} failed: {exc}")
+            index += 1
+            self._stop.wait(0.3)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="shoppers", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(120)
+
+
+def say(text: str) -> None:
+    """A figure for the closing note (``pytest -s`` shows it)."""
+    print(f"[deployment] {text}", flush=True)  # noqa: T201 - the figures this test measures
+
+
+# --- the test ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Outage:
+    name: str
+    began: float
+    detected_metric: float = 0.0
+    detected_doctor: float = 0.0
+    #: When the doctor run that reported it began.
+    doctor_began: float = 0.0
+    ended: float = 0.0
+    cleared_metric: float = 0.0
+    cleared_doctor: float = 0.0
+    max_deliver_age: float = 0.0
+    max_reconcile_age: float = 0.0
+    doctor_during: str = ""
+
+    def line(self) -> str:
+        return (
+            f"{self.name}: deliver overdue in the metric after {self.detected_metric - self.began:.1f} s, in "
+            f"doctor's run begun at {self.doctor_began - self.began:.1f} s (done at "
+            f"{self.detected_doctor - self.began:.1f} s; bound {DELIVER_BOUND} s + tick {DELIVER_EVERY:g} s); "
+            f"down {self.ended - self.began:.1f} s; fine again in the metric {self.cleared_metric - self.ended:.1f} s "
+            f"and in doctor {self.cleared_doctor - self.ended:.1f} s after the restart; heartbeat ages at most "
+            f"deliver {self.max_deliver_age:.1f} s, reconcile {self.max_reconcile_age:.1f} s"
+        )
+
+
+def _both_fine(scrape: Scrape) -> bool:
+    """Both jobs ran (before the first run "not overdue" means "installed less than the bound ago") and
+    neither is overdue."""
+    return scrape.status == 200 and all(
+        scrape.overdue(job) == 0 and scrape.age(job) is not None for job in ("deliver", "reconcile")
+    )
+
+
+def _doctor_fine(run: DoctorRun) -> bool:
+    """No problem at all (exit 0), and both jobs and the broker fine."""
+    return run.returncode == 0 and run.levels("background-work") == ["ok"] and run.levels("broker") == ["ok"]
+
+
+def _ages(outage: Outage, scrapes: list[Scrape]) -> None:
+    for scrape in scrapes:
+        outage.max_deliver_age = max(outage.max_deliver_age, scrape.age("deliver") or 0.0)
+        outage.max_reconcile_age = max(outage.max_reconcile_age, scrape.age("reconcile") or 0.0)
+
+
+def _until_doctor(deployment: Deployment, predicate: Any, *, timeout: float, what: str) -> DoctorRun:
+    """Run the doctor until ``predicate(run)`` holds (bounded); the first run that says so."""
+    deadline = time.monotonic() + timeout
+    runs = []
+    while True:
+        run = doctor(deployment.env)
+        runs.append(run)
+        if predicate(run):
+            return run
+        if time.monotonic() > deadline:
+            raise AssertionError(
+                f"timed out after {timeout} s waiting for {what}; the doctor said:\n{run.output}"
+            )
+
+
+def _still_running(*processes: Worker) -> None:
+    """Each Celery process is the one started before the outage, alive (else its last words)."""
+    for process in processes:
+        if not process.alive():
+            log = process.log()
+            last = [line for line in log.splitlines() if "CRITICAL" in line or "Unrecoverable" in line]
+            raise AssertionError(
+                f"{process.name} exited with {process.process.returncode} during the outage: "
+                f"{last or log[-2000:]}"
+            )
+
+
+def _outage_detected(deployment: Deployment, scraper: Scraper, outage: Outage, *, broker_down: bool) -> None:
+    """The doctor (its runs from the moment the bound has passed) and the metric report the outage within
+    the deliver bound plus a tick (and :data:`SLACK`)."""
+    limit = DELIVER_BOUND + DELIVER_EVERY + SLACK
+    time.sleep(max(0.0, outage.began + DELIVER_BOUND - time.monotonic()))
+
+    def overdue(run: DoctorRun) -> bool:
+        return run.says("background-work", "problem", "deliver: last run finished") and (
+            not broker_down or run.says("broker", "problem", "does not answer")
+        )
+
+    run = _until_doctor(deployment, overdue, timeout=limit + 20, what=f"doctor to report the {outage.name}")
+    outage.detected_doctor = run.started + run.seconds
+    outage.doctor_began = run.started
+    outage.doctor_during = run.output
+    assert run.returncode == 1, run.output
+    assert run.started - outage.began <= limit, (
+        f"{outage.name}: doctor reported it first in a run that began {run.started - outage.began:.1f} s in"
+    )
+    if not broker_down:
+        assert run.levels("broker") == ["ok"], run.output
+    seen = scraper.first(
+        outage.began, lambda s: s.overdue("deliver") == 1, timeout=limit, what="deliver overdue in the metric"
+    )
+    outage.detected_metric = seen.at
+    assert seen.at - outage.began <= limit, (
+        f"{outage.name}: the metric said overdue after {seen.at - outage.began:.1f} s"
+    )
+
+
+def _outage_cleared(deployment: Deployment, scraper: Scraper, outage: Outage) -> None:
+    """The doctor and the metric say both jobs are fine again within :data:`CLEAR_WITHIN` s of the end."""
+    run = _until_doctor(
+        deployment, _doctor_fine, timeout=CLEAR_WITHIN, what=f"doctor fine after the {outage.name}"
+    )
+    outage.cleared_doctor = run.started + run.seconds
+    seen = scraper.first(outage.ended, _both_fine, timeout=CLEAR_WITHIN, what="both jobs fine in the metric")
+    outage.cleared_metric = seen.at
+    assert seen.at - outage.ended <= CLEAR_WITHIN, (
+        f"{outage.name}: cleared after {seen.at - outage.ended:.1f} s"
+    )
+    assert run.started - outage.ended <= CLEAR_WITHIN, (
+        f"{outage.name}: doctor fine {run.started - outage.ended:.1f} s after"
+    )
+    _ages(outage, scraper.since(outage.began))
+
+
+def test_deployment_reports_each_outage_and_loses_no_payment(deployment: Deployment) -> None:
+    stack = deployment.stack
+    began = time.monotonic()
+    shoppers = Shoppers(stack)
+    scraper = Scraper(stack.shop.url + "/metrics", METRICS_TOKEN)
+    outages: list[Outage] = []
+    try:
+        shoppers.start()
+        scraper.start()
+        # Both jobs ran (beat's first ticks), and the metric says so.
+        healthy = scraper.first(0.0, _both_fine, timeout=30, what="both jobs' heartbeats")
+        baseline = _until_doctor(deployment, _doctor_fine, timeout=30, what="doctor fine at the start")
+        say(
+            f"at the start, doctor (exit {baseline.returncode}, {baseline.seconds:.1f} s):\n{baseline.output}"
+        )
+        wait_for(lambda: shoppers.payments or shoppers.errors, timeout=60, what="the first payment")
+        assert shoppers.errors == []
+        calm = [(healthy.at, 0.0)]
+
+        # 1. Redis stopped: beat sends nothing, the worker gets nothing.
+        worker_pid, beat_pid = deployment.worker.pid, deployment.beat.pid
+        shoppers.phase = "redis down"
+        calm[-1] = (calm[-1][0], time.monotonic())
+        stop_redis(deployment.redis)
+        redis = Outage("Redis stopped", time.monotonic())
+        outages.append(redis)
+        _outage_detected(deployment, scraper, redis, broker_down=True)
+        _still_running(deployment.worker, deployment.beat)
+        start_redis_again(deployment.redis)
+        redis.ended = time.monotonic()
+        shoppers.phase = "after redis"
+        _outage_cleared(deployment, scraper, redis)
+        assert (deployment.worker.pid, deployment.beat.pid) == (worker_pid, beat_pid)
+        _still_running(deployment.worker, deployment.beat)
+        calm.append((redis.cleared_metric, 0.0))
+
+        # 2. The worker stopped (SIGTERM: a warm shutdown), longer than the deliver bound.
+        shoppers.phase = "worker down"
+        calm[-1] = (calm[-1][0], time.monotonic())
+        deployment.worker.stop()
+        stopped = Outage("worker stopped", time.monotonic())
+        outages.append(stopped)
+        _outage_detected(deployment, scraper, stopped, broker_down=False)
+        deployment.start_worker()
+        stopped.ended = time.monotonic()
+        shoppers.phase = "after worker"
+        _outage_cleared(deployment, scraper, stopped)
+        calm.append((stopped.cleared_metric, 0.0))
+
+        shoppers.stop()
+        # Every payment made reaches the shop (reconcile: the lost callbacks; deliver: the fulfilment).
+        tokens = [payment.token for payment in shoppers.payments]
+        wait_for(
+            lambda: _all_fulfilled(stack, shoppers.payments),
+            timeout=RECONCILE_BOUND + 20,
+            what="every payment confirmed and fulfilled",
+        )
+        calm[-1] = (calm[-1][0], time.monotonic())
+        scraper.scrape()
+    finally:
+        shoppers.stop()
+        scraper.stop()
+
+    # --- what the shop did with the payments
+    assert shoppers.errors == []
+    payments = shoppers.payments
+    references = [payment.reference for payment in payments]
+    lost = [payment for payment in payments if payment.lost]
+    assert len(payments) >= 6 and len(lost) >= 2, [(p.phase, p.lost) for p in payments]
+    assert {p.phase for p in payments} >= {"redis down", "worker down"}, "no payment during an outage"
+    assert fulfilment_counts(stack, references) == dict.fromkeys(references, 1)
+    events = fetch_all(
+        stack.shop_db,
+        "SELECT c.token, e.state, count(*) FROM gateway_outbox e JOIN gateway_checkouts c ON c.id = e.checkout_id "
+        "WHERE e.kind = 'payment_confirmed' GROUP BY c.token, e.state",
+    )
+    assert sorted(events) == sorted((token, "delivered", 1) for token in tokens)
+    assert (
+        fetch_all(
+            stack.shop_db,
+            "SELECT state, count(*) FROM gateway_outbox WHERE state <> 'delivered' GROUP BY state",
+        )
+        == []
+    )
+    confirmed_by = dict(
+        fetch_all(
+            stack.shop_db,
+            "SELECT c.token, e.source FROM gateway_checkout_events e JOIN gateway_checkouts c ON c.id = e.checkout_id "
+            "WHERE e.applied AND e.to_status IN ('PAID', 'PAID_PENDING_CALLBACK') "
+            "AND e.from_status NOT IN ('PAID', 'PAID_PENDING_CALLBACK')",
+        )
+    )
+    assert {payment.token: confirmed_by.get(payment.token) for payment in lost} == {
+        payment.token: "reconcile" for payment in lost
+    }
+
+    # --- the scrapes
+    scrapes = [scrape for scrape in scraper.scrapes if scrape.at >= healthy.at]
+    assert scraper.errors == []
+    assert resets(scrapes) == []
+    for start, end in calm:
+        window = [scrape for scrape in scrapes if start <= scrape.at <= end]
+        assert window and all(_both_fine(scrape) for scrape in window), [
+            (round(s.at - began, 1), s.overdue("deliver"), s.overdue("reconcile"))
+            for s in window
+            if not _both_fine(s)
+        ]
+    # Whichever worker answers, it shows every create call made before the scrape was sent.
+    short = [
+        (
+            round(scrape.at - began, 1),
+            scrape.value("flask_gateway_client_request_duration_seconds_count", operation="create"),
+            made,
+        )
+        for scrape in scrapes
+        if (made := sum(1 for at in shoppers.creates if at < scrape.at - 1.0))
+        > (scrape.value("flask_gateway_client_request_duration_seconds_count", operation="create") or 0)
+    ]
+    assert short == []
+    last = scrapes[-1]
+    creates = last.value("flask_gateway_client_request_duration_seconds_count", operation="create")
+    assert creates == len(shoppers.creates) == len(payments)
+    access = access_lines(deployment.shop_log())
+    scrape_pids = {line.pid for line in access if line.path == "/metrics"}
+    checkout_pids = {line.pid for line in access if line.path == "/checkout" and line.method == "POST"}
+    assert len(scrape_pids) >= 2 and len(checkout_pids) >= 2, (scrape_pids, checkout_pids)
+    assert [line for line in access if line.status >= 500] == []
+    assert shoppers.recorder.server_errors() == []
+    assert tracebacks(deployment.shop_log())[1] == []
+
+    calls = {
+        operation: int(
+            last.value("flask_gateway_client_request_duration_seconds_count", operation=operation) or 0
+        )
+        for operation in ("create", "getstatus", "install")
+    }
+    phases = {
+        phase: sum(1 for p in payments if p.phase == phase)
+        for phase in dict.fromkeys(p.phase for p in payments)
+    }
+    say(
+        f"{len(payments)} payments ({len(lost)} with every callback lost: confirmed by reconcile), each "
+        f"fulfilled once by the worker's deliver task; by phase: {phases}"
+    )
+    say(
+        f"{len(scrapes)} scrapes over {scrapes[-1].at - scrapes[0].at:.0f} s answered by {len(scrape_pids)} "
+        f"gunicorn workers, no counter reset; gateway calls in the last scrape: {calls}"
+    )
+    for outage in outages:
+        say(outage.line())
+    say(f"doctor during the Redis outage:\n{outages[0].doctor_during}")
+    say(f"whole test {time.monotonic() - began:.0f} s")
+
+
+def _all_fulfilled(stack: Stack, payments: list[Payment]) -> bool:
+    references = [payment.reference for payment in payments]
+    return fulfilment_counts(stack, references) == dict.fromkeys(references, 1)
