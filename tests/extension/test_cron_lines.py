@@ -26,6 +26,7 @@ import secrets
 import shlex
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
@@ -214,6 +215,7 @@ def _paid_checkout(app: Flask, emulator: GatewayEmulator, reference: str, *, los
         assert checkout.token is not None
         checkout_id, token = checkout.id, checkout.token
     if lose_callback:
+        # Without a count the rule stays: every attempt fails (the emulator's thread retries): lost for good.
         emulator.control("faults", {"operation": "callback", "kind": "callback_fail"})
     emulator.pay(token)
     emulator.deliver()  # the callback is sent now (and fails, when it is to be lost)
@@ -232,6 +234,27 @@ def _age(app: Flask, checkout_id: int) -> None:
         session.commit()
 
 
+def _written_event(app: Flask, checkout_id: int) -> OutboxEvent:
+    """The checkout's outbox event once its first delivery attempt is over: the emulator's own delivery
+    thread may be the one sending the callback (``deliver()`` then finds nothing due and returns at once)."""
+    deadline = time.monotonic() + 30
+    while True:
+        with app.app_context():
+            event = (
+                get_state()
+                .session.scalars(
+                    select(OutboxEvent).where(
+                        OutboxEvent.checkout_id == checkout_id, OutboxEvent.attempts > 0
+                    )
+                )
+                .first()
+            )
+        if event is not None or time.monotonic() > deadline:
+            assert event is not None, "the callback never confirmed the payment"
+            return event
+        time.sleep(0.05)
+
+
 def prepare(app: Flask, emulator: GatewayEmulator, job: str) -> Work:
     work = Work()
     if job == "reconcile":
@@ -247,11 +270,12 @@ def prepare(app: Flask, emulator: GatewayEmulator, job: str) -> Work:
         payment_confirmed.connect(down, sender=app)
         try:  # the callback confirms the payment; delivering its event at once raises
             checkout_id = _paid_checkout(app, emulator, "ORD-CRON-2", lose_callback=False)
+            event = _written_event(app, checkout_id)
         finally:
             payment_confirmed.disconnect(down, sender=app)
         with app.app_context():
             session = get_state().session
-            event = session.scalars(select(OutboxEvent).where(OutboxEvent.checkout_id == checkout_id)).one()
+            event = session.get_one(OutboxEvent, event.id)
             assert (event.state, event.attempts) == (OutboxState.PENDING, 1)
             work.event_id = event.id
             event.next_attempt_at = utcnow() - timedelta(minutes=1)  # due now
@@ -310,20 +334,21 @@ def test_a_documented_cron_line_run_as_written_does_its_work_and_fails_when_misc
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     line: CronLine = request.node.callspec.params["shop_app"]
+    backend = site.environment["SHOP_DATABASE_URL"].split(":", 1)[0]  # the shop's database, as in the file
     with GatewayEmulator.start(shop_app, database_url=site.environment["SHOP_DATABASE_URL"]) as emulator:
         work = prepare(shop_app, emulator, line.job)
         dispose_engines()  # the line's process has the database to itself, as cron's would
 
         command = site.rewrite(line.command)
         ran = site.run(command)
-        say("configured", str(line), ran)
+        say(f"{line.page}, {backend}: configured", str(line), ran)
         assert ran.returncode == 0, ran.stdout + ran.stderr
         assert ran.stdout == ran.stderr == "", "a good run keeps quiet: cron would mail any output"
         assert_done(shop_app, line.job, work)
 
     # The environment file is missing: Flask itself stops, before the app is built.
     missing = site.run(site.rewrite(line.command, environment_file=tmp_path / "nowhere" / "environment"))
-    say("no environment file", str(line), missing)
+    say(f"{line.page}, {backend}: no environment file", str(line), missing)
     assert missing.returncode != 0
     assert "--env-file" in missing.stdout and "does not exist" in missing.stdout, missing.stdout
 
@@ -337,7 +362,7 @@ def test_a_documented_cron_line_run_as_written_does_its_work_and_fails_when_misc
     build_app(site, line.app, monkeypatch, other_environment)  # its tables, and nothing installed
     dispose_engines()
     uninstalled = site.run(site.rewrite(line.command, environment_file=elsewhere))
-    say("nothing installed", str(line), uninstalled)
+    say(f"{line.page}, {backend}: nothing installed", str(line), uninstalled)
     if line.job == "doctor":  # it reports the missing installation itself, as a problem
         assert uninstalled.returncode == 1, uninstalled.stdout
         assert "not installed" in uninstalled.stdout, uninstalled.stdout
