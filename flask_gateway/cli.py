@@ -39,6 +39,7 @@ import functools
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -197,7 +198,10 @@ def _checked(name: str) -> Callable[[_F], _F]:
     def decorate(command: _F) -> _F:
         @functools.wraps(command)
         def run(*args: Any, **kwargs: Any) -> Any:
-            _preflight(checks)
+            # A service (`deliver --every`) waits for the database instead of exiting 75: started while it
+            # is away, systemd would restart it in a loop, and give up after five tries in ten seconds.
+            every = kwargs.get("every")
+            _preflight(checks, wait_every=every if isinstance(every, float | int) else None)
             return command(*args, **kwargs)
 
         run.gateway_checks = checks  # type: ignore[attr-defined]  # tests: no command goes unchecked
@@ -206,7 +210,10 @@ def _checked(name: str) -> Callable[[_F], _F]:
     return decorate
 
 
-def _preflight(checks: Checks) -> None:
+def _preflight(checks: Checks, *, wait_every: float | None = None) -> None:
+    """Say what the command uses, then refuse where it could only succeed by accident. ``wait_every``:
+    while the database does not answer, try again every that many seconds (one log line when the outage
+    starts, one when it ends) instead of stopping with exit status 75."""
     state = get_state()
     config = state.config
     url = state.db.engine.url  # creating the engine connects nothing
@@ -228,13 +235,22 @@ def _preflight(checks: Checks) -> None:
             f"--env-file {ENVIRONMENT_FILE} --app ... gateway ...`, docs/operations.md#cron). A "
             "one-machine shop whose production database is SQLite sets GATEWAY_SQLITE_IN_PRODUCTION = True."
         )
-    try:
-        missing, account = _read_setup(state)
-    except DATABASE_ERRORS as error:
-        if not is_database_outage(error):
-            raise
-        say("installation not read (the database does not answer)")
-        raise DatabaseAway(error) from None
+    while True:
+        try:
+            missing, account = _read_setup(state)
+        except DATABASE_ERRORS as error:
+            if not is_database_outage(error):
+                raise
+            if wait_every is None:
+                say("installation not read (the database does not answer)")
+                raise DatabaseAway(error) from None
+            state.outages.failed(error)
+            state.remove_session()
+            time.sleep(wait_every)
+            continue
+        if wait_every is not None:
+            state.outages.succeeded()
+        break
     if missing and account is None:
         say("installation not read (tables missing)")
     else:

@@ -4,6 +4,7 @@ accident)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import sqlite3
 from pathlib import Path
@@ -13,9 +14,17 @@ import pytest
 from flask import Flask
 from flask_sqlalchemy import SQLAlchemy
 from sqlalchemy import inspect, make_url
+from sqlalchemy.exc import OperationalError
 
 from flask_gateway import Gateway
-from flask_gateway.cli import COMMAND_CHECKS, EXIT_CONFIGURATION, Checks, describe_database, gateway_cli
+from flask_gateway.cli import (
+    COMMAND_CHECKS,
+    EXIT_CONFIGURATION,
+    EXIT_DATABASE_AWAY,
+    Checks,
+    describe_database,
+    gateway_cli,
+)
 from flask_gateway.errors import ConfigurationError
 from flask_gateway.models import GatewayBase
 from flask_gateway.testing import EMULATOR_URL
@@ -392,3 +401,41 @@ def test_a_missing_column_counts_as_missing_tables(tmp_path):
     result = run_gateway(app, "outbox")
     assert result.exit_code == EXIT_CONFIGURATION
     assert "(gateway_outbox.last_error): run `flask gateway init-db` or your migrations." in result.stderr
+
+
+def test_deliver_every_waits_for_the_database_at_start_instead_of_exiting_75(installed, monkeypatch, caplog):
+    """A service started while the database is away (a machine booting before its database) keeps trying:
+    exiting 75 would have systemd restart it in a loop and give up after five tries in ten seconds."""
+    import flask_gateway.cli as cli
+
+    real, calls, rounds = cli._read_setup, [], []
+
+    def away_twice(state):
+        calls.append(1)
+        if len(calls) <= 2:
+            raise OperationalError("SELECT 1", {}, Exception("connection refused"))
+        return real(state)
+
+    monkeypatch.setattr(cli, "_read_setup", away_twice)
+    monkeypatch.setattr(cli, "_deliver_forever", lambda limit, every: rounds.append((limit, every)))
+    caplog.set_level(logging.WARNING, logger="flask_gateway.outages")
+
+    result = invoke(installed, "deliver", "--every", "0.5")
+
+    assert result.exit_code == 0, result.output
+    assert len(calls) == 3 and rounds == [(100, 0.5)]
+    assert result.stderr.strip().splitlines() == [
+        f"Using database {_database_of(installed)}, gateway emulator at {EMULATOR_URL}, account demo-merchant."
+    ]
+    said = [record.getMessage() for record in caplog.records if record.name == "flask_gateway.outages"]
+    assert len(said) == 2  # one line when the outage starts, one when it ends
+    assert "connection refused" in said[0] and "answers again" in said[1]
+
+    calls.clear()  # without --every: one line and 75, as any command
+    once = invoke(installed, "deliver")
+    assert once.exit_code == EXIT_DATABASE_AWAY and len(calls) == 1, once.output
+
+
+def _database_of(harness: Harness) -> str:
+    with harness.shop.app_context():
+        return describe_database(harness.db.engine.url)
