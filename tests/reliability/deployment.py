@@ -75,7 +75,9 @@ def __getattr__(name: str) -> Any:
 
 @dataclass(frozen=True)
 class Scrape:
-    #: ``time.monotonic()`` and ``time.time()`` when the answer came.
+    #: ``time.monotonic()`` when the request was sent, and ``time.monotonic()`` and ``time.time()`` when the
+    #: answer came.
+    sent: float
     at: float
     wall: float
     status: int
@@ -104,7 +106,7 @@ class Scrape:
         return None if last is None else round(self.wall - last, 1)
 
 
-def parse_scrape(text: str, status: int, at: float, wall: float) -> Scrape:
+def parse_scrape(text: str, status: int, sent: float, at: float, wall: float) -> Scrape:
     samples: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
     counting = set()
     for family in text_string_to_metric_families(text):
@@ -113,7 +115,7 @@ def parse_scrape(text: str, status: int, at: float, wall: float) -> Scrape:
             samples[key] = sample.value
             if family.type in ("counter", "histogram"):
                 counting.add(key)
-    return Scrape(at=at, wall=wall, status=status, samples=samples, counting=frozenset(counting))
+    return Scrape(sent=sent, at=at, wall=wall, status=status, samples=samples, counting=frozenset(counting))
 
 
 @dataclass
@@ -130,10 +132,11 @@ class Scraper:
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def scrape(self) -> Scrape:
+        sent = time.monotonic()
         with requests.Session() as session:  # a new connection: any worker may answer
             answer = session.get(self.url, headers={"Authorization": f"Bearer {self.token}"}, timeout=30)
         found = parse_scrape(
-            answer.text if answer.ok else "", answer.status_code, time.monotonic(), time.time()
+            answer.text if answer.ok else "", answer.status_code, sent, time.monotonic(), time.time()
         )
         with self._lock:
             self.scrapes.append(found)

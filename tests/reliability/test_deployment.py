@@ -486,8 +486,8 @@ def test_deployment_reports_each_outage_and_loses_no_payment(deployment: Deploym
         # 2. The worker stopped (SIGTERM: a warm shutdown), longer than the deliver bound.
         shoppers.phase = "worker down"
         calm[-1] = (calm[-1][0], time.monotonic())
-        deployment.worker.stop()
         stopped = Outage("worker stopped", time.monotonic())
+        deployment.worker.stop()
         outages.append(stopped)
         _outage_detected(deployment, scraper, stopped, broker_down=False)
         deployment.start_worker()
@@ -518,6 +518,19 @@ def test_deployment_reports_each_outage_and_loses_no_payment(deployment: Deploym
     assert len(payments) >= 6 and len(lost) >= 2, [(p.phase, p.lost) for p in payments]
     assert {p.phase for p in payments} >= {"redis down", "worker down"}, "no payment during an outage"
     assert fulfilment_counts(stack, references) == dict.fromkeys(references, 1)
+    orders = fetch_all(
+        stack.shop_db,
+        "SELECT status, count(*) FROM shop_orders WHERE reference = ANY(:refs) AND fulfilled_at IS NOT NULL "
+        "GROUP BY status",
+        refs=references,
+    )
+    assert orders == [("paid", len(references))]
+    unconfirmed = fetch_all(
+        stack.shop_db,
+        "SELECT token FROM gateway_checkouts WHERE token = ANY(:tokens) AND payment_confirmed_at IS NULL",
+        tokens=tokens,
+    )
+    assert unconfirmed == []
     events = fetch_all(
         stack.shop_db,
         "SELECT c.token, e.state, count(*) FROM gateway_outbox e JOIN gateway_checkouts c ON c.id = e.checkout_id "
@@ -554,18 +567,16 @@ def test_deployment_reports_each_outage_and_loses_no_payment(deployment: Deploym
             for s in window
             if not _both_fine(s)
         ]
-    # Whichever worker answers, it shows every create call made before the scrape was sent.
-    short = [
-        (
-            round(scrape.at - began, 1),
-            scrape.value("flask_gateway_client_request_duration_seconds_count", operation="create"),
-            made,
-        )
-        for scrape in scrapes
-        if (made := sum(1 for at in shoppers.creates if at < scrape.at - 1.0))
-        > (scrape.value("flask_gateway_client_request_duration_seconds_count", operation="create") or 0)
-    ]
-    assert short == []
+    # Whichever worker answers, it shows every create call made before the scrape was sent, and no more
+    # than those made until it answered (one shopper at a time: one call at most in flight).
+    wrong = []
+    for scrape in scrapes:
+        shown = scrape.value("flask_gateway_client_request_duration_seconds_count", operation="create") or 0
+        before = sum(1 for at in shoppers.creates if at < scrape.sent)
+        until = sum(1 for at in shoppers.creates if at < scrape.at)
+        if not before <= shown <= until + 1:
+            wrong.append((round(scrape.at - began, 1), before, shown, until))
+    assert wrong == []
     last = scrapes[-1]
     creates = last.value("flask_gateway_client_request_duration_seconds_count", operation="create")
     assert creates == len(shoppers.creates) == len(payments)
