@@ -147,6 +147,9 @@ class Checks:
     tables: bool = True
     #: The gateway is installed for ``GATEWAY_ENVIRONMENT``.
     installed: bool = True
+    #: The database must answer for the command to start (else exit status 75); the doctor reports an
+    #: outage as a finding, with everything else it checks.
+    database: bool = True
 
 
 #: Each command's checks (docs/extension.md's "Command line" shows the same table; a test compares them).
@@ -155,7 +158,7 @@ class Checks:
 #: refused callbacks); every command that calls the gateway, delivers, or is scheduled needs both.
 COMMAND_CHECKS: Final[dict[str, Checks]] = {
     "init-db": Checks(tables=False, installed=False),
-    "doctor": Checks(tables=False, installed=False),
+    "doctor": Checks(tables=False, installed=False, database=False),
     "callbacks": Checks(tables=True, installed=False),
     "outbox": Checks(tables=True, installed=False),
     "reconcile": Checks(),
@@ -243,6 +246,9 @@ def _preflight(checks: Checks, *, wait_every: float | None = None) -> None:
                 raise
             if wait_every is None:
                 say("installation not read (the database does not answer)")
+                if not checks.database:
+                    state.remove_session()
+                    return
                 raise DatabaseAway(error) from None
             state.outages.failed(error)
             state.remove_session()

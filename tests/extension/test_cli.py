@@ -21,7 +21,6 @@ from flask_gateway.cli import (
     COMMAND_CHECKS,
     EXIT_CONFIGURATION,
     EXIT_DATABASE_AWAY,
-    Checks,
     describe_database,
     gateway_cli,
 )
@@ -327,10 +326,15 @@ def test_every_command_declares_its_checks_and_the_docs_table_shows_them():
         cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
         if len(cells) == 4 and cells[0].startswith("`") and cells[1].split()[0].rstrip(":") in ("yes", "no"):
             documented[cells[0].strip("`")] = (
-                Checks(tables=cells[1].startswith("yes"), installed=cells[2].startswith("yes")),
+                cells[1].startswith("yes"),
+                cells[2].startswith("yes"),
                 cells[3].split()[0],
+                "a database that does not answer" in cells[1],
             )
-    assert documented == {name: (checks, "yes") for name, checks in COMMAND_CHECKS.items()}
+    assert documented == {
+        name: (checks.tables, checks.installed, "yes", not checks.database)
+        for name, checks in COMMAND_CHECKS.items()
+    }
 
 
 @pytest.mark.parametrize("command", sorted(COMMAND_CHECKS))
@@ -439,3 +443,16 @@ def test_deliver_every_waits_for_the_database_at_start_instead_of_exiting_75(ins
 def _database_of(harness: Harness) -> str:
     with harness.shop.app_context():
         return describe_database(harness.db.engine.url)
+
+
+def test_the_doctor_reports_a_database_that_does_not_answer_instead_of_exiting_75():
+    """Every other command stops with 75; the doctor says so as a finding, with all it can still check."""
+    from tests.extension.test_outages import closed_port_url, shop_on
+
+    app = shop_on(closed_port_url())
+    result = run_gateway(app, "doctor", "--no-network")
+    assert result.exit_code == 1, result.output
+    assert result.stderr.strip().endswith(", installation not read (the database does not answer).")
+    assert "[PROBLEM] database: the database cannot be read" in result.stdout
+    assert "[ok]      configuration:" in result.stdout
+    assert run_gateway(app, "callbacks").exit_code == EXIT_DATABASE_AWAY
