@@ -41,6 +41,8 @@ from sqlalchemy import func, select, update
 from flask_gateway import create_checkout
 from flask_gateway.cli import ENVIRONMENT_FILE, EXIT_CONFIGURATION
 from flask_gateway.core.timestamps import utcnow
+from flask_gateway.emulator import embedded_emulator
+from flask_gateway.emulator.delivery import _WORKER_KEY
 from flask_gateway.models import CallbackLog, GatewayCheckout, OutboxEvent, OutboxState
 from flask_gateway.signals import payment_confirmed
 from flask_gateway.state import get_state
@@ -181,6 +183,9 @@ def build_app(
     the same code as the link in the project folder)."""
     for key, value in (environment or site.environment).items():
         monkeypatch.setenv(key, value)
+    # No delivery thread for the embedded emulator of this process (the test sends the callbacks itself):
+    # one left running would poll the test's database after the test. The line's own process has one.
+    monkeypatch.setenv("EMULATOR_WORKER", "0")
     if name == "example_shop":
         from example_shop import create_app
 
@@ -312,6 +317,8 @@ def shop_app(site: Site, request: pytest.FixtureRequest, monkeypatch: pytest.Mon
     line: CronLine = request.param
     app = build_app(site, line.app, monkeypatch)
     yield app
+    embedded = embedded_emulator(app)
+    assert embedded is not None and _WORKER_KEY not in embedded.app.extensions  # no thread left behind
     with app.app_context():
         get_state().dispose()
     dispose_engines()
