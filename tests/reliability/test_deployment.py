@@ -111,12 +111,17 @@ class Deployment:
     web_env: dict[str, str]
     worker: Worker
     beat: Worker
-    started: int = 1
+    #: Every Celery process started (the fixture stops them all).
+    processes: list[Worker]
 
     def start_worker(self) -> Worker:
-        self.started += 1
-        self.worker = _start_worker(self.root, self.env, f"worker{self.started}")
+        self.worker = _spawn_worker(self.root, self.env, f"worker{len(self.processes)}")
+        self.processes.append(self.worker)
+        wait_ready(self.worker, " ready.")
         return self.worker
+
+    def celery_logs(self) -> dict[str, str]:
+        return {process.name: process.log() for process in self.processes}
 
     def shop_log(self) -> str:
         return self.stack.shop.log_path.read_text(errors="replace")
@@ -129,12 +134,6 @@ def _spawn_worker(root: Path, env: dict[str, str], name: str) -> Worker:
         env, "worker", "--pool", "prefork", "--concurrency", "2", "--hostname", f"{name}@%h",
         "--loglevel", "INFO",
     )  # fmt: skip
-
-
-def _start_worker(root: Path, env: dict[str, str], name: str) -> Worker:
-    worker = _spawn_worker(root, env, name)
-    wait_ready(worker, " ready.")
-    return worker
 
 
 @pytest.fixture
@@ -172,7 +171,6 @@ def deployment(
     web_env = {**env, "PROMETHEUS_MULTIPROC_DIR": str(root / "prometheus")}
     servers: list[Server] = []
     workers: list[Worker] = []
-    deployment = None
     try:
         init = _run_flask(env, "shop", "init-db")
         assert init.returncode == 0, init.stdout + init.stderr
@@ -208,10 +206,10 @@ def deployment(
         wait_ready(worker, " ready.")
         wait_ready(beat, "beat: Starting...")
         say(f"started in {time.monotonic() - began:.0f} s")
-        deployment = Deployment(stack, redis, root, env, web_env, worker, beat)
+        deployment = Deployment(stack, redis, root, env, web_env, worker, beat, workers)
         yield deployment
     finally:
-        for process in [*workers, *([deployment.worker] if deployment else [])]:
+        for process in workers:
             process.stop()
         for server in reversed(servers):
             server.stop()
@@ -587,6 +585,8 @@ def test_deployment_reports_each_outage_and_loses_no_payment(deployment: Deploym
     assert [line for line in access if line.status >= 500] == []
     assert shoppers.recorder.server_errors() == []
     assert tracebacks(deployment.shop_log())[1] == []
+    logs = deployment.celery_logs()
+    assert [name for name, log in logs.items() if "Unrecoverable error" in log] == []
 
     calls = {
         operation: int(
@@ -608,6 +608,10 @@ def test_deployment_reports_each_outage_and_loses_no_payment(deployment: Deploym
     )
     for outage in outages:
         say(outage.line())
+    say(
+        f"'Traceback' lines in the Celery logs: { {name: log.count('Traceback') for name, log in logs.items()} }"
+        f"; beat could not send {logs['beat'].count('Message Error')} ticks while Redis was down"
+    )
     say(f"doctor during the Redis outage:\n{outages[0].doctor_during}")
     say(f"whole test {time.monotonic() - began:.0f} s")
 
