@@ -48,7 +48,7 @@ from typing import Any, Final, TypeVar
 
 import click
 from flask.cli import AppGroup
-from sqlalchemy import URL, CursorResult, delete, inspect, or_, select
+from sqlalchemy import URL, CursorResult, delete, inspect, select
 
 from flask_gateway.config import MAX_PAID_WINDOW_HOURS, MAX_RECONCILE_CONCURRENCY
 from flask_gateway.core.errors import GatewayError
@@ -59,6 +59,7 @@ from flask_gateway.core.wire import status_payload_keys
 from flask_gateway.doctor import DEFAULT_TIMEOUT, run_checks
 from flask_gateway.drift import check_settings
 from flask_gateway.errors import CallbackRejected, NotInstalledError
+from flask_gateway.health import REFUSED
 from flask_gateway.inbound import replay_callback
 from flask_gateway.models import (
     CallbackLog,
@@ -466,7 +467,11 @@ def check_settings_command() -> None:
     default=None,
     help="Only callbacks with this outcome.",
 )
-@click.option("--refused", is_flag=True, help="Only callbacks answered 4xx/5xx or not answered at all.")
+@click.option(
+    "--refused",
+    is_flag=True,
+    help="Only callbacks answered 4xx/5xx or not answered at all (not the doctor's own probe).",
+)
 @click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True)
 @_checked("callbacks")
 def callbacks_command(outcome: str | None, refused: bool, limit: int) -> None:
@@ -475,7 +480,7 @@ def callbacks_command(outcome: str | None, refused: bool, limit: int) -> None:
     if outcome:
         query = query.where(CallbackLog.outcome == outcome)
     if refused:
-        query = query.where(or_(CallbackLog.http_status >= 400, CallbackLog.http_status == 0))
+        query = query.where(REFUSED)
     rows = get_state().session.scalars(query).all()
     if not rows:
         click.echo("No callbacks match.")

@@ -67,7 +67,7 @@ from flask_gateway.core.sql import UTCDateTime, sqlite_read_transactions
 from flask_gateway.core.timestamps import utcnow
 from flask_gateway.core.wire import PAYMENT_STATUSES, CheckoutStatus
 from flask_gateway.models import CallbackLog, CallbackOutcome, CheckoutEvent, GatewayCheckout
-from flask_gateway.ratelimit import make_storage
+from flask_gateway.ratelimit import make_storage, watch_of
 from flask_gateway.state import get_state, leaves_no_transaction
 
 __all__ = [
@@ -415,13 +415,18 @@ _STORAGES: weakref.WeakKeyDictionary[Flask, Storage] = weakref.WeakKeyDictionary
 
 def _first_notice(app: Flask, key: str) -> bool:
     """True for the first check of a spell (counted atomically on the shared storage)."""
+    storage = _STORAGES.get(app)
     try:
-        storage = _STORAGES.get(app)
         if storage is None:
             storage = _STORAGES[app] = make_storage(get_state(app).config.ratelimit_storage_uri)
-        return storage.incr(key, SPELL_MEMORY_SECONDS) == 1
-    except Exception:
-        log.warning(
-            "callback health: the rate-limit storage failed, so this warning may repeat", exc_info=True
-        )
+        first = storage.incr(key, SPELL_MEMORY_SECONDS) == 1
+    except Exception as error:
+        if storage is None:
+            log.warning("callback health: the rate-limit storage cannot be built (%s)", error)
+        else:  # one WARNING per failing spell of the storage, shared with the rate limits built on it
+            watch_of(storage).failed(
+                "callback-health", "its silent-spell warning may repeat", error, let_through=False
+            )
         return True
+    watch_of(storage).succeeded()
+    return first

@@ -45,7 +45,7 @@ from flask_gateway.forms import (
     format_amount,
     format_money,
 )
-from flask_gateway.health import check_callback_health, describe_age
+from flask_gateway.health import REFUSED, check_callback_health, describe_age
 from flask_gateway.heartbeats import JobStatus, job_status
 from flask_gateway.inbound import replay_callback
 from flask_gateway.installation import InstallSettings, adopt_signing_key, install, update_settings
@@ -454,7 +454,7 @@ def callbacks() -> ResponseReturnValue:
     if outcome:
         query = query.where(CallbackLog.outcome == outcome)
     if refused:
-        query = query.where(or_(CallbackLog.http_status >= 400, CallbackLog.http_status == 0))
+        query = query.where(REFUSED)
     pagination = state.db.paginate(query, page=page, per_page=PER_PAGE, error_out=False)
     wanted = {"outcome": outcome or None, "refused": "1" if refused else None}
     filters = {key: value for key, value in wanted.items() if value}

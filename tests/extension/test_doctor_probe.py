@@ -22,6 +22,7 @@ from flask_gateway.inbound import PROBE_HEADER, PROBE_WINDOW_SECONDS, doctor_pro
 from flask_gateway.models import CallbackLog
 from flask_gateway.state import get_state
 from tests.conftest import Databases
+from tests.extension.cli_support import run_gateway
 from tests.extension.conftest import Harness, build_harness
 from tests.extension.operations_support import recording
 
@@ -117,3 +118,23 @@ def test_no_mark_without_a_secret_key(installed: Harness) -> None:
     installed.shop.config["SECRET_KEY"] = None
     with installed.shop.app_context():
         assert doctor_probe_mark(BODY) is None
+
+
+def test_the_refused_lists_leave_the_probe_out(installed: Harness) -> None:
+    """The admin's "refused or unanswered" filter and ``flask gateway callbacks --refused`` use the same
+    predicate as the refused figure: the doctor's probe is in the whole log, not in the refused lists."""
+    post(installed, probe=mark(installed))
+    post(installed)
+    installed.gateway.admin_guard(lambda: True)
+
+    everything = installed.client.get("/gateway/admin/callbacks").get_data(as_text=True)
+    assert 'data-callback-outcome="doctor-probe"' in everything
+    refused = installed.client.get("/gateway/admin/callbacks?refused=1").get_data(as_text=True)
+    assert 'data-callback-outcome="rejected-signature"' in refused
+    assert 'data-callback-outcome="doctor-probe"' not in refused
+
+    listed = run_gateway(installed.shop, "callbacks", "--refused")
+    assert listed.exit_code == 0, listed.output
+    lines = listed.stdout.strip().splitlines()
+    assert len(lines) == 1 and "rejected-signature" in lines[0]
+    assert "doctor-probe" in run_gateway(installed.shop, "callbacks").stdout

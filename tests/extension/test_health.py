@@ -304,6 +304,44 @@ def test_a_failing_memory_warns_again_rather_than_never(installed: Harness, monk
     assert len(sent) == 2
 
 
+def test_a_failing_storage_is_one_warning_per_spell_without_a_traceback(
+    installed: Harness, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+):
+    """The spell memory's storage failing at every check (Redis down) logs one WARNING, not a traceback per
+    check, and one line when it works again: the same watch as the rate limits built on that storage."""
+    from limits.storage import MemoryStorage
+
+    from flask_gateway import health as module
+
+    class Flaky(MemoryStorage):
+        down = True
+
+        def incr(self, key: str, expiry: int, amount: int = 1) -> int:  # type: ignore[override]
+            if self.down:
+                raise ConnectionError("Error 111 connecting to redis:6379. Connection refused.")
+            return super().incr(key, expiry, amount)
+
+    storage = Flaky()
+    monkeypatch.setattr(module, "make_storage", lambda uri: storage)
+    monkeypatch.setattr(module, "_STORAGES", type(module._STORAGES)())
+    silence_after(installed, payments=1)
+    fail_callbacks(installed)
+    checkout_id, _ = paid(installed, "ORD-1")
+    come_back(installed, checkout_id)
+    caplog.set_level(logging.INFO)
+    caplog.set_level(logging.INFO, logger="flask_gateway.ratelimit")  # its traceback comes only at DEBUG
+    with recording(callbacks_silent) as sent:
+        for _ in range(3):
+            check(installed)
+        storage.down = False
+        check(installed)
+    assert len(sent) == 4  # warned again rather than never while the memory failed
+    loud = [r for r in caplog.records if r.levelno >= logging.WARNING and "storage" in r.getMessage()]
+    assert len(loud) == 2, [r.getMessage() for r in loud]
+    assert "fails" in loud[0].getMessage() and "works again" in loud[1].getMessage()
+    assert not [r for r in caplog.records if r.exc_info]
+
+
 # --- the status page ---------------------------------------------------------------------------------
 
 
