@@ -44,6 +44,7 @@ from typing import Any, Final
 
 from flask import Flask, current_app, has_app_context
 
+from flask_gateway.heartbeats import record_run
 from flask_gateway.outbox import DeliveryReport, deliver_due
 from flask_gateway.reconciliation import reconcile
 from flask_gateway.state import get_state
@@ -207,16 +208,19 @@ def _deliver_outbox(limit: int = DELIVER_LIMIT) -> str:
     """Deliver up to ``limit`` due events, claiming them one at a time; the summary for the worker's log."""
     _require_app_context(DELIVER_OUTBOX)
     total = DeliveryReport()
-    for _ in range(limit):
-        # One event per claim: its lease starts when its own delivery does, not when a batch was taken,
-        # so slow receivers early in a batch never let a later event's lease run out while it waits.
-        report = deliver_due(1)
-        if not (report.delivered or report.failed):
-            break
-        total.delivered += report.delivered
-        total.failed += report.failed
-        total.dead += report.dead
-        total.errors.extend(report.errors)
+    # One heartbeat for the task run, not one per event (the runs of deliver_due inside record nothing).
+    with record_run("deliver") as run:
+        for _ in range(limit):
+            # One event per claim: its lease starts when its own delivery does, not when a batch was taken,
+            # so slow receivers early in a batch never let a later event's lease run out while it waits.
+            report = deliver_due(1)
+            if not (report.delivered or report.failed):
+                break
+            total.delivered += report.delivered
+            total.failed += report.failed
+            total.dead += report.dead
+            total.errors.extend(report.errors)
+        run.done(str(total), failed=bool(total.errors))
     return f"Outbox: {total}."
 
 

@@ -20,6 +20,7 @@ from flask_sqlalchemy import SQLAlchemy
 
 from flask_gateway import Gateway, create_checkout, payment_confirmed
 from flask_gateway import tasks as gateway_tasks
+from flask_gateway.heartbeats import job_status
 from flask_gateway.models import GatewayCheckout
 from flask_gateway.outbox import CLAIM_LEASE, DeliveryReport, deliver_due
 from flask_gateway.state import get_state
@@ -152,6 +153,10 @@ def test_deliver_outbox_claims_one_event_at_a_time_and_stops_at_its_limit(
         assert claims == [1, 1, 1, 1]  # the last claim found nothing due: the task ended
         assert sorted(reference for reference, _ in fulfilled) == ["ORD-1", "ORD-2", "ORD-3"]
         assert len({event_id for _, event_id in fulfilled}) == 3
+        with gateway_app.app_context():  # one heartbeat per task run, not one per claim
+            (deliver_job,) = [status for status in job_status() if status.job == "deliver"]
+        assert deliver_job.runs == 2 and deliver_job.last_outcome == "ok"
+        assert deliver_job.last_summary == "1 delivered, 0 failed, 0 dead"
     finally:
         payment_confirmed.disconnect(fulfil, sender=gateway_app)
 
