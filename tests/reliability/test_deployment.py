@@ -23,15 +23,17 @@ reconcile task can confirm that payment.
 While shoppers pay (one after the other, from a thread) and a scraper reads ``/metrics`` every half second
 through gunicorn's port, the test
 
-1. waits until both jobs have run and checks the doctor's ``background-work`` and ``broker`` findings ok;
+1. waits until both jobs have run, and the doctor finds no problem (exit 0; ``background-work`` and
+   ``broker`` ok);
 2. stops Redis: the metric ``flask_gateway_job_overdue{job="deliver"}`` turns 1 within the deliver bound
    plus a tick, the doctor says the delivery is overdue and the broker does not answer; starts Redis again:
-   both clear within :data:`CLEAR_WITHIN` s, with the same worker and beat processes;
+   both clear within :data:`CLEAR_WITHIN` s, with the same worker and beat processes (none restarted, none
+   logged Celery's "Unrecoverable error");
 3. stops the worker (SIGTERM, warm shutdown) until the delivery is overdue, then starts a new one: clears;
 4. at the end: every payment confirmed and fulfilled once, its ``payment_confirmed`` outbox event delivered
    once, nothing pending or dead; no scrape failed, no counter or histogram went down, the scrapes were
-   answered by several workers and each showed every ``create`` call made before it began; no 5xx in
-   gunicorn's access log, no traceback in the shop's log.
+   answered by several workers and each showed every ``create`` call made before it was sent (and none
+   beyond those answered by then); no 5xx in gunicorn's access log, no traceback in the shop's log.
 
 The figures (heartbeat ages during each outage, time to detect and to clear, scrapes, calls) are printed:
 ``pytest tests/reliability/test_deployment.py -p no:randomly -n 0 -s``.
@@ -41,6 +43,8 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -57,7 +61,7 @@ from tests.conftest import fetch_all, selected_backends
 from tests.postgres import PostgresCluster
 from tests.processes import Server, wait_for
 from tests.redis_server import RedisServer, start_redis
-from tests.reliability.conftest import ROOT, Stack, plan_stack, start_gunicorn
+from tests.reliability.conftest import ROOT, Stack, StackPlan, plan_stack, start_gunicorn
 from tests.reliability.deployment import (
     ACCESS_FORMAT,
     DoctorRun,
@@ -128,7 +132,8 @@ class Deployment:
 
 
 def _spawn_worker(root: Path, env: dict[str, str], name: str) -> Worker:
-    """``celery -A example_shop.celery_app:celery worker``, as the docs run it (two pool processes)."""
+    """``celery -A example_shop.celery_app:celery worker --loglevel INFO`` as docs/example-shop.md runs it,
+    with two pool processes (its default on a machine of two CPUs: the same here on any machine)."""
     return spawn_celery(
         root, name, "example_shop.celery_app:celery",
         env, "worker", "--pool", "prefork", "--concurrency", "2", "--hostname", f"{name}@%h",
@@ -146,7 +151,27 @@ def deployment(
     cluster: PostgresCluster = request.getfixturevalue("postgres_cluster")
     root = tmp_path_factory.mktemp("deployment")
     redis = start_redis()
-    plan = plan_stack(
+    plans: list[StackPlan] = []
+    servers: list[Server] = []
+    workers: list[Worker] = []
+    try:
+        plan = _plan(cluster, redis)
+        plans.append(plan)
+        yield from _deploy(plan, redis, root, servers, workers, began)
+    finally:
+        for process in workers:
+            process.stop()
+        for server in reversed(servers):
+            server.stop()
+        redis.stop()
+        for plan in plans:
+            for url in (plan.shop_db, plan.emulator_db):
+                cluster.drop_database(url.rsplit("/", 1)[1], wait=False)
+
+
+def _plan(cluster: PostgresCluster, redis: RedisServer) -> StackPlan:
+    """The two databases, the ports, and the apps' environments."""
+    return plan_stack(
         cluster,
         shop_env={
             "SHOP_ENV": "production",
@@ -166,62 +191,59 @@ def deployment(
             "DEPLOY_RECONCILE_EVERY": str(RECONCILE_EVERY),
         },
     )
+
+
+def _deploy(
+    plan: StackPlan,
+    redis: RedisServer,
+    root: Path,
+    servers: list[Server],
+    workers: list[Worker],
+    began: float,
+) -> Iterator[Deployment]:
+    """The deployment step (the shop's tables), then every process; ``servers`` and ``workers`` collect what
+    was started, for the fixture to stop."""
     env = dict(plan.shop_env)
     env.pop("SHOP_ADMIN_PASSWORD")  # development only: production takes the hash
     web_env = {**env, "PROMETHEUS_MULTIPROC_DIR": str(root / "prometheus")}
-    servers: list[Server] = []
-    workers: list[Worker] = []
-    try:
-        init = _run_flask(env, "shop", "init-db")
-        assert init.returncode == 0, init.stdout + init.stderr
-        emulator = start_gunicorn(
-            "emulator", "flask_gateway.emulator:create_app()", plan.emulator_env, root,
-            port=plan.emulator_port, workers=2, threads=4, ready_path="/livez",
-        )  # fmt: skip
-        servers.append(emulator)
-        shop = start_gunicorn(
-            "shop", "example_shop.wsgi:app", web_env, root, port=plan.shop_port, workers=SHOP_WORKERS,
-            threads=4, ready_path="/gateway/livez",
-            options=["-c", str(ROOT / "example_shop" / "gunicorn.conf.py"), "--access-logformat", ACCESS_FORMAT],
-        )  # fmt: skip
-        servers.append(shop)
-        for server in servers:
-            secret_watch.watch_file(server.log_path)
-        stack = Stack(
-            emulator=emulator, shop=shop, emulator_db=plan.emulator_db, shop_db=plan.shop_db, shop_env=env
-        )
-        requests.get(shop.url + "/", timeout=60)  # the first request auto-installs the shop
-        wait_for(
-            lambda: fetch_all(plan.shop_db, "SELECT count(*) FROM gateway_installations") == [(1,)],
-            timeout=30,
-            what="the shop's auto-install",
-        )
-        worker = _spawn_worker(root, env, "worker1")
-        workers.append(worker)
-        beat = spawn_celery(
-            root, "beat", "tests.reliability.deployment:celery", env,
-            "beat", "--schedule", str(root / "beat-schedule"), "--loglevel", "INFO", "--max-interval", "1",
-        )  # fmt: skip
-        workers.append(beat)
-        wait_ready(worker, " ready.")
-        wait_ready(beat, "beat: Starting...")
-        say(f"started in {time.monotonic() - began:.0f} s")
-        deployment = Deployment(stack, redis, root, env, web_env, worker, beat, workers)
-        yield deployment
-    finally:
-        for process in workers:
-            process.stop()
-        for server in reversed(servers):
-            server.stop()
-        redis.stop()
-        for url in (plan.shop_db, plan.emulator_db):
-            cluster.drop_database(url.rsplit("/", 1)[1], wait=False)
+    init = _run_flask(env, "shop", "init-db")
+    assert init.returncode == 0, init.stdout + init.stderr
+    emulator = start_gunicorn(
+        "emulator", "flask_gateway.emulator:create_app()", plan.emulator_env, root,
+        port=plan.emulator_port, workers=2, threads=4, ready_path="/livez",
+    )  # fmt: skip
+    servers.append(emulator)
+    shop = start_gunicorn(
+        "shop", "example_shop.wsgi:app", web_env, root, port=plan.shop_port, workers=SHOP_WORKERS,
+        threads=4, ready_path="/gateway/livez",
+        options=["-c", str(ROOT / "example_shop" / "gunicorn.conf.py"), "--access-logformat", ACCESS_FORMAT],
+    )  # fmt: skip
+    servers.append(shop)
+    for server in servers:
+        secret_watch.watch_file(server.log_path)
+    stack = Stack(
+        emulator=emulator, shop=shop, emulator_db=plan.emulator_db, shop_db=plan.shop_db, shop_env=env
+    )
+    requests.get(shop.url + "/", timeout=60)  # the first request auto-installs the shop
+    wait_for(
+        lambda: fetch_all(plan.shop_db, "SELECT count(*) FROM gateway_installations") == [(1,)],
+        timeout=30,
+        what="the shop's auto-install",
+    )
+    worker = _spawn_worker(root, env, "worker1")
+    workers.append(worker)
+    beat = spawn_celery(
+        root, "beat", "tests.reliability.deployment:celery", env,
+        "beat", "--schedule", str(root / "beat-schedule"), "--loglevel", "INFO", "--max-interval", "1",
+    )  # fmt: skip
+    workers.append(beat)
+    wait_ready(worker, " ready.")
+    wait_ready(beat, "beat: Starting...")
+    say(f"started in {time.monotonic() - began:.0f} s")
+    yield Deployment(stack, redis, root, env, web_env, worker, beat, workers)
 
 
-def _run_flask(env: dict[str, str], *arguments: str) -> Any:
-    import subprocess
-    import sys
-
+def _run_flask(env: dict[str, str], *arguments: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "flask", "--app", "example_shop", *arguments],
         env={**os.environ, **env},
