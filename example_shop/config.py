@@ -271,6 +271,12 @@ def resolve(
     # database, still guard it). On the database, its failure is a database outage: raised, so the login
     # answers the outage page (503) with one log line, not a swallowed traceback per attempt.
     config.setdefault("RATELIMIT_SWALLOW_ERRORS", config["RATELIMIT_STORAGE_URI"] != DatabaseStorage.URI)
+    # While that storage is down, each process counts the login attempts in memory instead: Flask-Limiter
+    # logs one WARNING when it falls back and one INFO line when the storage is back, not a traceback per
+    # request ("Failed to rate limit. Swallowing error").
+    config.setdefault(
+        "RATELIMIT_IN_MEMORY_FALLBACK_ENABLED", config["RATELIMIT_STORAGE_URI"] != DatabaseStorage.URI
+    )
 
     # Shoppers come back from the gateway to the shop's own order page (see views/orders.py).
     config["GATEWAY_ORDER_ENDPOINT"] = ORDER_ENDPOINT

@@ -6,13 +6,16 @@ address without locking the owner out of a good address, and a logout that ends 
 
 from __future__ import annotations
 
+import logging
 import threading
 
 import pytest
 from werkzeug.security import generate_password_hash
 
 from example_shop import create_app, login_guard
+from example_shop.extensions import limiter
 from tests.conftest import Databases
+from tests.processes import free_port
 from tests.shop.conftest import (
     OWNER_PASSWORD,
     SHOP_URL,
@@ -192,3 +195,28 @@ def test_an_owner_session_is_valid_in_every_worker_with_a_plain_development_pass
     elsewhere = other_worker.test_client()
     elsewhere.set_cookie(cookie.key, cookie.value, domain=cookie.domain)
     assert elsewhere.get(SHOP_URL + "/admin/").status_code == 200
+
+
+def test_a_login_limit_on_redis_that_is_down_falls_back_to_memory_with_one_line(
+    databases: Databases, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``SHOP_RATELIMIT_STORAGE_URI`` on a Redis that does not answer: the login still works and is still
+    limited (per process, in memory), and the log has one WARNING, not a traceback per attempt."""
+    pytest.importorskip("redis")
+    down = f"redis://127.0.0.1:{free_port()}/0"
+    shop = make_harness(
+        databases, monkeypatch, SHOP_LOGIN_RATE_LIMIT="3 per minute", RATELIMIT_STORAGE_URI=down
+    )
+    caplog.set_level(logging.INFO)
+    # Flask-Limiter keeps "the storage is dead" on its one Limiter object, across the apps of this process.
+    monkeypatch.setattr(limiter, "_storage_dead", False)
+    attacker = browser(shop, ATTACKER)
+    pages = [attacker.log_in("wrong").status_code for _ in range(5)]
+    assert pages == [400] * 3 + [429] * 2  # limited all the same
+    assert browser(shop, OWNER_ADDRESS).log_in().status_code == 303
+    limiter_lines = [
+        r for r in caplog.records if r.name.startswith("flask-limiter") and r.levelno >= logging.WARNING
+    ]
+    assert [r.levelno for r in limiter_lines] == [logging.WARNING], [r.getMessage() for r in limiter_lines]
+    assert "falling back to in-memory storage" in limiter_lines[0].getMessage()
+    assert not [r for r in caplog.records if r.exc_info], "a traceback was logged"
