@@ -68,8 +68,8 @@ __all__ = ["bp"]
 bp = Blueprint(
     "gateway_admin",
     __name__,
-    template_folder="../templates",
-    static_folder="../static",
+    template_folder="../../templates",
+    static_folder="../../static",
     static_url_path="/static",
 )
 
