@@ -435,12 +435,12 @@ def test_each_reconcile_run_looks_for_silent_callbacks(installed: Harness):
 def test_a_failing_health_check_leaves_the_reconcile_run_done(
     installed: Harness, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ):
-    from flask_gateway import reconciliation
+    from flask_gateway.reconciliation import run
 
     def broken() -> None:
         raise RuntimeError("the health check broke")
 
-    monkeypatch.setattr(reconciliation, "check_callback_health", broken)
+    monkeypatch.setattr(run, "check_callback_health", broken)
     with installed.shop.app_context():
         report = reconcile()
     assert report.finished_at is not None and not report.errors

@@ -21,7 +21,6 @@ from flask import Flask
 from sqlalchemy import select, text, update
 
 from flask_gateway import create_checkout, deliver_due, payment_confirmed, reconcile
-from flask_gateway import reconciliation as reconciliation_module
 from flask_gateway.config import GatewayConfig
 from flask_gateway.core.timestamps import utcnow
 from flask_gateway.doctor import Options as DoctorOptions
@@ -29,6 +28,7 @@ from flask_gateway.doctor import check_broker
 from flask_gateway.errors import ConfigurationError
 from flask_gateway.heartbeats import JOBS, JobStatus, broker_unreachable, job_status, mask_url, record_run
 from flask_gateway.models import GatewayBase, Installation, JobRun, OutboxEvent
+from flask_gateway.reconciliation import run as reconciliation_module
 from flask_gateway.state import get_state
 from flask_gateway.testing import SHOP_URL, GatewayEmulator
 from tests.extension.conftest import sample_order

@@ -18,12 +18,20 @@ from requests.structures import CaseInsensitiveDict
 from sqlalchemy import select
 from sqlalchemy.exc import OperationalError
 
-from flask_gateway import polling, reconciliation, signals
+from flask_gateway import polling, signals
 from flask_gateway.config import GatewayConfig
 from flask_gateway.core.timestamps import format_timestamp, utcnow
 from flask_gateway.errors import ConfigurationError
 from flask_gateway.models import GatewayCheckout
-from flask_gateway.reconciliation import AHEAD_PER_THREAD, BATCH_SIZE, ReconcileReport, reconcile
+from flask_gateway.reconciliation import (
+    AHEAD_PER_THREAD,
+    BATCH_SIZE,
+    ReconcileReport,
+    answers,  # the submodules a test patches: where the run looks the names up
+    claiming,
+    pool,
+    reconcile,
+)
 from flask_gateway.state import get_state
 from tests.extension.conftest import EMULATOR_URL, Harness
 from tests.extension.operations_support import recording
@@ -215,7 +223,7 @@ def test_an_answer_that_does_not_apply_fails_alone(
             raise RuntimeError("cannot apply")
         return record_answer(payload, checkout_id, known, source)
 
-    monkeypatch.setattr(reconciliation, "record_answer", flaky)
+    monkeypatch.setattr(answers, "record_answer", flaky)
     gateway = stub(installed, StubGateway(delay=0.002))
     report = run(installed, concurrency=4)
     assert (report.polled, report.failed) == (29, 1)
@@ -241,7 +249,7 @@ def test_a_database_outage_stops_the_run_without_a_traceback_per_checkout(
         raise OperationalError("UPDATE", {}, Exception("server closed the connection unexpectedly"))
 
     stub(installed, StubGateway())
-    monkeypatch.setattr(reconciliation, "record_answer", away)
+    monkeypatch.setattr(answers, "record_answer", away)
     with pytest.raises(OperationalError, match="server closed the connection"):
         run(installed, concurrency=concurrency)
     assert len(tried) == 1  # not once more per checkout of the batch, nor for the next checkouts
@@ -267,7 +275,7 @@ def test_a_run_holds_a_bounded_number_of_checkouts(
     claims: list[int] = []
     done = 0
     most_held = 0
-    claim_rows = reconciliation._claim_rows
+    claim_rows = claiming._claim_rows
 
     def counted(*args: Any, **kwargs: Any) -> Any:
         nonlocal most_held
@@ -280,7 +288,7 @@ def test_a_run_holds_a_bounded_number_of_checkouts(
         nonlocal done
         done = now_done
 
-    monkeypatch.setattr(reconciliation, "_claim_rows", counted)
+    monkeypatch.setattr(pool, "_claim_rows", counted)
     stub(installed, StubGateway(delay=0.001))
     report = run(installed, concurrency=2, progress=progress)
     assert report.polled == 200

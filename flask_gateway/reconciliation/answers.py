@@ -1,0 +1,139 @@
+"""Applying the gateway's answers: each through the state machine, several per transaction.
+
+The gateway reports ``EXPIRED`` once ``expiresAt`` passed; should it still answer ``PENDING_ORDER`` for a
+checkout past its ``expiresAt`` (more than a minute, for clock skew), the checkout is marked ``EXPIRED``
+here (DESIGN §3). A payment reported later still moves it on (and flags it for review). What a poll of a
+paid checkout learns is recorded by ``transitions.apply`` and ``polling.record_answer``.
+
+Imports ``claiming`` and ``report`` of the package.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from contextlib import suppress
+from datetime import timedelta
+from typing import Final
+
+from flask_gateway.core.outages import is_database_outage
+from flask_gateway.core.sql import commit_keeping_loaded
+from flask_gateway.core.timestamps import utcnow
+from flask_gateway.core.wire import PAID_STATUSES, PAYMENT_STATUSES, CheckoutStatusPayload
+from flask_gateway.core.wire import CheckoutStatus as S
+from flask_gateway.polling import record_answer
+from flask_gateway.reconciliation.claiming import _Claimed
+from flask_gateway.reconciliation.report import ReconcileError, _Outcome
+from flask_gateway.state import get_state
+from flask_gateway.transitions import Observation, Transition, apply, send_pending
+
+log = logging.getLogger("flask_gateway.reconciliation")
+
+#: Past ``expiresAt`` by more than this while the gateway still says ``PENDING_ORDER``: expired.
+EXPIRY_GRACE: Final = timedelta(minutes=1)
+
+#: What a polling thread hands back: the claimed checkout, and the gateway's answer or why none came.
+_Answer = tuple[_Claimed, CheckoutStatusPayload | BaseException]
+
+
+def _failed(claimed: _Claimed, error: BaseException) -> _Outcome:
+    log.warning("reconcile: checkout #%s failed: %s", claimed.id, error, exc_info=True)
+    return _Outcome(
+        paid=claimed.paid,
+        error=ReconcileError(checkout_id=claimed.id, token=claimed.token, message=str(error)),
+    )
+
+
+def _apply_answer(claimed: _Claimed, payload: CheckoutStatusPayload) -> tuple[_Outcome, list[Transition]]:
+    """Apply the gateway's answer about ``claimed`` in the current transaction (not committed); what it
+    did, and the transitions whose events are sent once the caller committed."""
+    session = get_state().session
+    polled = record_answer(payload, claimed.id, claimed.status, "reconcile")
+    transition = polled.transition
+    transitions = [transition]
+    checkout = transition.checkout
+    changed, confirmed, expired = transition.applied, False, 0
+    if not claimed.paid:
+        if transition.applied:
+            confirmed = transition.after in PAYMENT_STATUSES and transition.before not in PAID_STATUSES
+            expired += transition.after == S.EXPIRED
+        if (
+            checkout.status == S.PENDING_ORDER
+            and checkout.expires_at is not None
+            and checkout.expires_at < utcnow() - EXPIRY_GRACE
+        ):
+            expiry = apply(
+                session,
+                claimed.id,
+                Observation(
+                    status=S.EXPIRED.value,
+                    source="reconcile",
+                    detail=f"the gateway still says PENDING_ORDER past expiresAt "
+                    f"{checkout.expires_at.isoformat()}: treated as expired",
+                ),
+                commit=False,
+            )
+            transitions.append(expiry)
+            if expiry.applied:
+                expired += 1
+                changed = True
+            checkout = expiry.checkout
+    outcome = _Outcome(
+        paid=claimed.paid,
+        status=checkout.status,
+        changed=changed,
+        confirmed=confirmed,
+        expired=expired,
+        refunded_cents=max(0, checkout.refunded_cents - polled.refunded_before),
+        flagged=checkout.flagged and not polled.flagged_before,
+    )
+    return outcome, transitions
+
+
+def _write(
+    batch: list[_Answer], claim: Callable[[], list[_Claimed]] | None
+) -> tuple[list[_Outcome], list[_Claimed]]:
+    """Apply the answers of ``batch`` and make the ``claim`` in one transaction, then send the answers'
+    events; what the answers did, and the checkouts claimed.
+
+    Should one answer fail to apply (or the commit fail), the transaction is rolled back, each answer is
+    applied again in a transaction of its own, so that only the failing checkout fails (nothing is asked
+    again: the answers are in hand), and the claim is made in a transaction of its own: a claim that fails
+    on its own ends the run, as it always did.
+    """
+    session = get_state().session
+    failed = [_failed(claimed, answer) for claimed, answer in batch if isinstance(answer, BaseException)]
+    answered = [(claimed, answer) for claimed, answer in batch if not isinstance(answer, BaseException)]
+    outcomes: list[_Outcome] = []
+    transitions: list[Transition] = []
+    fresh: list[_Claimed] = []
+    try:
+        # One flush for the batch, at the commit (the checkouts' updates and new events sent together),
+        # not one before each checkout's row lock: the answers are about different checkouts, and nothing
+        # one of them does reads what another changed.
+        with session.no_autoflush:
+            for claimed, answer in answered:
+                outcome, applied = _apply_answer(claimed, answer)
+                outcomes.append(outcome)
+                transitions.extend(applied)
+        if claim is not None:
+            fresh = claim()
+        commit_keeping_loaded(session)
+    except Exception as error:
+        if is_database_outage(error):
+            # The database is away: applying each answer alone would fail the same way, one traceback a
+            # checkout. The run stops (the CLI says so in one line); the claimed checkouts are due again
+            # after the lease, and the next run asks about them again.
+            with suppress(Exception):  # the rollback of a dead connection fails too
+                session.rollback()
+            raise
+        session.rollback()
+        if not answered:
+            raise
+        if len(answered) == 1 and claim is None:
+            return [*failed, _failed(answered[0][0], error)], []
+        alone = [outcome for item in answered for outcome in _write([item], None)[0]]
+        return failed + alone, _write([], claim)[1] if claim is not None else []
+    for transition in transitions:
+        send_pending(transition)
+    return failed + outcomes, fresh
