@@ -11,19 +11,24 @@
   (``X-Forwarded-Proto: https`` to ``SHOP_TRUSTED_PROXIES=1``; the Secure cookie sent back on the proxy's
   plain-http hop), since ``SHOP_ENV=production`` sets Secure cookies.
 - :func:`stop_redis` / :func:`start_redis_again`: the same ``redis-server`` command on the same port.
+- :class:`Supervisor`: a Celery worker run as its systemd unit runs it (``Restart=always``, ``RestartSec=1``):
+  started again a second after it exits, each exit and restart recorded; :func:`unrecoverable` reads
+  Celery's ``Unrecoverable error`` lines from a log and :func:`known_kombu_exit` tells the known kombu bug.
 - :func:`access_lines`: gunicorn's access log lines (status, method, path, worker pid).
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -36,6 +41,7 @@ from tests.processes import wait_for
 from tests.redis_server import RedisServer
 from tests.reliability.conftest import ROOT
 from tests.reliability.support import Recorder, Shopper
+from tests.tasks.conftest import Worker
 
 #: gunicorn's access-log line for these tests: status, method, path and the worker's pid (``<1234>``).
 ACCESS_FORMAT: Final = "ACCESS %(s)s %(m)s %(U)s %(p)s"
@@ -305,3 +311,153 @@ class Access:
 
 def access_lines(log: str) -> list[Access]:
     return [Access(int(status), method, path, int(pid)) for status, method, path, pid in _ACCESS.findall(log)]
+
+
+# --- the worker under a supervisor -------------------------------------------------------------------------
+
+#: Celery's last words before a worker exits (``celery.worker.worker.WorkController.start``), the log line's
+#: prefix ``[date time: CRITICAL/MainProcess]`` before it.
+_UNRECOVERABLE: Final = re.compile(r"^\[[^]]*\] Unrecoverable error: (.*)$")
+_FRAME: Final = re.compile(r'^\s*File "([^"]+)", line \d+, in (\S+)')
+
+
+@dataclass(frozen=True)
+class Unrecoverable:
+    """One ``Unrecoverable error: ...`` line of a Celery worker's log and the traceback under it."""
+
+    line: str
+    #: The exception as Celery's ``%r`` wrote it: ``AttributeError("'NoneType' object has ...")``.
+    error: str
+    traceback: str
+
+    def last_frame(self) -> str:
+        """The file of the innermost frame of the last traceback (where the exception was raised)."""
+        frames = [found.group(1) for found in map(_FRAME.match, self.traceback.splitlines()) if found]
+        return frames[-1] if frames else ""
+
+
+def unrecoverable(log: str) -> list[Unrecoverable]:
+    """Every ``Unrecoverable error`` of a worker's log, each with the lines under it up to the next log line."""
+    found: list[Unrecoverable] = []
+    lines = log.splitlines()
+    for index, line in enumerate(lines):
+        match = _UNRECOVERABLE.match(line)
+        if match is None:
+            continue
+        rest = list(itertools.takewhile(lambda text: not text.startswith("["), lines[index + 1 :]))
+        found.append(Unrecoverable(line, match.group(1), "\n".join(rest)))
+    return found
+
+
+def known_kombu_exit(error: Unrecoverable) -> bool:
+    """The kombu bug a worker meets when Redis goes away while a late-acknowledged task runs: closing the lost
+    connection, ``restore_unacked`` builds a new pool from a connection already let go, and kombu's redis
+    transport raises ``AttributeError("'NoneType' object has no attribute 'hostname'")`` (celery/kombu issues
+    582 and 970 show the same AttributeError paths). An AttributeError raised in kombu's redis transport, or
+    one naming ``hostname`` with that transport in the traceback; never any other crash."""
+    if not error.error.startswith("AttributeError("):
+        return False
+    if "kombu/transport/redis.py" not in error.traceback:
+        return False
+    return "hostname" in error.error or error.last_frame().endswith("kombu/transport/redis.py")
+
+
+@dataclass(frozen=True)
+class Exit:
+    """A supervised process that exited by itself (never one the supervisor stopped)."""
+
+    name: str
+    returncode: int
+    #: ``time.monotonic()`` when the supervisor saw it gone.
+    at: float
+    #: Celery's ``Unrecoverable error`` lines in its log (none: it exited without saying why).
+    errors: tuple[Unrecoverable, ...]
+
+    def known(self) -> bool:
+        """Exited with status 1 after Celery logged the known kombu bug (:func:`known_kombu_exit`) only."""
+        return self.returncode == 1 and bool(self.errors) and all(map(known_kombu_exit, self.errors))
+
+    def describe(self) -> str:
+        said = "; ".join(error.line for error in self.errors) or "no 'Unrecoverable error' line"
+        return f"{self.name} exited with status {self.returncode}: {said}"
+
+
+@dataclass
+class Supervisor:
+    """A process run as systemd runs a unit with ``Restart=always`` and ``RestartSec=1`` (docs/example-shop.md's
+    ``shop-celery-worker.service``): :meth:`start` is ``systemctl start`` (a new process), :meth:`stop` is
+    ``systemctl stop`` (the process stopped, no restart), and in between a process that exits for any
+    reason is started again ``restart_sec`` seconds later, whatever is left of its process group killed first
+    (systemd's control group). ``spawn(name)`` starts one process named ``<name><n>`` (n: 1, 2, ...)."""
+
+    name: str
+    spawn: Callable[[str], Worker]
+    restart_sec: float = 1.0
+    #: Where the supervisor's own events go (a restart, when it happens), besides :attr:`exits`.
+    say: Callable[[str], None] = print
+    #: Every process started, in order (the last one is :attr:`current`).
+    started: list[Worker] = field(default_factory=list)
+    #: ``time.monotonic()`` when each of :attr:`started` was started.
+    started_at: list[float] = field(default_factory=list)
+    exits: list[Exit] = field(default_factory=list)
+    #: Processes started again after an exit (not those :meth:`start` started).
+    restarts: int = 0
+    #: What went wrong in the supervisor itself (asserted empty by the test).
+    errors: list[str] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    @property
+    def current(self) -> Worker:
+        return self.started[-1]
+
+    def _spawn(self) -> Worker:
+        process = self.spawn(f"{self.name}{len(self.started) + 1}")
+        self.started.append(process)
+        self.started_at.append(time.monotonic())
+        return process
+
+    def start(self) -> Worker:
+        """A new process, watched until :meth:`stop`."""
+        if self._thread is not None:
+            raise RuntimeError(f"the {self.name} supervisor is running already")
+        self._stop = threading.Event()
+        process = self._spawn()
+        self._thread = threading.Thread(target=self._run, name=f"supervisor-{self.name}", daemon=True)
+        self._thread.start()
+        return process
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.wait(0.1):
+                process = self.current
+                returncode = process.process.poll()
+                if returncode is None:
+                    continue
+                # The pool processes left of its group go with it, as systemd stops a unit's control group.
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                gone = Exit(process.name, returncode, time.monotonic(), tuple(unrecoverable(process.log())))
+                self.exits.append(gone)
+                self.say(f"supervisor: {gone.describe()}; starting it again in {self.restart_sec:g} s")
+                if self._stop.wait(self.restart_sec):
+                    return
+                started = self._spawn()
+                self.restarts += 1
+                self.say(f"supervisor: restart {self.restarts}: {started.name} started (pid {started.pid})")
+        except Exception as exc:  # reported by the test, which asserts there is none
+            self.errors.append(repr(exc))
+
+    def stop(self) -> None:
+        """No restart from now on, then the current process stopped (SIGTERM, a warm shutdown; SIGKILL of
+        its group after 15 s) unless it exited already and the supervisor saw it."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(30)
+            self._thread = None
+        if not self.started:
+            return
+        process = self.current
+        if any(gone.name == process.name for gone in self.exits):
+            return  # exited, reaped and its group killed by the supervisor: its pid may be another's now
+        process.stop()

@@ -13,6 +13,9 @@ One machine, real processes:
 - a ``redis-server`` of its own (stopped and started again on its port), one Celery worker from
   ``example_shop.celery_app`` and beat from the same app with shorter ticks (``tests/reliability/
   deployment.py``: delivery every :data:`DELIVER_EVERY` s, reconciliation every :data:`RECONCILE_EVERY` s).
+  The worker runs under a supervisor (``deployment.Supervisor``) as its systemd unit runs it in production
+  (``Restart=always``, ``RestartSec=1``: docs/example-shop.md): a worker that exits is started again a
+  second later.
 
 ``GATEWAY_OUTBOX_DELIVER_AT_ONCE=0``: every payment is fulfilled by the worker's ``deliver_outbox`` task, never
 in the request, so a payment made while Redis or the worker is down waits for the background work, and "none
@@ -27,15 +30,21 @@ through gunicorn's port, the test
    ``broker`` ok);
 2. stops Redis: the metric ``flask_gateway_job_overdue{job="deliver"}`` turns 1 within the deliver bound
    plus a tick, the doctor says the delivery is overdue and the broker does not answer; starts Redis again:
-   both clear within :data:`CLEAR_WITHIN` s, with the same worker and beat processes (none restarted, none
-   logged Celery's "Unrecoverable error");
-3. stops the worker (SIGTERM, warm shutdown) until the delivery is overdue, then starts a new one: clears;
+   both clear within :data:`CLEAR_WITHIN` s, with the same beat process. The worker either rides the outage
+   out (the same process), or exits with the one known crash: Redis gone while a late-acknowledged task
+   runs, kombu's redis transport raises ``AttributeError("'NoneType' object has no attribute 'hostname'")``
+   closing the lost connection (Celery's ``Unrecoverable error``, exit status 1; celery/kombu issues 582
+   and 970), and the supervisor's restart connects once Redis is back and runs the tasks again. Any other
+   exit, or an exit at any other time, fails the test;
+3. stops the worker and its supervisor (``systemctl stop``: SIGTERM, a warm shutdown) until the delivery is
+   overdue, then starts them again: clears, and no exit, no restart;
 4. at the end: every payment confirmed and fulfilled once, its ``payment_confirmed`` outbox event delivered
    once, nothing pending or dead; no scrape failed, no counter or histogram went down, the scrapes were
    answered by several workers and each showed every ``create`` call made before it was sent (and none
    beyond those answered by then); no 5xx in gunicorn's access log, no traceback in the shop's log.
 
-The figures (heartbeat ages during each outage, time to detect and to clear, scrapes, calls) are printed:
+The figures (heartbeat ages during each outage, time to detect and to clear, scrapes, calls, the worker's
+restarts) are printed:
 ``pytest tests/reliability/test_deployment.py -p no:randomly -n 0 -s``.
 """
 
@@ -65,8 +74,10 @@ from tests.reliability.conftest import ROOT, Stack, StackPlan, plan_stack, start
 from tests.reliability.deployment import (
     ACCESS_FORMAT,
     DoctorRun,
+    Exit,
     Scrape,
     Scraper,
+    Supervisor,
     access_lines,
     doctor,
     proxied_shopper,
@@ -113,19 +124,23 @@ class Deployment:
     env: dict[str, str]
     #: What gunicorn has on top (prometheus_client's folder).
     web_env: dict[str, str]
-    worker: Worker
+    #: The Celery worker's "unit": its processes, exits and restarts.
+    workers: Supervisor
     beat: Worker
-    #: Every Celery process started (the fixture stops them all).
-    processes: list[Worker]
+
+    @property
+    def worker(self) -> Worker:
+        """The worker process running now (or the last one)."""
+        return self.workers.current
 
     def start_worker(self) -> Worker:
-        self.worker = _spawn_worker(self.root, self.env, f"worker{len(self.processes)}")
-        self.processes.append(self.worker)
-        wait_ready(self.worker, " ready.")
-        return self.worker
+        """``systemctl start``: a new worker process under the supervisor, consuming."""
+        worker = self.workers.start()
+        wait_ready(worker, " ready.")
+        return worker
 
     def celery_logs(self) -> dict[str, str]:
-        return {process.name: process.log() for process in self.processes}
+        return {process.name: process.log() for process in [*self.workers.started, self.beat]}
 
     def shop_log(self) -> str:
         return self.stack.shop.log_path.read_text(errors="replace")
@@ -153,7 +168,7 @@ def deployment(
     redis = start_redis()
     plans: list[StackPlan] = []
     servers: list[Server] = []
-    workers: list[Worker] = []
+    workers: list[Worker | Supervisor] = []
     try:
         plan = _plan(cluster, redis)
         plans.append(plan)
@@ -198,7 +213,7 @@ def _deploy(
     redis: RedisServer,
     root: Path,
     servers: list[Server],
-    workers: list[Worker],
+    workers: list[Worker | Supervisor],
     began: float,
 ) -> Iterator[Deployment]:
     """The deployment step (the shop's tables), then every process; ``servers`` and ``workers`` collect what
@@ -230,8 +245,9 @@ def _deploy(
         timeout=30,
         what="the shop's auto-install",
     )
-    worker = _spawn_worker(root, env, "worker1")
-    workers.append(worker)
+    supervisor = Supervisor("worker", lambda name: _spawn_worker(root, env, name), restart_sec=1.0, say=say)
+    workers.append(supervisor)
+    worker = supervisor.start()
     beat = spawn_celery(
         root, "beat", "tests.reliability.deployment:celery", env,
         "beat", "--schedule", str(root / "beat-schedule"), "--loglevel", "INFO", "--max-interval", "1",
@@ -240,7 +256,7 @@ def _deploy(
     wait_ready(worker, " ready.")
     wait_ready(beat, "beat: Starting...")
     say(f"started in {time.monotonic() - began:.0f} s")
-    yield Deployment(stack, redis, root, env, web_env, worker, beat, workers)
+    yield Deployment(stack, redis, root, env, web_env, supervisor, beat)
 
 
 def _run_flask(env: dict[str, str], *arguments: str) -> subprocess.CompletedProcess[str]:
@@ -420,6 +436,40 @@ def _still_running(*processes: Worker) -> None:
             )
 
 
+def _only_known_exits(exits: list[Exit]) -> None:
+    """Every exit of the worker was the known kombu crash (``deployment.known_kombu_exit``), nothing else."""
+    unknown = [gone for gone in exits if not gone.known()]
+    assert unknown == [], "\n\n".join(
+        f"{gone.describe()}\n" + "\n".join(error.traceback[-3000:] for error in gone.errors)
+        for gone in unknown
+    )
+
+
+def _worker_rode_out_redis(deployment: Deployment, worker_pid: int, since: int) -> None:
+    """After the Redis outage (cleared): the same worker process, or, if it exited with the known crash, the
+    supervisor's restart, which connected to Redis and ran tasks again (its log: ready, then a deliver task
+    that succeeded). ``since``: how many exits the supervisor had seen before the outage."""
+    supervisor = deployment.workers
+    assert supervisor.errors == []
+    exits = supervisor.exits[since:]
+    if not exits:
+        assert deployment.worker.pid == worker_pid
+        _still_running(deployment.worker)
+        return
+    _only_known_exits(exits)
+    assert supervisor.restarts == len(supervisor.exits)
+    restarted = deployment.worker
+    assert restarted.pid != worker_pid
+    assert supervisor.started_at[-1] > exits[-1].at, "no restart after the last exit"
+    _still_running(restarted)
+    wait_ready(restarted, " ready.")
+    wait_for(
+        lambda: re.search(r"Task flask_gateway\.deliver_outbox\[[^]]+\] succeeded", restarted.log()),
+        timeout=CLEAR_WITHIN,
+        what=f"a deliver_outbox task run by {restarted.name}, the restarted worker",
+    )
+
+
 def _outage_detected(deployment: Deployment, scraper: Scraper, outage: Outage, *, broker_down: bool) -> None:
     """The doctor (its runs from the moment the bound has passed) and the metric report the outage within
     the deliver bound plus a tick (and :data:`SLACK`)."""
@@ -488,7 +538,9 @@ def test_deployment_reports_each_outage_and_loses_no_payment(deployment: Deploym
         assert shoppers.errors == []
         calm = [(healthy.at, 0.0)]
 
-        # 1. Redis stopped: beat sends nothing, the worker gets nothing.
+        # 1. Redis stopped: beat sends nothing, the worker gets nothing. The worker may exit with the known
+        # kombu crash (a task of its running when Redis went away); its supervisor starts it again.
+        assert deployment.workers.exits == [], [gone.describe() for gone in deployment.workers.exits]
         worker_pid, beat_pid = deployment.worker.pid, deployment.beat.pid
         shoppers.phase = "redis down"
         calm[-1] = (calm[-1][0], time.monotonic())
@@ -496,26 +548,32 @@ def test_deployment_reports_each_outage_and_loses_no_payment(deployment: Deploym
         redis = Outage("Redis stopped", time.monotonic())
         outages.append(redis)
         _outage_detected(deployment, scraper, redis, broker_down=True)
-        _still_running(deployment.worker, deployment.beat)
+        _still_running(deployment.beat)
+        _only_known_exits(deployment.workers.exits)
         start_redis_again(deployment.redis)
         redis.ended = time.monotonic()
         shoppers.phase = "after redis"
         _outage_cleared(deployment, scraper, redis)
-        assert (deployment.worker.pid, deployment.beat.pid) == (worker_pid, beat_pid)
-        _still_running(deployment.worker, deployment.beat)
+        assert deployment.beat.pid == beat_pid
+        _still_running(deployment.beat)
+        _worker_rode_out_redis(deployment, worker_pid, since=0)
+        redis_exits = list(deployment.workers.exits)
         calm.append((redis.cleared_metric, 0.0))
 
-        # 2. The worker stopped (SIGTERM: a warm shutdown), longer than the deliver bound.
+        # 2. The worker stopped (its unit stopped: no restart; SIGTERM, a warm shutdown), longer than the
+        # deliver bound, then started again.
         shoppers.phase = "worker down"
         calm[-1] = (calm[-1][0], time.monotonic())
         stopped = Outage("worker stopped", time.monotonic())
-        deployment.worker.stop()
+        deployment.workers.stop()
         outages.append(stopped)
         _outage_detected(deployment, scraper, stopped, broker_down=False)
+        assert not deployment.worker.alive(), "the stopped worker was started again"
         deployment.start_worker()
         stopped.ended = time.monotonic()
         shoppers.phase = "after worker"
         _outage_cleared(deployment, scraper, stopped)
+        _still_running(deployment.worker, deployment.beat)
         calm.append((stopped.cleared_metric, 0.0))
 
         shoppers.stop()
@@ -524,7 +582,7 @@ def test_deployment_reports_each_outage_and_loses_no_payment(deployment: Deploym
         wait_for(
             lambda: _all_fulfilled(stack, shoppers.payments),
             timeout=RECONCILE_BOUND + 20,
-            what="every payment confirmed and fulfilled",
+            what="every payment confirmed and fulfilled, and its outbox event settled",
         )
         calm[-1] = (calm[-1][0], time.monotonic())
         scraper.scrape()
@@ -609,8 +667,17 @@ def test_deployment_reports_each_outage_and_loses_no_payment(deployment: Deploym
     assert [line for line in access if line.status >= 500] == []
     assert shoppers.recorder.server_errors() == []
     assert tracebacks(deployment.shop_log())[1] == []
+    # The worker exited only during the Redis outage and only with the known crash, each time restarted.
+    supervisor = deployment.workers
+    assert supervisor.errors == []
+    assert supervisor.exits == redis_exits, [gone.describe() for gone in supervisor.exits]
+    assert supervisor.restarts == len(redis_exits)
+    assert all(redis.began <= gone.at <= redis.cleared_doctor for gone in redis_exits), [
+        (gone.name, round(gone.at - redis.began, 1)) for gone in redis_exits
+    ]
     logs = deployment.celery_logs()
-    assert [name for name, log in logs.items() if "Unrecoverable error" in log] == []
+    crashed = {gone.name for gone in redis_exits}
+    assert [name for name, log in logs.items() if "Unrecoverable error" in log and name not in crashed] == []
 
     calls = {
         operation: int(
@@ -632,6 +699,18 @@ def test_deployment_reports_each_outage_and_loses_no_payment(deployment: Deploym
     )
     for outage in outages:
         say(outage.line())
+    if redis_exits:
+        say(
+            f"worker restarted by its supervisor {supervisor.restarts} time(s) during the Redis outage: "
+            + "; ".join(
+                f"{gone.describe()} {gone.at - redis.began:.1f} s after Redis stopped" for gone in redis_exits
+            )
+            + f"; {deployment.worker.name} (the restart) ran the tasks again"
+        )
+    else:
+        say(
+            "worker restarted by its supervisor: 0 times (no restart: the same worker rode out the Redis outage)"
+        )
     say(
         f"'Traceback' lines in the Celery logs: { {name: log.count('Traceback') for name, log in logs.items()} }"
         f"; beat could not send {logs['beat'].count('Message Error')} ticks while Redis was down"
@@ -641,5 +720,16 @@ def test_deployment_reports_each_outage_and_loses_no_payment(deployment: Deploym
 
 
 def _all_fulfilled(stack: Stack, payments: list[Payment]) -> bool:
+    """Every order fulfilled, and no outbox event of these payments pending any more: the receiver commits
+    the fulfilment, the delivery marks its event delivered in a transaction of its own a moment later (what
+    each is then is asserted after the wait)."""
     references = [payment.reference for payment in payments]
-    return fulfilment_counts(stack, references) == dict.fromkeys(references, 1)
+    if fulfilment_counts(stack, references) != dict.fromkeys(references, 1):
+        return False
+    pending = fetch_all(
+        stack.shop_db,
+        "SELECT count(*) FROM gateway_outbox e JOIN gateway_checkouts c ON c.id = e.checkout_id "
+        "WHERE c.token = ANY(:tokens) AND e.state = 'pending'",
+        tokens=[payment.token for payment in payments],
+    )
+    return pending == [(0,)]
