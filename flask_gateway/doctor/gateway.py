@@ -1,0 +1,235 @@
+"""The network checks, as the gateway sees the shop: ``settings`` (the gateway's settings are the shop's)
+and ``callback`` (an unsigned POST to the callback's public URL reaches the extension, judged by its
+answer). Skipped with ``--no-network``.
+"""
+
+from __future__ import annotations
+
+import re
+
+import requests
+
+from flask_gateway.core.errors import AuthenticationError, GatewayError
+from flask_gateway.core.hosts import local_host_kind
+from flask_gateway.doctor.report import Finding, Options
+from flask_gateway.doctor.wording import (
+    _DOCS_401,
+    _DOCS_CSRF,
+    _DOCS_DRIFT,
+    _DOCS_MISSED,
+    USER_AGENT,
+    _admin,
+    _first_line,
+)
+from flask_gateway.drift import check_settings
+from flask_gateway.errors import (
+    CallbackRateLimited,
+    CallbackUnauthorized,
+    NotInstalledError,
+    SecretUnreadable,
+)
+from flask_gateway.inbound import PROBE_HEADER, doctor_probe_mark
+from flask_gateway.state import GatewayState, get_state
+from flask_gateway.urls import callback_url
+
+# --- the gateway's settings (network) -----------------------------------------------------------------
+
+
+def check_gateway_settings(_options: Options) -> list[Finding]:
+    name = "settings"
+    state = get_state()
+    try:
+        report = check_settings()
+    except NotInstalledError:
+        return [Finding(name, "unknown", "not installed: nothing to compare (see installation)")]
+    except SecretUnreadable:
+        return [Finding(name, "unknown", "the stored secrets cannot be decrypted (see installation)")]
+    except AuthenticationError as error:
+        return [
+            Finding(
+                name,
+                "problem",
+                f"the gateway refused the shop's signed request with 401 ({error.message}): it holds another "
+                "signing key for this account, or this is another environment than the one installed.",
+                f"check GATEWAY_ENVIRONMENT and the gateway URLs, then enter the current signing key on "
+                f"{_admin(state, 'install')} ({_DOCS_401})",
+            )
+        ]
+    except GatewayError as error:
+        return [
+            Finding(
+                name,
+                "problem",
+                f"the gateway at {state.config.base_url} could not be asked for its settings: "
+                f"{_first_line(error)}. Checkouts, polling and refunds fail the same way.",
+                "check GATEWAY_ENVIRONMENT and the three gateway URLs (GATEWAY_BASE_URL, "
+                "GATEWAY_INSTALL_URL, GATEWAY_V1_BASE_URL), and that this machine reaches them",
+            )
+        ]
+    except ValueError as error:
+        return [Finding(name, "problem", f"the gateway's settings cannot be read: {error}", _DOCS_DRIFT)]
+    if report.ok:
+        return [
+            Finding(name, "ok", "the gateway's callback URL, e-mail, limits and signing key are the shop's")
+        ]
+    differences = "; ".join(
+        f"{d.setting}: the shop has {d.shop}, the gateway {d.gateway}" for d in report.differences
+    )
+    return [
+        Finding(
+            name,
+            "problem",
+            f"the gateway's settings differ from the shop's: {differences}.",
+            f"if nobody here changed them, someone else signed a settings update: save the settings "
+            f"screen ({_admin(state, 'settings')}) to put the shop's back, ask the gateway's account "
+            f"manager about the account, and look at the callback log ({_DOCS_DRIFT})",
+        )
+    ]
+
+
+# --- the callback at its public URL (network) ---------------------------------------------------------
+
+
+def check_callback_reachable(options: Options) -> list[Finding]:
+    """POST an unsigned, empty JSON object to ``GATEWAY_PUBLIC_URL`` + the callback route, as the gateway
+    would reach it: the extension's own 401 ``{"message": ...}`` proves the path leads to it."""
+    name = "callback"
+    state = get_state()
+    config = state.config
+    if config.public_url is None:
+        return [
+            Finding(
+                name, "unknown", "GATEWAY_PUBLIC_URL is not set: the callback's public address is unknown"
+            )
+        ]
+    url = callback_url()
+    local_dev = config.environment in ("emulator", "embedded") and local_host_kind(url) is not None
+    http = options.http or requests.Session()
+    body = b"{}"
+    headers = {"Content-Type": "application/json", "User-Agent": USER_AGENT}
+    mark = doctor_probe_mark(body)  # the shop records it as the doctor's probe, not a refused callback
+    if mark is not None:
+        headers[PROBE_HEADER] = mark
+    try:
+        answer = http.post(
+            url,
+            data=body,
+            headers=headers,
+            timeout=options.timeout,
+            allow_redirects=False,
+        )
+    except requests.exceptions.SSLError as error:
+        return [
+            Finding(
+                name,
+                "problem",
+                f"POST {url}: the TLS certificate is not valid for this host ({_first_line(error)}); the "
+                "gateway refuses it too.",
+                "install a certificate for the host of GATEWAY_PUBLIC_URL (with its intermediate chain)",
+            )
+        ]
+    except requests.exceptions.RequestException as error:
+        kind = "timed out" if isinstance(error, requests.exceptions.Timeout) else "could not connect"
+        return [
+            Finding(
+                name,
+                "warn" if local_dev else "problem",
+                f"POST {url} {kind} ({type(error).__name__}): the gateway cannot deliver callbacks there.",
+                "is the shop running?"
+                if local_dev
+                else "check that GATEWAY_PUBLIC_URL is the shop's public address, that its DNS name "
+                "resolves, and that the firewall and proxy in front of the shop let HTTPS in "
+                f"(--timeout {options.timeout:g}; {_DOCS_MISSED})",
+            )
+        ]
+    finally:
+        if options.http is None:
+            http.close()
+    return [_judge_answer(state, url, answer)]
+
+
+def _message_of(answer: requests.Response) -> str | None:
+    if "json" not in answer.headers.get("Content-Type", ""):
+        return None
+    try:
+        body = answer.json()
+    except ValueError:
+        return None
+    message = body.get("message") if isinstance(body, dict) else None
+    return message if isinstance(message, str) else None
+
+
+def _excerpt(answer: requests.Response) -> str:
+    kind = answer.headers.get("Content-Type", "no Content-Type").split(";")[0]
+    body = answer.text
+    if "html" in kind:
+        body = re.sub(r"<[^>]*>", " ", re.sub(r"(?is)<(script|style)\b.*?</\1>", " ", body))
+    text = " ".join(body.split())[:80]
+    return f"{kind}: {text!r}" if text else kind
+
+
+def _judge_answer(state: GatewayState, url: str, answer: requests.Response) -> Finding:
+    name = "callback"
+    status = answer.status_code
+    message = _message_of(answer)
+    said = f"POST {url} answered {status}"
+    if status == CallbackUnauthorized.code and message == CallbackUnauthorized.description:
+        return Finding(
+            name,
+            "ok",
+            f"{said}, the extension's own refusal of an unsigned request: the gateway's callbacks reach it",
+        )
+    if status == CallbackRateLimited.code and message == CallbackRateLimited.description:
+        return Finding(
+            name,
+            "warn",
+            f"{said}, the extension's own 'too many refused callbacks' answer: the callbacks reach it, but "
+            "this address used up its refusals.",
+            "behind a proxy, wrap the app in werkzeug's ProxyFix, or every caller (the gateway too) shares "
+            "the proxy's allowance (GATEWAY_CALLBACK_RATE_LIMIT; docs/operations.md#rate-limits)",
+        )
+    excerpt = _excerpt(answer)
+    if status == 400 and "csrf" in answer.text.lower():
+        return Finding(
+            name,
+            "problem",
+            f"{said} ({excerpt}): CSRF protection refuses the gateway's callbacks.",
+            f"initialise CSRFProtect before the gateway, once ({_DOCS_CSRF})",
+        )
+    if status in (301, 302, 303, 307, 308):
+        where = answer.headers.get("Location", "?")
+        return Finding(
+            name,
+            "problem",
+            f"{said}, a redirect to {where}: the gateway does not follow it with its callback.",
+            "set GATEWAY_PUBLIC_URL to the final address (https, the host name shoppers use) and save the "
+            f"settings screen ({_admin(state, 'settings')}); if it is a login page, let the callback "
+            f"through ({_DOCS_MISSED})",
+        )
+    if status == 404:
+        fix = (
+            "check that GATEWAY_PUBLIC_URL is this shop's address and that the proxy in front of it forwards "
+            f"{state.config.url_prefix}/ (GATEWAY_URL_PREFIX) to the app"
+        )
+    elif status in (502, 503, 504):
+        fix = "the proxy in front of the shop got no answer from the app: check that the app server runs"
+    elif status in (401, 403):
+        fix = (
+            "a login wall, basic auth or bot filter in front of the shop refuses it: let the callback path "
+            f"through (its signature is its authentication; {_DOCS_MISSED})"
+        )
+    elif status >= 500:
+        fix = (
+            "the shop failed on the request: read its log (a SecretUnreadable, for example: see installation)"
+        )
+    else:
+        fix = (
+            f"something other than the extension answers at {url}: check the proxy's routes ({_DOCS_MISSED})"
+        )
+    return Finding(
+        name,
+        "problem",
+        f"{said} ({excerpt}), not the extension's refusal of an unsigned request: the gateway's callbacks "
+        "do not reach it.",
+        fix,
+    )

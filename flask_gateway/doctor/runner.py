@@ -1,0 +1,133 @@
+"""Run every check of ``flask gateway doctor`` (:data:`CHECKS`, in order) and collect their findings.
+
+Every check is a small function that returns :class:`Finding` objects (the check's name, ``ok``, ``warn``,
+``problem`` or ``unknown``, what is true or wrong, and how to fix it, naming the config key or the docs
+page). :func:`run_checks` runs them all, one after the other, and never stops at one that fails.
+
+==================  =======================================================================================
+``configuration``   the environment and its URLs, ``GATEWAY_PUBLIC_URL`` (set, https), ``SECRET_KEY`` (set,
+                    not a development placeholder), ``GATEWAY_ENCRYPTION_KEY``, the API version, the
+                    embedded emulator (development only)
+``public-url``      the public URL and the installed callback URL against the gateway's firewall
+                    (:func:`flask_gateway.checks.setup_warnings`, the same warnings as the admin screens)
+``csrf``            an unsigned POST to the callback, without a CSRF token, gets through the app's own
+                    ``before_request`` hooks (Flask-WTF's ``CSRFProtect``, a login wall) to the extension
+``database``        every ``gateway_*`` table and column exists (migrations run)
+``installation``    installed for this environment; the stored API key and signing key decrypt
+``settings``        (network) the gateway's settings are the shop's (``drift.check_settings``)
+``callback``        (network) the callback answers at its public URL with the extension's own refusal of an
+                    unsigned request (401 ``{"message": ...}``), not a proxy's 404, 502 or login page; the
+                    probe is marked (``X-Gateway-Doctor-Probe``, an HMAC with a key derived from
+                    ``SECRET_KEY``) so the shop records it as ``doctor-probe``, not as a refused callback
+``reconcile``       no checkout due for reconciliation has waited more than an hour: something runs
+                    ``flask gateway reconcile``
+``outbox``          no outbox event overdue by more than 15 minutes (something runs ``flask gateway
+                    deliver``) and none dead; ``unknown`` in a version without the outbox
+``background-work`` each job's heartbeat (:mod:`flask_gateway.heartbeats`): how long ago ``deliver`` and
+                    ``reconcile`` last ran, what they said, and whether that is past
+                    ``GATEWAY_DELIVER_STALE_SECONDS`` / ``GATEWAY_RECONCILE_STALE_SECONDS``
+``broker``          the Celery broker (``CELERY["broker_url"]``) answers within 5 seconds (password masked)
+``readiness``       ``GET /gateway/readyz`` would answer 200 (database, schema, installation:
+                    :mod:`flask_gateway.readiness`), else a load balancer keeps the shop out; names the
+                    liveness and readiness probe URLs either way
+``package``         ``flask-bnpl-gateway`` is the only installed distribution that provides ``flask_gateway``
+                    (not also the index's unrelated ``flask-gateway``), at the version that runs
+==================  =======================================================================================
+
+Side effects, all harmless: the ``csrf`` check runs the app's ``before_request`` hooks for a test request
+(the callback's view is not called). ``settings`` sends the same settings update that changes nothing as
+``flask gateway check-settings`` and records its result. ``callback`` leaves one row in the callback log,
+``doctor-probe`` (User-Agent ``flask-gateway-doctor``): no refused callback, no ``callback_rejected``. A shop
+whose ``SECRET_KEY`` differs from the doctor's (another environment) records it as ``rejected-signature``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import nullcontext, suppress
+from dataclasses import dataclass
+from typing import Final
+
+import requests
+from sqlalchemy.exc import SQLAlchemyError
+
+from flask_gateway.core.sql import sqlite_read_transactions
+from flask_gateway.doctor.configuration import check_configuration, check_csrf, check_public_url
+from flask_gateway.doctor.database import check_database, check_installation, check_readiness
+from flask_gateway.doctor.gateway import check_callback_reachable, check_gateway_settings
+from flask_gateway.doctor.package import check_package
+from flask_gateway.doctor.report import DEFAULT_TIMEOUT, DoctorReport, Finding, Options
+from flask_gateway.doctor.schedules import (
+    check_background_work,
+    check_broker,
+    check_outbox_schedule,
+    check_reconcile_schedule,
+)
+from flask_gateway.doctor.wording import _first_line
+from flask_gateway.state import GatewayState, get_state
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    run: Callable[[Options], list[Finding]]
+    #: Calls the gateway or the shop's public URL: skipped with ``--no-network``.
+    network: bool = False
+    #: Only reads the database (SQLite: read transactions, no write lock).
+    reads: bool = True
+
+
+def run_checks(
+    *, network: bool = True, timeout: float = DEFAULT_TIMEOUT, http: requests.Session | None = None
+) -> DoctorReport:
+    """Run every check in :data:`CHECKS` (in an app context) and report; ``network=False`` skips those that
+    call the gateway or the shop's public URL (``unknown``). One check that fails does not stop the rest."""
+    options = Options(timeout=timeout, http=http)
+    report = DoctorReport()
+    state = get_state()
+    for check in CHECKS:
+        if check.network and not network:
+            report.findings.append(
+                Finding(check.name, "unknown", "skipped (--no-network): run without it to check")
+            )
+            continue
+        try:
+            with sqlite_read_transactions() if check.reads else nullcontext():
+                found = check.run(options)
+        except Exception as error:  # one check that breaks must not hide the others' findings
+            found = [
+                Finding(
+                    check.name,
+                    "unknown",
+                    f"the check could not run: {type(error).__name__}: {_first_line(error)}",
+                    "read the message; if it names nothing of your setup, report it as a bug",
+                )
+            ]
+        finally:
+            _end_transaction(state)
+        report.findings.extend(found)
+    return report
+
+
+def _end_transaction(state: GatewayState) -> None:
+    """No transaction of the doctor's stays open between checks (SQLite: no lock while HTTP is sent)."""
+    with suppress(SQLAlchemyError):
+        state.session.rollback()
+
+
+#: Every check, in the order the command prints them.
+CHECKS: Final[tuple[Check, ...]] = (
+    Check("configuration", check_configuration),
+    Check("public-url", check_public_url),
+    Check("csrf", check_csrf, reads=False),
+    Check("database", check_database),
+    Check("installation", check_installation),
+    Check("settings", check_gateway_settings, network=True, reads=False),
+    Check("callback", check_callback_reachable, network=True, reads=False),
+    Check("reconcile", check_reconcile_schedule),
+    Check("outbox", check_outbox_schedule),
+    Check("background-work", check_background_work),
+    Check("broker", check_broker, reads=False),
+    Check("readiness", check_readiness),
+    Check("package", check_package, reads=False),
+)
