@@ -69,7 +69,8 @@ def reconcile(
     paid_recheck_seconds: float | None = None,
     concurrency: int | None = None,
 ) -> ReconcileReport:
-    """Poll the due checkouts (at most ``limit``), apply the answers, and report; see the module docstring.
+    """Poll the due checkouts (at most ``limit``), apply the answers, and report; see the docstrings of
+    the modules of ``flask_gateway.reconciliation`` (``run``, ``claiming``, ``pool``, ``answers``).
 
     ``paid_window_hours`` (default ``GATEWAY_RECONCILE_PAID_WINDOW_HOURS``; 0: none) and
     ``paid_recheck_seconds`` (default :data:`PAID_RECHECK_SECONDS`) choose the paid checkouts asked about.
