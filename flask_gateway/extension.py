@@ -24,7 +24,8 @@ from flask_gateway.outages import watch_recovery
 from flask_gateway.ratelimit import RateLimit, make_storage
 from flask_gateway.secrets import SecretBox
 from flask_gateway.state import EXTENSION_KEY, AdminGuard, GatewayState
-from flask_gateway.views import admin, admin_outbox, public
+from flask_gateway.views import admin, public
+from flask_gateway.views.admin import outbox as admin_outbox
 
 if TYPE_CHECKING:
     from flask_sqlalchemy import SQLAlchemy

@@ -1,7 +1,7 @@
 """The admin's outbox screen: events for the shop's code that wait or died, and "deliver again".
 
 A blueprint nested in the admin screens' (``flask_gateway.extension`` nests it): the admin guard, the CSRF
-check and the framing headers of ``views.admin`` run for it too. ``/gateway/admin/outbox``:
+check and the framing headers of ``views.admin.blueprint`` run for it too. ``/gateway/admin/outbox``:
 
 - "Paid, not yet fulfilled": ``payment_confirmed`` events not delivered (waiting for a retry, or dead);
 - every event waiting or dead (or delivered, on request) with its attempts and last error;
