@@ -1,0 +1,121 @@
+"""The admin screens' blueprint and what runs for every request to it (and to the outbox screen nested in it).
+
+The app's admin guard (``@gateway.admin_guard``; without one every screen answers 403), a valid CSRF token on
+every POST (whether or not the app uses ``CSRFProtect``), headers that forbid framing and caching, the
+database-outage page, and the template helpers (labels, ``money``, ``when``). Imports nothing of the package.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+from typing import Any
+
+from flask import Blueprint, abort, current_app, g, request
+from flask.typing import ResponseReturnValue
+from flask_wtf.csrf import CSRFError, validate_csrf
+from werkzeug.wrappers import Response
+from wtforms import ValidationError as FormValidationError
+
+from flask_gateway.forms import format_money
+from flask_gateway.labels import (
+    callback_outcome_label,
+    refund_state_label,
+    source_label,
+    status_label,
+)
+from flask_gateway.state import get_state
+from flask_gateway.views import answer_outages, deny_framing
+
+__all__ = ["bp"]
+
+bp = Blueprint(
+    "gateway_admin",
+    __name__,
+    template_folder="../../templates",
+    static_folder="../../static",
+    static_url_path="/static",
+)
+
+_log = logging.getLogger("flask_gateway.admin")
+
+# The outbox screen's blueprint is nested in this one: its requests are answered so too.
+answer_outages(bp, pages=lambda: True)
+
+
+# --- every request: the guard, CSRF, framing headers -------------------------------------------------
+
+
+@bp.before_request
+def _admit() -> ResponseReturnValue | None:
+    guard = get_state().admin_guard.check
+    if guard is None:
+        _log.warning(
+            "gateway admin refused: no admin guard registered (decorate a function with "
+            "@gateway.admin_guard, see docs/extension.md)"
+        )
+        abort(
+            403,
+            description="The gateway's admin screens are closed: this app has not registered an admin "
+            "guard (see the Flask-Gateway docs, docs/extension.md).",
+        )
+    verdict = guard()
+    if isinstance(verdict, Response):
+        return verdict  # e.g. a redirect to the app's login page
+    if verdict is not True:
+        if verdict:  # truthy but not True: fail closed, and tell the developer why
+            _log.warning(
+                "gateway admin refused: the admin guard returned a %s; return True to allow",
+                type(verdict).__name__,
+            )
+        abort(403, description="You are not allowed to use the gateway's admin screens.")
+    _check_csrf()
+    return None
+
+
+def _check_csrf() -> None:
+    """Every admin POST carries a valid token, also when the app does not use ``CSRFProtect``."""
+    if request.method != "POST" or not current_app.config.get("WTF_CSRF_ENABLED", True):
+        return
+    if g.get("csrf_valid"):  # CSRFProtect checked this request already
+        return
+    field = current_app.config.get("WTF_CSRF_FIELD_NAME", "csrf_token")
+    token = (
+        request.form.get(field) or request.headers.get("X-CSRFToken") or request.headers.get("X-CSRF-Token")
+    )
+    try:
+        validate_csrf(token)
+    except FormValidationError as error:
+        raise CSRFError(error.args[0]) from None
+    g.csrf_valid = True
+
+
+@bp.after_request
+def _framing(response: Response) -> Response:
+    deny_framing(response)
+    response.headers.setdefault("Referrer-Policy", "same-origin")
+    if request.endpoint != "gateway_admin.static":
+        response.headers["Cache-Control"] = "no-store"  # customer data and settings: never cached
+    return response
+
+
+#: The labels (flask_gateway.labels) as template globals of the whole app: the admin screens' macros use
+#: them, and so may the shop's own templates.
+bp.add_app_template_global(status_label, "gateway_status_label")
+bp.add_app_template_global(callback_outcome_label, "gateway_outcome_label")
+bp.add_app_template_global(source_label, "gateway_source_label")
+bp.add_app_template_global(refund_state_label, "gateway_refund_state_label")
+
+
+@bp.context_processor
+def _helpers() -> dict[str, Any]:
+    symbol = get_state().config.currency_symbol
+
+    def money(cents: int | None) -> str:
+        return format_money(cents, symbol)
+
+    return {"money": money, "when": _when, "gateway_config": get_state().config}
+
+
+def _when(value: datetime | None) -> str:
+    return value.strftime("%Y-%m-%d %H:%M:%S UTC") if value else "-"

@@ -1,0 +1,171 @@
+"""The install screen (a new installation, or adopting the signing key of an existing one) and the settings
+screen (callback URL, failure e-mail, amount bounds: sent to the gateway)."""
+
+from __future__ import annotations
+
+import logging
+
+from flask import flash, redirect, render_template, request, url_for
+from flask.typing import ResponseReturnValue
+from pydantic import ValidationError as ModelValidationError
+
+from flask_gateway.checks import setup_warnings
+from flask_gateway.core.errors import (
+    AlreadyInstalledError,
+    AuthenticationError,
+    GatewayConnectionError,
+    GatewayError,
+    GatewayServerError,
+)
+from flask_gateway.errors import SecretUnreadable
+from flask_gateway.forms import InstallForm, SettingsForm
+from flask_gateway.installation import InstallSettings, adopt_signing_key, install, update_settings
+from flask_gateway.models import Installation
+from flask_gateway.state import get_state
+from flask_gateway.urls import callback_url
+from flask_gateway.views.admin.blueprint import bp
+from flask_gateway.views.admin.inputs import _cents
+from flask_gateway.views.admin.problems import _problem
+
+_log = logging.getLogger("flask_gateway.admin")
+
+
+def _settings_from(form: InstallForm) -> InstallSettings:
+    return InstallSettings(
+        merchant_account_id=form.merchant_account_id.data,
+        api_key=form.api_key.data,
+        callback_url=form.callback_url.data,
+        callback_failures_email=form.callback_failures_email.data or None,
+        minimum_cents=_cents(form.minimum_amount),
+        maximum_cents=_cents(form.maximum_amount),
+    )
+
+
+def _fill_settings(form: SettingsForm, installation: Installation | None) -> None:
+    """Prefill from the installation; the callback URL always from this app's own callback route."""
+    form.callback_url.data = callback_url()
+    if installation is not None:
+        form.callback_failures_email.data = installation.callback_failures_email or ""
+        form.minimum_amount.data = installation.minimum_cents
+        form.maximum_amount.data = installation.maximum_cents
+
+
+@bp.route("/install", methods=["GET", "POST"])
+def install_screen() -> ResponseReturnValue:
+    state = get_state()
+    installation = state.installation()
+    form = InstallForm()
+    if request.method == "GET":
+        _fill_settings(form, installation)
+        if installation is not None:
+            form.merchant_account_id.data = installation.merchant_account_id
+    warnings = setup_warnings(form.callback_url.data)
+    already_installed: str | None = None
+    adopting = False
+    if form.validate_on_submit():
+        adopting = bool(form.signing_key.data)
+        if warnings and not form.confirm_local.data:
+            form.confirm_local.errors.append(
+                "Tick this box to install with this address anyway, or fix the address first."
+            )
+        else:
+            settings = _settings_from(form)
+            state.session.commit()  # no transaction (SQLite: no write lock) while the gateway answers
+            try:
+                if adopting:
+                    adopt_signing_key(settings, form.signing_key.data)
+                else:
+                    install(settings)
+            except AlreadyInstalledError as error:
+                already_installed = error.message
+            except AuthenticationError as error:
+                flash(_refused_credentials(error, adopting=adopting), "error")
+            except ModelValidationError as error:
+                flash(f"The settings were not sent: {_problem(error)}", "error")
+            except (GatewayConnectionError, GatewayServerError) as error:
+                flash(
+                    f"No usable answer from the gateway ({_problem(error)}); nothing was stored. Try "
+                    "again. If the gateway did install the account, it now answers “already installed”: "
+                    "ask the gateway's account manager for the signing key, or to reset the installation.",
+                    "error",
+                )
+            except GatewayError as error:
+                flash(f"The gateway refused the installation: {_problem(error)}", "error")
+            else:
+                _log.info(
+                    "gateway %s for merchant account %s (%s)",
+                    "signing key adopted" if adopting else "installed",
+                    settings.merchant_account_id,
+                    state.config.environment,
+                )
+                flash(
+                    "The gateway is installed. The signing key is stored encrypted; only its last 4 "
+                    "characters are ever shown.",
+                    "success",
+                )
+                return redirect(url_for(".index"))
+    return render_template(
+        "gateway/admin/install.html",
+        form=form,
+        installation=installation,
+        warnings=warnings,
+        already_installed=already_installed,
+        adopt_open=already_installed is not None or adopting,
+    )
+
+
+def _refused_credentials(error: AuthenticationError, *, adopting: bool) -> str:
+    if adopting:
+        return (
+            "The gateway did not accept this signing key for the merchant account "
+            f"({_problem(error)}). Copy the key you received at the first installation again, whole, "
+            "and check the merchant account id."
+        )
+    return (
+        "The gateway refused the merchant account id or API key "
+        f"({_problem(error)}). Check both against what the account manager issued for this environment "
+        f"({get_state().config.environment})."
+    )
+
+
+@bp.route("/settings", methods=["GET", "POST"])
+def settings_screen() -> ResponseReturnValue:
+    state = get_state()
+    installation = state.installation()
+    if installation is None:
+        flash("Install the gateway first: the settings belong to an installation.", "error")
+        return redirect(url_for(".install_screen"))
+    form = SettingsForm()
+    if request.method == "GET":
+        _fill_settings(form, installation)
+        form.callback_url.data = installation.callback_url
+    if form.validate_on_submit():
+        try:
+            update_settings(
+                callback_url=form.callback_url.data,
+                callback_failures_email=form.callback_failures_email.data or None,
+                minimum_cents=_cents(form.minimum_amount),
+                maximum_cents=_cents(form.maximum_amount),
+            )
+        except AuthenticationError as error:
+            state.session.rollback()
+            flash(
+                f"The gateway refused the stored signing key ({_problem(error)}). If the account was "
+                "installed again elsewhere, enter its current signing key on the install screen.",
+                "error",
+            )
+        except (GatewayError, ModelValidationError, SecretUnreadable) as error:
+            state.session.rollback()
+            flash(f"The settings were not changed: {_problem(error)}", "error")
+        else:
+            _log.info("gateway settings updated for merchant account %s", installation.merchant_account_id)
+            flash(
+                "Settings saved on the gateway. The signing key it returned is stored encrypted.", "success"
+            )
+            return redirect(url_for(".index"))
+    return render_template(
+        "gateway/admin/settings.html",
+        form=form,
+        installation=installation,
+        warnings=setup_warnings(form.callback_url.data),
+    )

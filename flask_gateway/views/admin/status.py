@@ -1,0 +1,98 @@
+"""The status page (``/``): installation, masked secrets, counts, setup warnings, drift, callback health,
+background work; and "check the settings now"."""
+
+from __future__ import annotations
+
+import logging
+
+from flask import flash, redirect, render_template, url_for
+from flask.typing import ResponseReturnValue
+from sqlalchemy import func, select
+from sqlalchemy.exc import SQLAlchemyError
+
+from flask_gateway.checks import setup_warnings
+from flask_gateway.core.outages import describe_database_error, is_database_outage
+from flask_gateway.drift import check_settings, last_report
+from flask_gateway.errors import SecretUnreadable
+from flask_gateway.forms import ActionForm
+from flask_gateway.health import check_callback_health, describe_age
+from flask_gateway.heartbeats import JobStatus, job_status
+from flask_gateway.models import GatewayCheckout, Installation
+from flask_gateway.secrets import mask
+from flask_gateway.state import GatewayState, get_state
+from flask_gateway.views.admin.blueprint import bp
+from flask_gateway.views.admin.inputs import STATUSES
+from flask_gateway.views.admin.problems import _EXPECTED, _problem
+
+_log = logging.getLogger("flask_gateway.admin")
+
+
+@bp.get("/")
+def index() -> ResponseReturnValue:
+    state = get_state()
+    # First: it ends its read transaction (and may warn that callbacks went silent: callbacks_silent).
+    health = check_callback_health()
+    installation = state.installation()
+    counts = dict(
+        state.session.execute(
+            select(GatewayCheckout.status, func.count()).group_by(GatewayCheckout.status)
+        ).all()
+    )
+    flagged = state.session.scalar(
+        select(func.count()).select_from(GatewayCheckout).where(GatewayCheckout.flagged.is_(True))
+    )
+    return render_template(
+        "gateway/admin/index.html",
+        installation=installation,
+        secrets=_masked_secrets(state, installation),
+        counts=[(status, counts[status]) for status in STATUSES if status in counts]
+        + [(status, count) for status, count in counts.items() if status not in STATUSES],
+        flagged=flagged or 0,
+        warnings=setup_warnings(),
+        drift=last_report(installation) if installation else None,
+        health=health,
+        describe_age=describe_age,
+        background=_background_work(),
+        action_form=ActionForm(),
+    )
+
+
+def _background_work() -> list[JobStatus] | None:
+    """The heartbeats of deliver and reconcile; None when they cannot be read (the table missing: the
+    page says so). A database outage propagates (the outage page)."""
+    try:
+        return job_status()
+    except SQLAlchemyError as error:
+        if is_database_outage(error):
+            raise
+        _log.warning("the heartbeats could not be read: %s", describe_database_error(error))
+        return None
+
+
+@bp.post("/check-settings")
+def check_settings_now() -> ResponseReturnValue:
+    """Compare the gateway's settings with the shop's now; the status page shows the answer."""
+    try:
+        report = check_settings()
+    except _EXPECTED as error:
+        get_state().session.rollback()
+        flash(f"The gateway's settings could not be checked: {_problem(error)}", "error")
+    else:
+        if report.ok:
+            flash("The gateway's settings are the shop's.", "success")
+        else:
+            flash("The gateway's settings differ from the shop's: see below.", "error")
+    return redirect(url_for(".index"))
+
+
+def _masked_secrets(state: GatewayState, installation: Installation | None) -> dict[str, str]:
+    """The stored secrets, masked (last 4 characters); decrypted only in memory, only to mask them."""
+    if installation is None:
+        return {}
+    try:
+        return {
+            "api_key": mask(state.box.decrypt(installation.api_key_encrypted)),
+            "signing_key": mask(state.box.decrypt(installation.signing_key_encrypted)),
+        }
+    except SecretUnreadable as error:
+        return {"error": str(error)}
