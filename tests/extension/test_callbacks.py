@@ -11,6 +11,7 @@ import pytest
 from flask_gateway import inbound, signals
 from flask_gateway.core.signing import sign
 from flask_gateway.errors import CallbackRejected
+from flask_gateway.inbound import applying
 from flask_gateway.models import GatewayCheckout
 from flask_gateway.state import get_state
 from flask_gateway.testing import GatewayEmulator
@@ -540,7 +541,7 @@ def test_an_unexpected_error_is_logged_and_rolled_back(
     def broken(*args, **kwargs):
         raise RuntimeError("database went away")
 
-    monkeypatch.setattr(inbound, "apply", broken)
+    monkeypatch.setattr(applying, "apply", broken)  # _process applies through it
     with pytest.raises(RuntimeError):  # TESTING propagates it; in production the answer is 500
         post_callback(installed, payload)
 
