@@ -13,10 +13,8 @@ from typing import Final
 
 from flask_gateway.core.sql import commit_keeping_loaded, storable_text
 from flask_gateway.core.timestamps import utcnow
-from flask_gateway.core.wire import (
-    CheckoutStatus,
-    CheckoutStatusPayload,
-)
+from flask_gateway.core.wire import CheckoutStatus as S
+from flask_gateway.core.wire import CheckoutStatusPayload
 from flask_gateway.inbound.claims import _confirm, _Found
 from flask_gateway.inbound.intake import _noted, _send_rejected
 from flask_gateway.models import CallbackLog, CallbackOutcome, GatewayCheckout
@@ -32,8 +30,6 @@ from flask_gateway.transitions import (
 __all__ = ["CallbackResult"]
 
 _log = logging.getLogger("flask_gateway.inbound")  # not __name__: the name is an interface (docs/logging.md)
-
-S = CheckoutStatus
 
 
 #: The statuses a callback may apply: a payment (the spec: accept payment only for these two) and the

@@ -76,9 +76,7 @@ from werkzeug.datastructures import Headers
 from flask_gateway.core.auth import ACCOUNT_HEADER, SIGNATURE_HEADER
 from flask_gateway.core.http import describe_validation_error
 from flask_gateway.core.sql import commit_keeping_loaded
-from flask_gateway.core.wire import (
-    CheckoutStatusPayload,
-)
+from flask_gateway.core.wire import CheckoutStatusPayload
 from flask_gateway.errors import (
     CallbackBodyInvalid,
     CallbackCheckoutUnknown,

@@ -14,7 +14,7 @@ from werkzeug.exceptions import NotFound
 
 from flask_gateway.core.errors import GatewayError
 from flask_gateway.core.timestamps import utcnow
-from flask_gateway.core.wire import CheckoutStatus
+from flask_gateway.core.wire import CheckoutStatus as S
 from flask_gateway.errors import (
     InvalidReturnLink,
     NotInstalledError,
@@ -28,8 +28,6 @@ from flask_gateway.urls import load_signed_reference
 __all__ = ["RETURN_POLL_INTERVAL", "process_return"]
 
 _log = logging.getLogger("flask_gateway.inbound")  # not __name__: the name is an interface (docs/logging.md)
-
-S = CheckoutStatus
 
 
 #: What a return page may still learn something about from the gateway (a payment, its acknowledgement).

@@ -16,12 +16,12 @@ from typing import Any, Literal, NoReturn
 from flask_gateway.core.sql import commit_keeping_loaded
 from flask_gateway.core.wire import (
     OPERATOR,
-    CheckoutStatus,
     V1FailReason,
     V1MerchantAnswer,
     V1OutcomeStatus,
     WireNames,
 )
+from flask_gateway.core.wire import CheckoutStatus as S
 from flask_gateway.errors import (
     V1OutcomeForbidden,
     V1OutcomeInvalid,
@@ -40,8 +40,6 @@ from flask_gateway.urls import external_url, load_signed_reference, return_url
 __all__ = ["V1Reply", "process_v1_outcome", "shop_return_url"]
 
 _log = logging.getLogger("flask_gateway.inbound")  # not __name__: the name is an interface (docs/logging.md)
-
-S = CheckoutStatus
 
 
 @dataclass(frozen=True)
