@@ -445,17 +445,18 @@ def _only_known_exits(exits: list[Exit]) -> None:
     )
 
 
-def _worker_rode_out_redis(deployment: Deployment, worker_pid: int, since: int) -> None:
+def _worker_rode_out_redis(deployment: Deployment, worker_pid: int, since: int) -> str:
     """After the Redis outage (cleared): the same worker process, or, if it exited with the known crash, the
     supervisor's restart, which connected to Redis and ran tasks again (its log: ready, then a deliver task
-    that succeeded). ``since``: how many exits the supervisor had seen before the outage."""
+    that succeeded). ``since``: how many exits the supervisor had seen before the outage. Returns the name of
+    the worker process running now."""
     supervisor = deployment.workers
     assert supervisor.errors == []
     exits = supervisor.exits[since:]
     if not exits:
         assert deployment.worker.pid == worker_pid
         _still_running(deployment.worker)
-        return
+        return deployment.worker.name
     _only_known_exits(exits)
     assert supervisor.restarts == len(supervisor.exits)
     restarted = deployment.worker
@@ -468,6 +469,7 @@ def _worker_rode_out_redis(deployment: Deployment, worker_pid: int, since: int) 
         timeout=CLEAR_WITHIN,
         what=f"a deliver_outbox task run by {restarted.name}, the restarted worker",
     )
+    return restarted.name
 
 
 def _outage_detected(deployment: Deployment, scraper: Scraper, outage: Outage, *, broker_down: bool) -> None:
@@ -556,7 +558,7 @@ def test_deployment_reports_each_outage_and_loses_no_payment(deployment: Deploym
         _outage_cleared(deployment, scraper, redis)
         assert deployment.beat.pid == beat_pid
         _still_running(deployment.beat)
-        _worker_rode_out_redis(deployment, worker_pid, since=0)
+        after_redis = _worker_rode_out_redis(deployment, worker_pid, since=0)
         redis_exits = list(deployment.workers.exits)
         calm.append((redis.cleared_metric, 0.0))
 
@@ -705,7 +707,7 @@ def test_deployment_reports_each_outage_and_loses_no_payment(deployment: Deploym
             + "; ".join(
                 f"{gone.describe()} {gone.at - redis.began:.1f} s after Redis stopped" for gone in redis_exits
             )
-            + f"; {deployment.worker.name} (the restart) ran the tasks again"
+            + f"; {after_redis} (the restart) connected once Redis was back and ran the tasks again"
         )
     else:
         say(
