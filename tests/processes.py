@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -16,11 +17,33 @@ import requests
 
 from tests import secret_watch
 
+#: The ports the tests' servers listen on: below the kernel's ephemeral range (Linux: 32768-60999), so
+#: that no port handed out for an outgoing connection or a ``bind(0)`` is ever one of them.
+PORTS = range(10_000, 32_000)
+
 
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A loopback port nothing listens on, from this pytest-xdist worker's own share of :data:`PORTS`.
+
+    A port from ``bind(0)`` is free only until someone takes it: two workers starting servers at the same
+    moment could be handed the same one, and a server that then failed to bind it was taken for ready by
+    its probe, which reached the other worker's server. Each worker drawing from a share no other worker
+    uses, and outside the ephemeral range, leaves only its own servers to collide with, which this checks.
+    """
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    index = int(worker[2:]) if worker[2:].isdigit() else 0
+    share = len(PORTS) // max(count, 1)
+    start = PORTS.start + share * (index % max(count, 1))
+    for _ in range(200):
+        port = random.randrange(start, start + share)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue  # in use (or in TIME_WAIT): draw another
+            return port
+    raise RuntimeError(f"no free port in {start}-{start + share - 1} after 200 draws")
 
 
 @dataclass

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import random
-import socket
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 
@@ -28,6 +27,7 @@ from flask_gateway.core.errors import (
 )
 from flask_gateway.core.http import RetryPolicy, Transport
 from flask_gateway.core.wire import CreateCheckoutRequest, CreateOrderDetails, OrderItem, RefundRequest
+from tests.processes import free_port
 
 BASE = "https://gateway.test"
 ACCOUNT = "merchant-1"
@@ -291,13 +291,6 @@ def test_cancel_retried_after_connect_timeout(rsps, client, sleeps):
     rsps.add("POST", CANCEL, body=requests.exceptions.ConnectTimeout("no connection"))
     rsps.add("POST", CANCEL, json=CANCELLED)
     assert client.cancel_checkout(TOKEN).attempts == 2
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def test_refused_connection_is_retried_for_unsafe_operation_then_raises():

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -32,6 +31,7 @@ from flask_gateway.core.signing import verify
 from flask_gateway.core.wire import CreateCheckoutRequest, InstallRequest
 from tests import secret_watch
 from tests.emulator.support import ACCOUNT, API_KEY, create_body
+from tests.processes import free_port
 
 # A server process whose delivery worker thread writes beside the requests.
 pytestmark = pytest.mark.backends
@@ -39,12 +39,6 @@ pytestmark = pytest.mark.backends
 #: Upper bound of every wait in this module (the worker needs well under a second per attempt here).
 WAIT = 15.0
 EMAIL = "ops@shop.example"
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def wait_until(condition: Callable[[], Any], what: str, timeout: float = WAIT) -> Any:
