@@ -290,7 +290,7 @@ def figure_client(args: argparse.Namespace, folder: Path) -> None:
 
 
 def figure_statements(args: argparse.Namespace, folder: Path) -> None:
-    from tests.extension.test_statement_counts import BOUNDS, build_harness, seed, statement_counts
+    from tests.extension.payments.test_statement_counts import BOUNDS, build_harness, seed, statement_counts
 
     counts = {}
     for rows in args.statement_rows:

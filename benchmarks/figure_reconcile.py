@@ -43,12 +43,12 @@ def figure_reconcile(args: argparse.Namespace, folder: Path) -> None:
     from sqlalchemy import select, update
 
     from flask_gateway.models import GatewayCheckout
-    from flask_gateway.reconciliation import ReconcileReport, reconcile
+    from flask_gateway.operations.reconciliation import ReconcileReport, reconcile
     from flask_gateway.state import get_state
     from tests.extension.conftest import ACCOUNT as SHOP_ACCOUNT
     from tests.extension.conftest import API_KEY as SHOP_API_KEY
     from tests.extension.conftest import EMULATOR_URL
-    from tests.extension.test_statement_counts import build_harness, seed
+    from tests.extension.payments.test_statement_counts import build_harness, seed
 
     checkouts = args.reconcile_rows
     emulator_url = f"sqlite:///{folder / 'rec-emu.sqlite3'}"

@@ -1,7 +1,7 @@
 """The shop while its database is away: "We'll be right back" (503 with ``Retry-After``), never a 500.
 
 A database restart or failover makes every request that needs the database fail for a few seconds. The
-shop answers those requests with the extension's outage interface (``flask_gateway.outages``):
+shop answers those requests with the extension's outage interface (``flask_gateway.operations.outages``):
 
 - a page for people: ``shop/unavailable.html`` in the shop's own look, 503 with ``Retry-After``;
 - JSON for the JSON endpoints (the order page's ``status.json``, or a client that asks for JSON):

@@ -6,9 +6,9 @@
   for the amount or the gateway cannot say.
 - :func:`payment_available`: the payment option is shown only when this is True (``operations.is_available``:
   installed, and the total within the merchant's minimum and maximum).
-- :func:`order_draft`: the ``flask_gateway.orders.OrderDraft`` of a placed order, built only from what the
-  order stored, so a second "Pay" for the same order sends the very same draft (the extension then hands
-  out the same open checkout instead of creating another).
+- :func:`order_draft`: the ``flask_gateway.payments.orders.OrderDraft`` of a placed order, built only from
+  what the order stored, so a second "Pay" for the same order sends the very same draft (the extension then
+  hands out the same open checkout instead of creating another).
 """
 
 from __future__ import annotations

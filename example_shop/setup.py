@@ -1,8 +1,8 @@
 """Installing the gateway with the shop's settings: ``flask --app example_shop shop install``, and the
 demo's auto-install (``SHOP_AUTO_INSTALL=1``) on first use.
 
-Uses ``flask_gateway.installation.install`` as a setup script would. Nothing here runs at import or in
-``create_app`` (a worker must boot while the database or the gateway is away):
+Uses ``flask_gateway.install`` as a setup script would. Nothing here runs at import or
+in ``create_app`` (a worker must boot while the database or the gateway is away):
 
 - :func:`auto_install` installs when this shop has no installation yet, and says what happened; the
   ``shop install`` command runs it (and waits for a gateway that is starting: ``SHOP_AUTO_INSTALL_DELAYS``);

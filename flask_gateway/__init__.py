@@ -51,9 +51,6 @@ from flask_gateway.core.wire import (
 )
 
 if TYPE_CHECKING:
-    from flask_gateway.availability import PaymentLimits, is_available, payment_limits
-    from flask_gateway.checkouts import cancel_checkout, create_checkout, start_checkout, update_checkout
-    from flask_gateway.checks import SetupWarning, setup_warnings
     from flask_gateway.core.sql import (
         UTCDateTime,
         alembic_include_name,
@@ -77,24 +74,32 @@ if TYPE_CHECKING:
         V1OutcomeRejected,
     )
     from flask_gateway.extension import Gateway
-    from flask_gateway.health import CallbackHealth, callback_health, check_callback_health
-    from flask_gateway.installation import InstallSettings, install
     from flask_gateway.labels import Label, callback_outcome_label, refund_state_label, status_label
-    from flask_gateway.metrics import register_metrics
     from flask_gateway.models import GatewayCheckout, LocalStatus, RefundRecord, RefundState
-    from flask_gateway.orders import Address, Customer, OrderDraft, OrderLine
-    from flask_gateway.outages import DATABASE_ERRORS, database_unavailable, is_database_outage
-    from flask_gateway.outbox import DeliveryReport, deliver_due, redeliver
-    from flask_gateway.plans import (
+    from flask_gateway.operations.checks import SetupWarning, setup_warnings
+    from flask_gateway.operations.health import CallbackHealth, callback_health, check_callback_health
+    from flask_gateway.operations.metrics import register_metrics
+    from flask_gateway.operations.outages import DATABASE_ERRORS, database_unavailable, is_database_outage
+    from flask_gateway.operations.ratelimit import DatabaseStorage
+    from flask_gateway.operations.reconciliation import ReconcileReport, reconcile
+    from flask_gateway.payments.availability import PaymentLimits, is_available, payment_limits
+    from flask_gateway.payments.checkouts import (
+        cancel_checkout,
+        create_checkout,
+        start_checkout,
+        update_checkout,
+    )
+    from flask_gateway.payments.installation import InstallSettings, install
+    from flask_gateway.payments.orders import Address, Customer, OrderDraft, OrderLine
+    from flask_gateway.payments.outbox import DeliveryReport, deliver_due, redeliver
+    from flask_gateway.payments.plans import (
         PaymentPlan,
         clear_payment_plan_cache,
         format_instalment_hint,
         payment_plan,
     )
-    from flask_gateway.polling import refresh
-    from flask_gateway.ratelimit import DatabaseStorage
-    from flask_gateway.reconciliation import ReconcileReport, reconcile
-    from flask_gateway.refunds import refund, retry_refund
+    from flask_gateway.payments.polling import refresh
+    from flask_gateway.payments.refunds import refund, retry_refund
     from flask_gateway.signals import (
         callback_rejected,
         callbacks_silent,
@@ -119,25 +124,30 @@ _LAZY: dict[str, tuple[str, ...]] = {
         "create_all_safely",
     ),
     "flask_gateway.extension": ("Gateway",),
-    "flask_gateway.orders": ("Address", "Customer", "OrderDraft", "OrderLine"),
+    "flask_gateway.payments.orders": ("Address", "Customer", "OrderDraft", "OrderLine"),
     "flask_gateway.models": ("GatewayCheckout", "LocalStatus", "RefundRecord", "RefundState"),
-    "flask_gateway.checkouts": ("cancel_checkout", "create_checkout", "start_checkout", "update_checkout"),
-    "flask_gateway.availability": ("PaymentLimits", "is_available", "payment_limits"),
-    "flask_gateway.plans": (
+    "flask_gateway.payments.checkouts": (
+        "cancel_checkout",
+        "create_checkout",
+        "start_checkout",
+        "update_checkout",
+    ),
+    "flask_gateway.payments.availability": ("PaymentLimits", "is_available", "payment_limits"),
+    "flask_gateway.payments.plans": (
         "PaymentPlan",
         "clear_payment_plan_cache",
         "format_instalment_hint",
         "payment_plan",
     ),
-    "flask_gateway.refunds": ("refund", "retry_refund"),
-    "flask_gateway.polling": ("refresh",),
-    "flask_gateway.reconciliation": ("ReconcileReport", "reconcile"),
-    "flask_gateway.installation": ("InstallSettings", "install"),
-    "flask_gateway.checks": ("SetupWarning", "setup_warnings"),
-    "flask_gateway.health": ("CallbackHealth", "callback_health", "check_callback_health"),
-    "flask_gateway.metrics": ("register_metrics",),
+    "flask_gateway.payments.refunds": ("refund", "retry_refund"),
+    "flask_gateway.payments.polling": ("refresh",),
+    "flask_gateway.operations.reconciliation": ("ReconcileReport", "reconcile"),
+    "flask_gateway.payments.installation": ("InstallSettings", "install"),
+    "flask_gateway.operations.checks": ("SetupWarning", "setup_warnings"),
+    "flask_gateway.operations.health": ("CallbackHealth", "callback_health", "check_callback_health"),
+    "flask_gateway.operations.metrics": ("register_metrics",),
     "flask_gateway.labels": ("Label", "callback_outcome_label", "refund_state_label", "status_label"),
-    "flask_gateway.ratelimit": ("DatabaseStorage",),
+    "flask_gateway.operations.ratelimit": ("DatabaseStorage",),
     "flask_gateway.state": ("GatewayState", "get_state"),
     "flask_gateway.signals": (
         "callback_rejected",
@@ -151,8 +161,8 @@ _LAZY: dict[str, tuple[str, ...]] = {
         "payment_confirmed",
         "refund_succeeded",
     ),
-    "flask_gateway.outbox": ("DeliveryReport", "deliver_due", "redeliver"),
-    "flask_gateway.outages": ("DATABASE_ERRORS", "database_unavailable", "is_database_outage"),
+    "flask_gateway.payments.outbox": ("DeliveryReport", "deliver_due", "redeliver"),
+    "flask_gateway.operations.outages": ("DATABASE_ERRORS", "database_unavailable", "is_database_outage"),
     "flask_gateway.errors": (
         "CallbackRejected",
         "CheckoutStateError",

@@ -135,14 +135,14 @@ class GatewayConfig:
     #: ``flask gateway`` commands run on a SQLite database while ``GATEWAY_ENVIRONMENT="production"``
     #: (a one-machine shop that means it); False: they refuse, exit status 78 (a development database).
     sqlite_in_production: bool = False
-    #: Callbacks are "silent" (``flask_gateway.health``) when no verified callback came for this many
-    #: minutes while at least ``callback_silence_payments`` v2 payments were confirmed another way.
+    #: Callbacks are "silent" (``flask_gateway.operations.health``) when no verified callback came for
+    #: this many minutes while at least ``callback_silence_payments`` v2 payments were confirmed another way.
     callback_silence_minutes: int = 30
     callback_silence_payments: int = 3
     #: Getstatus calls a reconciliation run keeps in flight at once (worker threads); 1: one at a time.
     reconcile_concurrency: int = 8
-    #: A job (``flask_gateway.heartbeats``) is overdue when its last finished (or successful) run is older
-    #: than this many seconds: ``flask gateway deliver`` and ``flask gateway reconcile``.
+    #: A job (``flask_gateway.payments.heartbeats``) is overdue when its last finished (or successful) run
+    #: is older than this many seconds: ``flask gateway deliver`` and ``flask gateway reconcile``.
     deliver_stale_seconds: int = 300
     reconcile_stale_seconds: int = 1800
 

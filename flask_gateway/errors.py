@@ -254,9 +254,9 @@ class DatabaseUnavailable(GatewayExtensionError, JSONHTTPException, ServiceUnava
     """503 with ``Retry-After``: the database cannot answer right now (restarting, failing over, its pool
     exhausted). The request did not finish: send it again after ``retry_after`` seconds.
 
-    Built by ``flask_gateway.outages.database_unavailable(error)``, which also records the outage (one log
-    line per outage). The body is ``{"message": ...}``, as every JSON error of the extension: a gateway
-    retrying a callback reads it; a shop renders its own page for people instead.
+    Built by ``flask_gateway.operations.outages.database_unavailable(error)``, which also records the outage
+    (one log line per outage). The body is ``{"message": ...}``, as every JSON error of the extension: a
+    gateway retrying a callback reads it; a shop renders its own page for people instead.
     """
 
     description = "The service is briefly unavailable: its database is not answering. Try again shortly."

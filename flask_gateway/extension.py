@@ -1,8 +1,8 @@
 """``Gateway``: the Flask extension object (``Gateway(app, db=db)`` or ``gateway.init_app(app)``).
 
 The top floor of the extension and the one place that wires it into an app: the state
-(``flask_gateway.state``), the blueprints (``flask_gateway.views``), the CLI (``flask_gateway.cli``) and
-the tables. Nothing else imports this module but the package's front door.
+(``flask_gateway.state``), the blueprints (``flask_gateway.web``), the CLI (``flask_gateway.operations.cli``)
+and the tables. Nothing else imports this module but the package's front door.
 """
 
 from __future__ import annotations
@@ -13,19 +13,19 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import requests
 from flask import Blueprint, Flask, has_request_context, request
 
-from flask_gateway.cli import gateway_cli
 from flask_gateway.config import GatewayConfig
 from flask_gateway.core.sql import copy_tables_as_stored
 from flask_gateway.core.wsgi import WSGIAdapter
 from flask_gateway.emulator import mount
 from flask_gateway.errors import ConfigurationError
 from flask_gateway.models import GatewayBase
-from flask_gateway.outages import watch_recovery
-from flask_gateway.ratelimit import RateLimit, make_storage
+from flask_gateway.operations.cli import gateway_cli
+from flask_gateway.operations.outages import watch_recovery
+from flask_gateway.operations.ratelimit import RateLimit, make_storage
 from flask_gateway.secrets import SecretBox
 from flask_gateway.state import EXTENSION_KEY, AdminGuard, GatewayState
-from flask_gateway.views import admin, public
-from flask_gateway.views.admin import outbox as admin_outbox
+from flask_gateway.web import admin, public
+from flask_gateway.web.admin import outbox as admin_outbox
 
 if TYPE_CHECKING:
     from flask_sqlalchemy import SQLAlchemy

@@ -70,8 +70,8 @@ class Installation(GatewayBase):
     maximum_cents: Mapped[int] = mapped_column(BigInteger)
     installed_at: Mapped[datetime]
     updated_at: Mapped[datetime]
-    #: The last comparison of the gateway's settings with these (``flask_gateway.drift``): when, and what
-    #: differed (a list of ``{"setting", "shop", "gateway"}``; empty when they agreed).
+    #: The last comparison of the gateway's settings with these (``flask_gateway.operations.drift``):
+    #: when, and what differed (a list of ``{"setting", "shop", "gateway"}``; empty when they agreed).
     settings_checked_at: Mapped[datetime | None]
     settings_drift: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON)
 
@@ -219,7 +219,8 @@ class CallbackLog(GatewayBase):
 
 
 class RateLimitCounter(GatewayBase):
-    """One fixed-window counter of ``flask_gateway.ratelimit.DatabaseStorage`` (shared by every process)."""
+    """One fixed-window counter of ``flask_gateway.operations.ratelimit.DatabaseStorage`` (shared by every
+    process)."""
 
     __tablename__ = "gateway_rate_limits"
 
@@ -238,7 +239,7 @@ class OutboxState(enum.StrEnum):
 
 class OutboxEvent(GatewayBase):
     """An event for the shop's code (a signal), written in the same transaction as the change it reports
-    and delivered at least once (``flask_gateway.outbox``)."""
+    and delivered at least once (``flask_gateway.payments.outbox``)."""
 
     __tablename__ = "gateway_outbox"
     __table_args__ = (Index("ix_gateway_outbox_due", "state", "next_attempt_at"),)
@@ -266,8 +267,8 @@ class OutboxEvent(GatewayBase):
 
 
 class JobRun(GatewayBase):
-    """The heartbeat of one background job (``flask_gateway.heartbeats``): one row per job (``deliver``,
-    ``reconcile``), updated in place by every run of any process on any machine."""
+    """The heartbeat of one background job (``flask_gateway.payments.heartbeats``): one row per job
+    (``deliver``, ``reconcile``), updated in place by every run of any process on any machine."""
 
     __tablename__ = "gateway_job_runs"
 

@@ -5,8 +5,8 @@ signal sends the app as sender and ``checkout`` (a ``GatewayCheckout``) plus the
 
 The shop-facing events (``payment_confirmed``, ``checkout_cancelled``, ``checkout_expired``,
 ``refund_succeeded``, ``checkout_flagged``, ``payment_after_close``) go through the outbox
-(``flask_gateway.outbox``): written in the same transaction as the change, delivered at least once (again
-after a receiver raised), each delivery with the same ``event_id``: do the work once per ``event_id``.
+(``flask_gateway.payments.outbox``): written in the same transaction as the change, delivered at least once
+(again after a receiver raised), each delivery with the same ``event_id``: do the work once per ``event_id``.
 """
 
 from __future__ import annotations
@@ -51,8 +51,8 @@ callback_rejected = _signals.signal("gateway-callback-rejected")
 
 #: The gateway's callbacks went silent while payments continued: no verified callback for
 #: ``GATEWAY_CALLBACK_SILENCE_MINUTES`` while ``GATEWAY_CALLBACK_SILENCE_PAYMENTS`` or more payments were
-#: confirmed another way (``flask_gateway.health``). Sent once per silent spell, with no ``checkout``:
-#: ``health`` (a ``CallbackHealth``), ``last_callback_at`` (None: never) and ``payments``.
+#: confirmed another way (``flask_gateway.operations.health``). Sent once per silent spell, with no
+#: ``checkout``: ``health`` (a ``CallbackHealth``), ``last_callback_at`` (None: never) and ``payments``.
 callbacks_silent = _signals.signal("gateway-callbacks-silent")
 
 #: A checkout was flagged for a person (amounts or accounts that do not add up, a payment after a

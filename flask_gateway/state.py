@@ -58,7 +58,8 @@ _INSTALLATION_KEY = (
 
 
 class Limit(Protocol):
-    """A rate limit per client (``flask_gateway.ratelimit.RateLimit`` is the one the extension builds)."""
+    """A rate limit per client (``flask_gateway.operations.ratelimit.RateLimit`` is the one the extension
+    builds)."""
 
     def retry_after(self, client: str) -> int | None:
         """Seconds until ``client`` may go on, or None when it may now."""
@@ -101,7 +102,7 @@ class GatewayState:
     #: connections to the gateway are kept alive and reused (a session per call would open a new TCP and
     #: TLS connection for every poll of a reconciliation run, and leave it for the garbage collector).
     _http: threading.local = field(default_factory=threading.local, repr=False)
-    #: This process's view of the database (``flask_gateway.outages``): one WARNING when an outage
+    #: This process's view of the database (``flask_gateway.operations.outages``): one WARNING when an outage
     #: starts, one when it ends, whatever the number of requests refused meanwhile.
     outages: OutageWatch = field(
         default_factory=lambda: OutageWatch("flask_gateway", logging.getLogger("flask_gateway.outages")),

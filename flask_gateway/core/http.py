@@ -4,8 +4,8 @@ A request is prepared (and so signed) once; every retry sends the very same byte
 key fixed before the first attempt is what the gateway sees each time.
 
 Observers (:func:`add_observer`) see every attempt: its operation, duration and HTTP status (or why no
-answer came), as the log line says it. ``flask_gateway.metrics`` registers one for Prometheus; the core
-itself knows nothing of what an observer does with it.
+answer came), as the log line says it. ``flask_gateway.operations.metrics`` registers one for Prometheus; the
+core itself knows nothing of what an observer does with it.
 """
 
 from __future__ import annotations

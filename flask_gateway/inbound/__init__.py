@@ -1,9 +1,8 @@
-"""What the gateway sends the shop: signed status callbacks (``callbacks``, via ``applying``, ``claims``,
-``intake``), v1 outcome calls (``v1``), shoppers coming back (``returns``), the doctor's probe mark
-(``probe``). No view code here: ``views/public.py`` hands the request's parts over. Imports, one way:
-callbacks -> applying -> claims -> intake -> probe; v1 and returns stand alone. Below them only lower
-floors (transitions, polling, urls, signing, models, state, core), never a view.
-"""
+"""What the gateway sends the shop: signed status callbacks, v1 outcome calls, shoppers coming back.
+Imports the ground floor, the core and ``payments``; never ``operations``, ``web`` or a view."""
+
+# Inside, imports run one way: callbacks -> applying -> claims -> intake -> probe (the doctor's probe mark);
+# v1 and returns stand alone. No view code here: web/public.py reads the request and hands its parts over.
 
 from __future__ import annotations
 

@@ -18,14 +18,14 @@ from flask_gateway.core.wire import CheckoutStatusPayload
 from flask_gateway.inbound.claims import _confirm, _Found
 from flask_gateway.inbound.intake import _noted, _send_rejected
 from flask_gateway.models import CallbackLog, CallbackOutcome, GatewayCheckout
-from flask_gateway.state import get_state
-from flask_gateway.transitions import (
+from flask_gateway.payments.transitions import (
     Observation,
     Transition,
     apply,
     send_pending,
     would_apply,
 )
+from flask_gateway.state import get_state
 
 __all__ = ["CallbackResult"]
 

@@ -1,8 +1,8 @@
 """A signed status callback from the gateway, from its verification to its answer; and its replay.
 
 No view code here: ``views/public.py`` reads the request and hands the parts over. Every status change
-goes through :func:`flask_gateway.transitions.apply` (row lock, forward only, amount and account checks,
-signals once, after the commit).
+goes through :func:`flask_gateway.payments.transitions.apply` (row lock, forward only, amount and account
+checks, signals once, after the commit).
 
 Status callback (:func:`process_callback`). A callback is a *claim*: its signature proves who signed it,
 and the sandbox signs anything for anyone (its 401 answers carry ``expectedSignature``), so the money

@@ -21,7 +21,7 @@ from flask_gateway.errors import (
     SecretUnreadable,
 )
 from flask_gateway.models import GatewayCheckout
-from flask_gateway.polling import refresh
+from flask_gateway.payments.polling import refresh
 from flask_gateway.state import get_state
 from flask_gateway.urls import load_signed_reference
 

@@ -29,12 +29,12 @@ from flask_gateway.errors import (
     V1OutcomeUnknown,
 )
 from flask_gateway.models import GatewayCheckout
-from flask_gateway.state import get_state
-from flask_gateway.transitions import (
+from flask_gateway.payments.transitions import (
     Observation,
     apply,
     send_pending,
 )
+from flask_gateway.state import get_state
 from flask_gateway.urls import external_url, load_signed_reference, return_url
 
 __all__ = ["V1Reply", "process_v1_outcome", "shop_return_url"]

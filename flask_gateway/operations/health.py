@@ -1,9 +1,9 @@
 """Callback health: do the gateway's callbacks reach the shop, and which path confirms the payments?
 
 :func:`callback_health` reads the figures from the database, so every worker process and every machine
-sees the same ones: the admin status page shows them, ``flask_gateway.metrics`` exports them at scrape
-time, :meth:`CallbackHealth.summary` is a line for a terminal or a log. :func:`check_callback_health` also
-warns when the callbacks went silent (the status page and reconciliation run it).
+sees the same ones: the admin status page shows them, ``flask_gateway.operations.metrics`` exports them at
+scrape time, :meth:`CallbackHealth.summary` is a line for a terminal or a log. :func:`check_callback_health`
+also warns when the callbacks went silent (the status page and reconciliation run it).
 
 What each figure is (over a window, the last 24 hours unless told):
 
@@ -67,7 +67,7 @@ from flask_gateway.core.sql import UTCDateTime, sqlite_read_transactions
 from flask_gateway.core.timestamps import utcnow
 from flask_gateway.core.wire import PAYMENT_STATUSES, CheckoutStatus
 from flask_gateway.models import CallbackLog, CallbackOutcome, CheckoutEvent, GatewayCheckout
-from flask_gateway.ratelimit import make_storage, watch_of
+from flask_gateway.operations.ratelimit import make_storage, watch_of
 from flask_gateway.state import get_state, leaves_no_transaction
 
 __all__ = [

@@ -6,10 +6,10 @@ own, or the default one):
 - :class:`GatewayCollector`, which reads its figures from the database **at scrape time**: the same on
   every worker process and machine, whichever answers the scrape. Callbacks by outcome and payments
   confirmed by path over a recent window, the last verified callback, whether callbacks are silent, the
-  paid checkouts awaiting their callback and the oldest one's age (all from ``flask_gateway.health``),
-  refunds by state (failed ones included), the outbox backlog and its oldest event's age, and when each
-  background job (deliver, reconcile) last ran, last succeeded and whether it is overdue
-  (``flask_gateway.heartbeats``).
+  paid checkouts awaiting their callback and the oldest one's age (all from
+  ``flask_gateway.operations.health``), refunds by state (failed ones included), the outbox backlog and its
+  oldest event's age, and when each background job (deliver, reconcile) last ran, last succeeded and whether
+  it is overdue (``flask_gateway.payments.heartbeats``).
 - the gateway calls: a latency histogram and an error counter per operation, fed by an observer of the
   core's transport (``flask_gateway.core.http.add_observer``). Without ``PROMETHEUS_MULTIPROC_DIR`` in the
   environment they count this process's calls. With it (prometheus_client's multiprocess mode: several
@@ -44,14 +44,15 @@ from flask import Flask
 from sqlalchemy import func, select
 from sqlalchemy.exc import SQLAlchemyError
 
-from flask_gateway import heartbeats, models
+from flask_gateway import models
 from flask_gateway.core import http
 from flask_gateway.core.http import CallAttempt
 from flask_gateway.core.outages import describe_database_error, is_database_outage
 from flask_gateway.core.sql import sqlite_read_transactions
 from flask_gateway.errors import ConfigurationError
-from flask_gateway.health import CONFIRMATION_PATHS, CallbackHealth, callback_health
 from flask_gateway.models import CallbackOutcome, RefundRecord, RefundState
+from flask_gateway.operations.health import CONFIRMATION_PATHS, CallbackHealth, callback_health
+from flask_gateway.payments import heartbeats
 from flask_gateway.state import get_state
 
 try:
@@ -281,7 +282,7 @@ def _outbox(families: _Families, health: CallbackHealth) -> None:
 
 def _heartbeats(families: _Families, health: CallbackHealth) -> None:
     """When each background job last ran and succeeded, and whether it is overdue
-    (``flask_gateway.heartbeats``); skipped when its table cannot be read (not migrated yet)."""
+    (``flask_gateway.payments.heartbeats``); skipped when its table cannot be read (not migrated yet)."""
     try:
         statuses = heartbeats.job_status(now=health.checked_at)
     except SQLAlchemyError as error:

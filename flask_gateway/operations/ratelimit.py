@@ -21,7 +21,7 @@ A storage that fails (the database or Redis is down) never stops a request: the 
 and how many requests were let through meanwhile (:class:`StorageWatch`); the failures in between are
 DEBUG lines. When the storage is the database and the database is away
 (``core.outages.is_database_outage``), every line is a DEBUG one: the request meets the outage again in
-its own work, which answers 503 and logs it once per outage (``flask_gateway.outages``).
+its own work, which answers 503 and logs it once per outage (``flask_gateway.operations.outages``).
 """
 
 from __future__ import annotations
@@ -338,7 +338,8 @@ class RateLimit:
             self.watch.succeeded()
 
     def _failed(self, what: str, error: Exception, *, let_through: bool) -> None:
-        if is_database_outage(error):  # the request's own work logs the outage (flask_gateway.outages)
+        # the request's own work logs the outage (flask_gateway.operations.outages)
+        if is_database_outage(error):
             _log.debug(
                 "rate limit %s: the database is away; %s (%s)",
                 self.name,

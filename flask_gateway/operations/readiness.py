@@ -7,8 +7,8 @@ Three named checks, in this order (a later one is not run when an earlier one fa
 - ``installation``: the gateway is installed for the configured ``GATEWAY_ENVIRONMENT``.
 
 When all three pass, the answer also says how the background work goes (``background``: per job of
-:mod:`flask_gateway.heartbeats`, the seconds since its last finished run and whether it is overdue), for a
-dashboard or a human; it never makes the probe fail: a web process serves shoppers while the workers are
+:mod:`flask_gateway.payments.heartbeats`, the seconds since its last finished run and whether it is overdue),
+for a dashboard or a human; it never makes the probe fail: a web process serves shoppers while the workers are
 down (the doctor, the metric ``flask_gateway_job_overdue`` and its alert say so). It costs one more small
 query (the ``gateway_job_runs`` rows, two of them); a probe that cannot read them leaves it out.
 
@@ -37,8 +37,8 @@ from sqlalchemy.engine import Engine
 
 from flask_gateway.core.outages import describe_database_error, is_database_outage, ping
 from flask_gateway.core.sql import sqlite_read_transactions
-from flask_gateway.heartbeats import JobStatus, job_status
 from flask_gateway.models import GatewayBase
+from flask_gateway.payments.heartbeats import JobStatus, job_status
 from flask_gateway.state import GatewayState, leaves_no_transaction
 
 __all__ = ["CHECK_NAMES", "ProbeCheck", "Readiness", "missing_schema", "readiness"]

@@ -3,14 +3,14 @@
 Two tasks, named for the beat schedule and for ``send_task`` from anywhere:
 
 - ``flask_gateway.deliver_outbox`` (:data:`DELIVER_OUTBOX`): delivers the outbox events that are due
-  (:func:`flask_gateway.outbox.deliver_due`), one claim per event, so each event's lease starts when its
-  own delivery does. Beat sends it every 5 s: an event whose delivering worker died is free 10 s after the
+  (:func:`flask_gateway.payments.outbox.deliver_due`), one claim per event, so each event's lease starts when
+  its own delivery does. Beat sends it every 5 s: an event whose delivering worker died is free 10 s after the
   death (the lease, renewed only while the delivery lives), and delivered by the next tick, so within
   15 s. A tick finding nothing due is one indexed query. It fails only when the database does: a receiver
   that raised is the outbox's business (logged, counted, due again later, dead after the last attempt).
 - ``flask_gateway.reconcile`` (:data:`RECONCILE`): one reconciliation run
-  (:func:`flask_gateway.reconciliation.reconcile`, its keyword arguments too); it fails, with the run's
-  summary, when a checkout could not be polled (the next run tries again). Beat's run asks about the
+  (:func:`flask_gateway.operations.reconciliation.reconcile`, its keyword arguments too); it fails, with the
+  run's summary, when a checkout could not be polled (the next run tries again). Beat's run asks about the
   checkouts due (``GATEWAY_RECONCILE_AFTER_SECONDS``); ``send_task(RECONCILE, kwargs={"older_than_seconds":
   0})`` asks about every open checkout now (those not polled in the last minute).
 
@@ -22,8 +22,8 @@ gateway's tasks, the reliability settings (:data:`RELIABILITY`) and the beat sch
 What makes it safe to kill a worker at any moment (docs/operations.md#background-work-on-a-task-queue):
 a task is acknowledged only once it has run (``acks_late``) and given back to the queue when its worker
 process dies (``reject_on_worker_lost``); the outbox's rows are claimed ``FOR UPDATE SKIP LOCKED`` and
-leased (:data:`flask_gateway.outbox.CLAIM_LEASE`, renewed while the receivers run), so two workers never
-deliver one event at once, and a worker that dies leaves its event to the first tick after the lease
+leased (:data:`flask_gateway.payments.outbox.CLAIM_LEASE`, renewed while the receivers run), so two workers
+never deliver one event at once, and a worker that dies leaves its event to the first tick after the lease
 (within 15 s of the death); the receivers' ``event_id``
 covers an event delivered again. A lost task message loses nothing: the work is in the database, and the
 next beat tick finds it.
@@ -44,9 +44,9 @@ from typing import Any, Final
 
 from flask import Flask, current_app, has_app_context
 
-from flask_gateway.heartbeats import record_run
-from flask_gateway.outbox import DeliveryReport, deliver_due
-from flask_gateway.reconciliation import reconcile
+from flask_gateway.operations.reconciliation import reconcile
+from flask_gateway.payments.heartbeats import record_run
+from flask_gateway.payments.outbox import DeliveryReport, deliver_due
 from flask_gateway.state import get_state
 
 try:
@@ -225,7 +225,8 @@ def _deliver_outbox(limit: int = DELIVER_LIMIT) -> str:
 
 
 def _reconcile(**options: Any) -> str:
-    """One reconciliation run (``options``: :func:`~flask_gateway.reconciliation.reconcile`'s keywords)."""
+    """One reconciliation run (``options``: the keywords of
+    :func:`~flask_gateway.operations.reconciliation.reconcile`)."""
     _require_app_context(RECONCILE)
     report = reconcile(**options)
     summary = report.summary()

@@ -2,7 +2,7 @@
 
 Every function works in the current app context, in the extension's own database session
 (``flask_gateway.state``): it commits what it writes and nothing of the shop's. Statuses change only through
-:func:`flask_gateway.transitions.apply`.
+:func:`flask_gateway.payments.transitions.apply`.
 
 Money that moves is never left to chance: a checkout is saved (``CREATING``, with its ``requestId``) and
 committed before the first request. If the answer is lost (timeout, 5xx after the retries), the row stays
@@ -28,7 +28,6 @@ from sqlalchemy.orm import Session
 from werkzeug.wrappers import Response
 
 from flask_gateway import signals
-from flask_gateway.availability import is_available
 from flask_gateway.core.client import GatewayClient, V1Client, new_request_id
 from flask_gateway.core.errors import (
     CheckoutExpiredError,
@@ -53,19 +52,20 @@ from flask_gateway.errors import (
     CheckoutStateError,
     CheckoutUnavailableError,
 )
-from flask_gateway.mapping import (
+from flask_gateway.models import GatewayCheckout, LocalStatus
+from flask_gateway.payments.availability import is_available
+from flask_gateway.payments.mapping import (
     check_reference,
     order_snapshot,
     v1_checkout_request,
     v2_create_request,
     v2_order_details,
 )
-from flask_gateway.models import GatewayCheckout, LocalStatus
-from flask_gateway.orders import OrderDraft
-from flask_gateway.polling import refresh
+from flask_gateway.payments.orders import OrderDraft
+from flask_gateway.payments.polling import refresh
+from flask_gateway.payments.transitions import Observation, apply, send_pending
 from flask_gateway.signals import sender
 from flask_gateway.state import get_state, leaves_no_transaction
-from flask_gateway.transitions import Observation, apply, send_pending
 
 __all__ = ["REUSE_WINDOW", "cancel_checkout", "create_checkout", "start_checkout", "update_checkout"]
 

@@ -2,10 +2,10 @@
 
 Every run of a background job records itself in ``gateway_job_runs`` (:class:`~flask_gateway.models.JobRun`),
 one row per job updated in place, in the shop's database: shared by every process on every machine. The
-hooks are inside the functions themselves (:func:`~flask_gateway.outbox.deliver_due`,
-:func:`~flask_gateway.reconciliation.reconcile`), so every way of running them records: ``flask gateway
-deliver`` (each ``--every`` round), ``flask gateway reconcile``, the Celery tasks, the admin's "Deliver what
-is due now", a shop's own call.
+hooks are inside the functions themselves (:func:`~flask_gateway.payments.outbox.deliver_due`,
+:func:`~flask_gateway.operations.reconciliation.reconcile`), so every way of running them records: ``flask
+gateway deliver`` (each ``--every`` round), ``flask gateway reconcile``, the Celery tasks, the admin's
+"Deliver what is due now", a shop's own call.
 
 - **What is written**: when the run started and finished, ``ok`` or ``failed`` (it raised, or its report
   has errors: a receiver that raised, a checkout that could not be polled, the gateway not installed), a

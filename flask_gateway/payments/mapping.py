@@ -23,7 +23,7 @@ from flask_gateway.errors import (
     ConfigurationError,
 )
 from flask_gateway.models import REFERENCE_LENGTH
-from flask_gateway.orders import Address, OrderDraft
+from flask_gateway.payments.orders import Address, OrderDraft
 from flask_gateway.state import get_state
 from flask_gateway.urls import return_url, v1_outcome_url
 

@@ -57,8 +57,8 @@ from flask_gateway import signals
 from flask_gateway.core.outages import describe_database_error, is_database_outage
 from flask_gateway.core.sql import commit_keeping_loaded, sqlite_in_memory
 from flask_gateway.core.timestamps import utcnow
-from flask_gateway.heartbeats import record_run
 from flask_gateway.models import GatewayCheckout, OutboxEvent, OutboxState, RefundRecord
+from flask_gateway.payments.heartbeats import record_run
 from flask_gateway.state import get_state, leaves_no_transaction
 
 __all__ = [
@@ -73,7 +73,7 @@ __all__ = [
     "redeliver",
 ]
 
-_log = logging.getLogger(__name__)
+_log = logging.getLogger("flask_gateway.outbox")  # not __name__: the name is an interface (docs/logging.md)
 
 #: The signals delivered through the outbox, by the ``kind`` their rows carry.
 KINDS: Final[Mapping[str, Signal]] = {
@@ -213,7 +213,7 @@ def deliver_due(limit: int = 100) -> DeliveryReport:
     earlier receivers of the batch run, and another worker then deliver the same event at the same time.
     """
     report = DeliveryReport()
-    with record_run("deliver") as run:  # the heartbeat (flask_gateway.heartbeats)
+    with record_run("deliver") as run:  # the heartbeat (flask_gateway.payments.heartbeats)
         for _ in range(limit):
             claimed = _claim(1)
             if not claimed:

@@ -18,11 +18,11 @@ from typing import Final
 from cachetools import TLRUCache
 from flask import has_request_context, request
 
-from flask_gateway.availability import is_available
 from flask_gateway.core.errors import (
     GatewayError,
 )
 from flask_gateway.core.money import format_money
+from flask_gateway.payments.availability import is_available
 from flask_gateway.state import get_state, leaves_no_transaction
 
 __all__ = [

@@ -18,8 +18,8 @@ from flask_gateway.core.sql import commit_keeping_loaded
 from flask_gateway.core.timestamps import utcnow
 from flask_gateway.core.wire import CheckoutStatus
 from flask_gateway.models import GatewayCheckout
+from flask_gateway.payments.transitions import RANK, Observation, Transition, apply, lock, rank, send_pending
 from flask_gateway.state import get_state, leaves_no_transaction
-from flask_gateway.transitions import RANK, Observation, Transition, apply, lock, rank, send_pending
 
 if TYPE_CHECKING:
     from flask_gateway.core.wire import CheckoutStatusPayload

@@ -33,8 +33,8 @@ from flask_gateway.errors import (
     RefundNotAllowedError,
 )
 from flask_gateway.models import GatewayCheckout, RefundRecord, RefundState
+from flask_gateway.payments.transitions import Observation, apply, lock, send_pending
 from flask_gateway.state import get_state, leaves_no_transaction
-from flask_gateway.transitions import Observation, apply, lock, send_pending
 
 __all__ = ["refund", "retry_refund"]
 

@@ -26,7 +26,7 @@ from blinker import Signal
 from sqlalchemy import select
 from sqlalchemy.orm import Session, object_session
 
-from flask_gateway import outbox, signals
+from flask_gateway import signals
 from flask_gateway.core.sql import commit_keeping_loaded, storable_text
 from flask_gateway.core.timestamps import utcnow
 from flask_gateway.core.wire import OPEN_STATUSES, PAID_STATUSES, PAYMENT_STATUSES, CheckoutStatus
@@ -38,7 +38,8 @@ from flask_gateway.models import (
     RefundRecord,
     RefundState,
 )
-from flask_gateway.outbox import Queued
+from flask_gateway.payments import outbox
+from flask_gateway.payments.outbox import Queued
 
 __all__ = [
     "RANK",
@@ -252,7 +253,7 @@ def apply(session: Session, checkout_id: int, observation: Observation, *, commi
 
 
 def send_pending(transition: Transition) -> None:
-    """Deliver the events of a committed transition (``flask_gateway.outbox``: at once, at least once)."""
+    """Deliver the events of a committed transition (``payments.outbox``: at once, at least once)."""
     pending, transition._pending = transition._pending, []
     outbox.deliver_now(pending)
 

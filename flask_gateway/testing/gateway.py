@@ -23,8 +23,8 @@ from flask_gateway.core.wire import OPEN_STATUSES
 from flask_gateway.emulator import EmulatorSettings, embedded_emulator
 from flask_gateway.emulator import models as emulator_models
 from flask_gateway.emulator.merchant import post_callback
-from flask_gateway.installation import InstallSettings, install, update_settings
-from flask_gateway.plans import clear_payment_plan_cache
+from flask_gateway.payments.installation import InstallSettings, install, update_settings
+from flask_gateway.payments.plans import clear_payment_plan_cache
 from flask_gateway.signals import (
     callback_rejected,
     checkout_cancelled,

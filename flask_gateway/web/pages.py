@@ -1,4 +1,5 @@
-"""The extension's blueprints: ``public`` (gateway-facing endpoints) and ``admin`` (screens)."""
+"""What every page of the extension shares: the security headers (CSP, no framing) and the 503 page or JSON
+while the database is away. Used by the ``admin`` and ``public`` blueprints."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from flask.typing import ResponseReturnValue
 from werkzeug.wrappers import Response
 
 from flask_gateway.core.framing import never_framed
-from flask_gateway.outages import DATABASE_ERRORS, database_unavailable, is_database_outage
+from flask_gateway.operations.outages import DATABASE_ERRORS, database_unavailable, is_database_outage
 
 __all__ = ["POLICY", "answer_outages", "deny_framing"]
 

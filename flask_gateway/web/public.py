@@ -50,13 +50,13 @@ from flask_gateway.inbound import (
     refuse_oversize,
 )
 from flask_gateway.models import GatewayCheckout, LocalStatus
-from flask_gateway.readiness import readiness
+from flask_gateway.operations.readiness import readiness
 from flask_gateway.state import get_state
-from flask_gateway.views import answer_outages, deny_framing
+from flask_gateway.web.pages import answer_outages, deny_framing
 
 __all__ = ["bp"]
 
-bp = Blueprint("gateway", __name__, template_folder="../templates")
+bp = Blueprint("gateway", __name__, template_folder="templates")
 
 S = CheckoutStatus
 

@@ -20,9 +20,9 @@ from flask_sqlalchemy import SQLAlchemy
 from flask_gateway import create_checkout, signals
 from flask_gateway.core.signing import sign
 from flask_gateway.core.wire import WIRE_NAME_SETS, WireNames
-from flask_gateway.installation import InstallSettings, install
 from flask_gateway.models import CallbackLog, GatewayCheckout
-from flask_gateway.orders import OrderDraft, OrderLine
+from flask_gateway.payments.installation import InstallSettings, install
+from flask_gateway.payments.orders import OrderDraft, OrderLine
 from flask_gateway.state import get_state
 from flask_gateway.testing import EMULATOR_URL, SHOP_URL, connect
 from tests.documented.corpus import compact, load, respell, respell_text

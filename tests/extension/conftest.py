@@ -17,8 +17,8 @@ from flask_sqlalchemy import SQLAlchemy
 from flask_wtf.csrf import CSRFProtect
 
 from flask_gateway import Gateway
-from flask_gateway.installation import InstallSettings, install
-from flask_gateway.orders import Address, Customer, OrderDraft, OrderLine
+from flask_gateway.payments.installation import InstallSettings, install
+from flask_gateway.payments.orders import Address, Customer, OrderDraft, OrderLine
 from flask_gateway.testing import EMULATOR_URL as EMULATOR_URL
 from flask_gateway.testing import SHOP_URL as SHOP_URL
 from flask_gateway.testing import GatewayEmulator, connect

@@ -9,48 +9,23 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "flask_gateway"
 
-#: Floor of each top-level module of the extension (docs/architecture.md); the core is 0.
+#: Floor of each top-level module or sub-package of the extension (docs/architecture.md); the core is 0.
+#: A module may import its own floor and those below; a sub-package's modules count as the sub-package.
 FLOORS = {
-    "__init__": 6,
-    "testing": 6,
-    "pytest_plugin": 6,
-    "extension": 5,
-    "views": 4,
-    "cli": 4,
-    "forms": 4,
-    "tasks": 4,
-    **dict.fromkeys(
-        [
-            "doctor",
-            "checkouts",
-            "refunds",
-            "plans",
-            "availability",
-            "mapping",
-            "inbound",
-            "polling",
-            "reconciliation",
-            "installation",
-            "drift",
-            "checks",
-            "metrics",
-            "health",
-            "ratelimit",
-            "urls",
-            "transitions",
-            "outbox",
-            "outages",
-            "readiness",
-            "heartbeats",
-        ],
-        3,
-    ),
-    "state": 2,
-    **dict.fromkeys(
-        ["config", "errors", "models", "secrets", "signals", "labels", "orders", "signing", "_version"], 1
-    ),
+    # the front door, the test kit and the documented Celery path (a re-export of operations.tasks)
+    **dict.fromkeys(["__init__", "testing", "pytest_plugin", "tasks"], 8),
+    "extension": 7,  # the wiring: init_app, the blueprints, the CLI group, the embedded emulator
+    "web": 6,  # the owner's screens and the gateway-facing blueprint
+    "operations": 5,  # CLI, doctor, reconcile, health, metrics, rate limits, drift, outages, Celery tasks
+    "inbound": 4,  # what the gateway sends: callbacks, v1 outcomes, shoppers coming back
+    "payments": 3,  # the money's path: checkouts, transitions, refunds, polling, outbox
+    **dict.fromkeys(["state", "urls"], 2),
+    **dict.fromkeys(["config", "errors", "models", "secrets", "signals", "labels", "signing", "_version"], 1),
     "core": 0,
 }
+
+#: The role sub-packages, bottom to top: each ``__init__`` says in two lines what lives there and what it imports.
+SUB_PACKAGES = ("payments", "inbound", "operations", "web")
 
 
 #: The top-floor modules that join a shop app and an emulator (docs/architecture.md).
@@ -146,9 +121,10 @@ def test_no_import_circle():
     assert circles == []
 
 
-def test_nothing_imports_upward():
+def _upward(graph: dict[str, set[str]]) -> list[str]:
+    """Every import of ``graph`` that runs to a higher floor (or crosses between the emulator and the extension)."""
     upward = []
-    for module, imported in ((m, i) for m, targets in _graph().items() for i in targets):
+    for module, imported in ((m, i) for m, targets in graph.items() for i in targets):
         low, high = _floor(module), _floor(imported)
         if module.startswith("flask_gateway.emulator"):
             ok = imported.startswith(
@@ -162,7 +138,51 @@ def test_nothing_imports_upward():
             ok = _sees_both(module) or (low is not None and high is not None and high <= low)
         if not ok:
             upward.append(f"{module} -> {imported}")
-    assert upward == []
+    return sorted(upward)
+
+
+def test_nothing_imports_upward():
+    assert _upward(_graph()) == []
+
+
+def test_a_planted_upward_import_is_caught():
+    """The check above fails on the imports a later change could add: the money's path reaching for a screen
+    or for operations, a callback reaching for the CLI, the ground floor reaching for the money's path."""
+    planted = {
+        "flask_gateway.payments.transitions": "flask_gateway.web.admin.checkouts",
+        "flask_gateway.payments.checkouts": "flask_gateway.operations.health",
+        "flask_gateway.inbound.callbacks": "flask_gateway.operations.cli",
+        "flask_gateway.state": "flask_gateway.payments.outbox",
+        "flask_gateway.operations.doctor.runner": "flask_gateway.extension",
+    }
+    graph = _graph()
+    assert all(module in graph and imported in graph for module, imported in planted.items())
+    for module, imported in planted.items():
+        graph[module].add(imported)
+    assert _upward(graph) == sorted(f"{module} -> {imported}" for module, imported in planted.items())
+
+
+def test_each_sub_package_says_what_lives_there_and_what_it_imports():
+    for name in SUB_PACKAGES:
+        module = ast.parse((PACKAGE / name / "__init__.py").read_text(encoding="utf-8"))
+        docstring = ast.get_docstring(module, clean=False) or ""
+        assert len(docstring.splitlines()) == 2, name
+        assert "import" in docstring.lower(), name
+        # Past the docstring, at most the names its importers use, re-exported: no code of its own.
+        code = [node for node in module.body[1:] if not isinstance(node, (ast.ImportFrom, ast.Assign))]
+        assert code == [], f"{name}/__init__.py re-exports at most"
+
+
+def test_the_floors_of_the_sub_packages_go_up_in_order():
+    assert [FLOORS[name] for name in SUB_PACKAGES] == sorted({FLOORS[name] for name in SUB_PACKAGES})
+
+
+def test_the_top_level_holds_only_the_ground_floor_and_the_entry_points():
+    """What lies directly in ``flask_gateway/``: the packages, and modules whose floor is written above."""
+    top = {path.stem for path in PACKAGE.glob("*.py")} | {
+        path.name for path in PACKAGE.iterdir() if (path / "__init__.py").exists()
+    }
+    assert top == set(FLOORS) | {"emulator"}
 
 
 def test_the_emulator_never_imports_the_extension_which_only_mounts_it():

@@ -34,7 +34,7 @@ def test_index_lists_every_page():
             assert f"]({page.name})" in index, page.name
 
 
-ADMIN_CSS = Path(__file__).resolve().parents[2] / "flask_gateway" / "static" / "gateway" / "admin.css"
+ADMIN_CSS = Path(__file__).resolve().parents[2] / "flask_gateway" / "web" / "static" / "gateway" / "admin.css"
 
 
 def _section(page: str, heading: str) -> str:

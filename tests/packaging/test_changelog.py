@@ -22,8 +22,8 @@ import pytest
 from packaging.version import Version
 
 import flask_gateway
-from flask_gateway.cli import gateway_cli
 from flask_gateway.config import DEFAULTS
+from flask_gateway.operations.cli import gateway_cli
 from tests.packaging.wheel import ROOT, Distributions
 
 PROJECT_FILES = ("CHANGELOG.md", "CONTRIBUTING.md", "SECURITY.md")

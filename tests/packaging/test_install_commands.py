@@ -221,10 +221,11 @@ def test_every_pip_install_names_this_distribution_and_its_extras():
     assert ("README.md", "flask-bnpl-gateway") in where
     assert ("docs/operations.md", "flask-bnpl-gateway[metrics]") in where
     assert ("docs/operations.md", "flask-bnpl-gateway[tasks]") in where
-    assert ("flask_gateway/metrics.py", "flask-bnpl-gateway[metrics]") in where
-    assert ("flask_gateway/tasks.py", "flask-bnpl-gateway[tasks]") in where
+    assert ("flask_gateway/operations/metrics.py", "flask-bnpl-gateway[metrics]") in where
+    assert ("flask_gateway/operations/tasks.py", "flask-bnpl-gateway[tasks]") in where
     assert ("Makefile", ".[dev]") in where
-    assert ("flask_gateway/doctor/package.py", "flask-bnpl-gateway") in where  # an f-string's {DISTRIBUTION}
+    # an f-string's {DISTRIBUTION}
+    assert ("flask_gateway/operations/doctor/package.py", "flask-bnpl-gateway") in where
     assert {requirement.split("[")[0] for _, requirement in where} >= {"flask-bnpl-gateway", "flask-migrate"}
 
 

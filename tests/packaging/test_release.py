@@ -30,7 +30,7 @@ from packaging.version import Version
 
 import flask_gateway
 from flask_gateway._version import DISTRIBUTION
-from flask_gateway.doctor import Options, check_package
+from flask_gateway.operations.doctor import Options, check_package
 from tests.packaging.wheel import ROOT, Distributions, build_wheel_from_tree, fresh_venv, run_python
 
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
@@ -323,7 +323,8 @@ def test_installed_over_the_other_flask_gateway_this_project_works_until_the_oth
     _pip(python, "uninstall", "--yes", DISTRIBUTION)
     _pip(python, "install", "--no-deps", "--no-index", str(flask_gateway_wheel))
     assert (site / "flask_gateway" / "__init__.py").read_text() == init
-    assert (site / "flask_gateway" / "cli.py").is_file()
+    assert (site / "flask_gateway" / "operations" / "cli" / "__init__.py").is_file()
+    assert not (site / "flask_gateway" / "cli.py").exists()  # the other's only: gone with it
 
 
 # --- flask gateway doctor's package check ------------------------------------------------------------------

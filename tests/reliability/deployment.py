@@ -46,7 +46,7 @@ from tests.tasks.conftest import Worker
 #: gunicorn's access-log line for these tests: status, method, path and the worker's pid (``<1234>``).
 ACCESS_FORMAT: Final = "ACCESS %(s)s %(m)s %(U)s %(p)s"
 _ACCESS: Final = re.compile(r"ACCESS (\d{3}) (\S+) (\S+) <(\d+)>")
-#: The doctor's marks (``flask_gateway.doctor``), at the start of a finding's first line.
+#: The doctor's marks (``flask_gateway.operations.doctor``), at the start of a finding's first line.
 _FINDING: Final = re.compile(r"^\[(ok|warn|PROBLEM|unknown)\]\s+([\w-]+): (.*)$")
 
 

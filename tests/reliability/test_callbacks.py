@@ -18,7 +18,7 @@ import requests
 
 from example_shop import create_app as create_shop_app
 from example_shop.extensions import db as shop_db
-from flask_gateway.reconciliation import ReconcileReport, reconcile
+from flask_gateway.operations.reconciliation import ReconcileReport, reconcile
 from tests.conftest import fetch_all
 from tests.processes import wait_for
 from tests.reliability.conftest import Stack

@@ -68,7 +68,7 @@ import pytest
 import requests
 
 from flask_gateway.core.outages import RETRY_AFTER_SECONDS
-from flask_gateway.outbox import CLAIM_LEASE
+from flask_gateway.payments.outbox import CLAIM_LEASE
 from tests.conftest import fetch_all, selected_backends
 from tests.postgres import PostgresCluster, ShutdownMode, start_cluster
 from tests.processes import child_pids, is_alive, wait_for

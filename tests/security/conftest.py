@@ -40,7 +40,7 @@ def sqlite_harness(sqlite_databases: Databases, monkeypatch: pytest.MonkeyPatch)
     """The extension's test shop and the in-process emulator (tests/extension/conftest.py), on SQLite.
 
     Its tests send thousands of refused callbacks from one address: the per-client limit is off here
-    (tests/extension/test_callback_claims.py proves it)."""
+    (tests/extension/inbound/test_callback_claims.py proves it)."""
     harness = build_harness(sqlite_databases, monkeypatch, GATEWAY_CALLBACK_RATE_LIMIT=None)
     with harness.shop.app_context():
         # Thousands of small commits: no fsync (a throwaway file; the test is about answers and rows).

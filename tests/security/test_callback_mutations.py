@@ -41,7 +41,7 @@ import pytest
 
 from flask_gateway.inbound import MAX_CALLBACK_BYTES
 from tests.extension.conftest import ACCOUNT, Harness
-from tests.extension.inbound_support import (
+from tests.extension.inbound.inbound_support import (
     callback_logs,
     create_v2_checkout,
     gateway_status,

@@ -184,7 +184,7 @@ def test_return_pages_and_v1_urls_never_redirect_off_the_shop(world: ShopWorld) 
 
 def test_a_genuine_return_link_goes_to_the_order_page_whatever_else_is_in_the_query(world: ShopWorld) -> None:
     from flask_gateway.urls import return_url
-    from tests.extension.inbound_support import path_of
+    from tests.extension.inbound.inbound_support import path_of
 
     with world.app.test_request_context(base_url=SHOP_URL):
         path = path_of(return_url(world.values["checkout_id"], "confirm"))

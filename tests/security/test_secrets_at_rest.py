@@ -1,6 +1,6 @@
 """Secrets not readable in the raw database, on SQLite and on PostgreSQL.
 
-tests/extension/test_admin.py::test_install_through_the_screen checks the installation made through
+tests/extension/web/test_admin.py::test_install_through_the_screen checks the installation made through
 the admin screen against every column's text and the database's files (``Databases.raw_bytes``: the
 SQLite file and its WAL, or PostgreSQL's data files after a CHECKPOINT). Here the same, and what
 PostgreSQL hands out to anyone who can read the tables: ``COPY ... TO STDOUT`` of every table of the
@@ -19,7 +19,7 @@ from sqlalchemy.pool import NullPool
 from flask_gateway.state import get_state
 from tests.conftest import Databases
 from tests.extension.conftest import API_KEY, Harness
-from tests.extension.inbound_support import create_v2_checkout, signing_key
+from tests.extension.inbound.inbound_support import create_v2_checkout, signing_key
 
 # Each backend's own data files (and PostgreSQL's COPY) are what is searched.
 pytestmark = pytest.mark.backends

@@ -47,12 +47,12 @@ from flask_gateway.core.errors import GatewayError
 from flask_gateway.core.signing import sign
 from flask_gateway.core.wire import PAID_STATUSES
 from flask_gateway.models import CallbackLog, GatewayCheckout, RefundState
-from flask_gateway.polling import refresh
+from flask_gateway.payments.polling import refresh
+from flask_gateway.payments.transitions import _SAME_RANK_MOVES, RANK
 from flask_gateway.state import get_state
-from flask_gateway.transitions import _SAME_RANK_MOVES, RANK
 from tests.conftest import Databases, dispose_engines
 from tests.extension.conftest import ACCOUNT, Harness, build_harness
-from tests.extension.inbound_support import create_v2_checkout, return_path
+from tests.extension.inbound.inbound_support import create_v2_checkout, return_path
 
 TOTAL = 79800
 CHECKOUT_LIFETIME = 3600  # the emulator's default expiry: now + 60 minutes

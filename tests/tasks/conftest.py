@@ -34,7 +34,7 @@ import requests
 from flask import Flask
 
 from flask_gateway import Address, Customer, OrderDraft, OrderLine, create_checkout
-from flask_gateway.installation import InstallSettings, install
+from flask_gateway.payments.installation import InstallSettings, install
 from flask_gateway.tasks import RECONCILE
 from tests import secret_watch
 from tests.conftest import dispose_engines, fetch_all, selected_backends

@@ -20,9 +20,9 @@ from flask_sqlalchemy import SQLAlchemy
 
 from flask_gateway import Gateway, create_checkout, payment_confirmed
 from flask_gateway import tasks as gateway_tasks
-from flask_gateway.heartbeats import job_status
 from flask_gateway.models import GatewayCheckout
-from flask_gateway.outbox import CLAIM_LEASE, DeliveryReport, deliver_due
+from flask_gateway.payments.heartbeats import job_status
+from flask_gateway.payments.outbox import CLAIM_LEASE, DeliveryReport, deliver_due
 from flask_gateway.state import get_state
 from flask_gateway.tasks import (
     BEAT_SCHEDULE,

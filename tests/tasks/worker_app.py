@@ -2,7 +2,7 @@
 from the environment the test gives the process, and its Celery app (``flask_gateway.tasks.celery_init_app``,
 Flask's pattern).
 
-``TASKS_LEASE_SECONDS`` shortens the outbox's lease (10 s in a shop; ``flask_gateway.outbox.CLAIM_LEASE``,
+``TASKS_LEASE_SECONDS`` shortens the outbox's lease (10 s in a shop; ``flask_gateway.payments.outbox.CLAIM_LEASE``,
 read at each claim and renewal) in these processes only, so the tests wait less for a killed worker's event.
 """
 
@@ -12,7 +12,7 @@ import os
 from datetime import timedelta
 from pathlib import Path
 
-from flask_gateway import outbox
+from flask_gateway.payments import outbox
 from flask_gateway.tasks import celery_init_app
 from tests.tasks.shop_app import create_app
 

@@ -6,12 +6,12 @@ never the CLI, the views or the extension. The names below are the ones importer
 
 from __future__ import annotations
 
-from flask_gateway.doctor.database import probe_urls
-from flask_gateway.doctor.package import check_package
-from flask_gateway.doctor.report import DEFAULT_TIMEOUT, DoctorReport, Finding, Level, Options
-from flask_gateway.doctor.runner import CHECKS, Check, run_checks
-from flask_gateway.doctor.schedules import check_broker
-from flask_gateway.doctor.wording import USER_AGENT
+from flask_gateway.operations.doctor.database import probe_urls
+from flask_gateway.operations.doctor.package import check_package
+from flask_gateway.operations.doctor.report import DEFAULT_TIMEOUT, DoctorReport, Finding, Level, Options
+from flask_gateway.operations.doctor.runner import CHECKS, Check, run_checks
+from flask_gateway.operations.doctor.schedules import check_broker
+from flask_gateway.operations.doctor.wording import USER_AGENT
 
 __all__ = [
     "CHECKS",

@@ -12,10 +12,10 @@ from flask import current_app, url_for
 from flask_wtf.csrf import CSRFError
 from werkzeug.exceptions import HTTPException
 
-from flask_gateway.checks import setup_warnings
 from flask_gateway.core.hosts import local_host_kind
-from flask_gateway.doctor.report import Finding, Options
-from flask_gateway.doctor.wording import (
+from flask_gateway.operations.checks import setup_warnings
+from flask_gateway.operations.doctor.report import Finding, Options
+from flask_gateway.operations.doctor.wording import (
     _DOCS_CSRF,
     _DOCS_FIREWALL,
     _DOCS_MISSED,
@@ -183,8 +183,8 @@ def _secret_key_finding(state: GatewayState, secret: object) -> Finding:
 
 
 def check_public_url(_options: Options) -> list[Finding]:
-    """The same warnings as the admin screens (:func:`flask_gateway.checks.setup_warnings`): each one a
-    problem here, with its fix."""
+    """The same warnings as the admin screens (:func:`flask_gateway.operations.checks.setup_warnings`): each
+    one a problem here, with its fix."""
     state = get_state()
     config = state.config
     name = "public-url"

@@ -9,19 +9,19 @@ from flask import current_app
 from sqlalchemy import select
 from sqlalchemy.exc import SQLAlchemyError
 
-from flask_gateway.doctor.report import Finding, Options
-from flask_gateway.doctor.wording import (
+from flask_gateway.errors import (
+    SecretUnreadable,
+)
+from flask_gateway.models import GatewayBase, Installation
+from flask_gateway.operations.doctor.report import Finding, Options
+from flask_gateway.operations.doctor.wording import (
     _DOCS_PROBES,
     _DOCS_UNREADABLE,
     _admin,
     _environment_label,
     _first_line,
 )
-from flask_gateway.errors import (
-    SecretUnreadable,
-)
-from flask_gateway.models import GatewayBase, Installation
-from flask_gateway.readiness import missing_schema, readiness
+from flask_gateway.operations.readiness import missing_schema, readiness
 from flask_gateway.secrets import SecretBox
 from flask_gateway.state import GatewayState, get_state
 from flask_gateway.urls import external_url

@@ -11,8 +11,15 @@ import requests
 
 from flask_gateway.core.errors import AuthenticationError, GatewayError
 from flask_gateway.core.hosts import local_host_kind
-from flask_gateway.doctor.report import Finding, Options
-from flask_gateway.doctor.wording import (
+from flask_gateway.errors import (
+    CallbackRateLimited,
+    CallbackUnauthorized,
+    NotInstalledError,
+    SecretUnreadable,
+)
+from flask_gateway.inbound import PROBE_HEADER, doctor_probe_mark
+from flask_gateway.operations.doctor.report import Finding, Options
+from flask_gateway.operations.doctor.wording import (
     _DOCS_401,
     _DOCS_CSRF,
     _DOCS_DRIFT,
@@ -21,14 +28,7 @@ from flask_gateway.doctor.wording import (
     _admin,
     _first_line,
 )
-from flask_gateway.drift import check_settings
-from flask_gateway.errors import (
-    CallbackRateLimited,
-    CallbackUnauthorized,
-    NotInstalledError,
-    SecretUnreadable,
-)
-from flask_gateway.inbound import PROBE_HEADER, doctor_probe_mark
+from flask_gateway.operations.drift import check_settings
 from flask_gateway.state import GatewayState, get_state
 from flask_gateway.urls import callback_url
 

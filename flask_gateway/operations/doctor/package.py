@@ -10,7 +10,7 @@ from contextlib import suppress
 from typing import Final
 
 from flask_gateway._version import DISTRIBUTION, __version__
-from flask_gateway.doctor.report import Finding, Options
+from flask_gateway.operations.doctor.report import Finding, Options
 
 # --- the installed distribution ---------------------------------------------------------------------------
 

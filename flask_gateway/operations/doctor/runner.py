@@ -9,7 +9,8 @@ page). :func:`run_checks` runs them all, one after the other, and never stops at
                     not a development placeholder), ``GATEWAY_ENCRYPTION_KEY``, the API version, the
                     embedded emulator (development only)
 ``public-url``      the public URL and the installed callback URL against the gateway's firewall
-                    (:func:`flask_gateway.checks.setup_warnings`, the same warnings as the admin screens)
+                    (:func:`flask_gateway.operations.checks.setup_warnings`, the same warnings as the admin
+                    screens)
 ``csrf``            an unsigned POST to the callback, without a CSRF token, gets through the app's own
                     ``before_request`` hooks (Flask-WTF's ``CSRFProtect``, a login wall) to the extension
 ``database``        every ``gateway_*`` table and column exists (migrations run)
@@ -23,13 +24,13 @@ page). :func:`run_checks` runs them all, one after the other, and never stops at
                     ``flask gateway reconcile``
 ``outbox``          no outbox event overdue by more than 15 minutes (something runs ``flask gateway
                     deliver``) and none dead; ``unknown`` in a version without the outbox
-``background-work`` each job's heartbeat (:mod:`flask_gateway.heartbeats`): how long ago ``deliver`` and
-                    ``reconcile`` last ran, what they said, and whether that is past
+``background-work`` each job's heartbeat (:mod:`flask_gateway.payments.heartbeats`): how long ago ``deliver``
+                    and ``reconcile`` last ran, what they said, and whether that is past
                     ``GATEWAY_DELIVER_STALE_SECONDS`` / ``GATEWAY_RECONCILE_STALE_SECONDS``
 ``broker``          the Celery broker (``CELERY["broker_url"]``) answers within 5 seconds (password masked)
 ``readiness``       ``GET /gateway/readyz`` would answer 200 (database, schema, installation:
-                    :mod:`flask_gateway.readiness`), else a load balancer keeps the shop out; names the
-                    liveness and readiness probe URLs either way
+                    :mod:`flask_gateway.operations.readiness`), else a load balancer keeps the shop out;
+                    names the liveness and readiness probe URLs either way
 ``package``         ``flask-bnpl-gateway`` is the only installed distribution that provides ``flask_gateway``
                     (not also the index's unrelated ``flask-gateway``), at the version that runs
 ==================  =======================================================================================
@@ -52,18 +53,18 @@ import requests
 from sqlalchemy.exc import SQLAlchemyError
 
 from flask_gateway.core.sql import sqlite_read_transactions
-from flask_gateway.doctor.configuration import check_configuration, check_csrf, check_public_url
-from flask_gateway.doctor.database import check_database, check_installation, check_readiness
-from flask_gateway.doctor.gateway import check_callback_reachable, check_gateway_settings
-from flask_gateway.doctor.package import check_package
-from flask_gateway.doctor.report import DEFAULT_TIMEOUT, DoctorReport, Finding, Options
-from flask_gateway.doctor.schedules import (
+from flask_gateway.operations.doctor.configuration import check_configuration, check_csrf, check_public_url
+from flask_gateway.operations.doctor.database import check_database, check_installation, check_readiness
+from flask_gateway.operations.doctor.gateway import check_callback_reachable, check_gateway_settings
+from flask_gateway.operations.doctor.package import check_package
+from flask_gateway.operations.doctor.report import DEFAULT_TIMEOUT, DoctorReport, Finding, Options
+from flask_gateway.operations.doctor.schedules import (
     check_background_work,
     check_broker,
     check_outbox_schedule,
     check_reconcile_schedule,
 )
-from flask_gateway.doctor.wording import _first_line
+from flask_gateway.operations.doctor.wording import _first_line
 from flask_gateway.state import GatewayState, get_state
 
 

@@ -14,11 +14,11 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from flask_gateway import models
 from flask_gateway.core.timestamps import utcnow
-from flask_gateway.doctor.report import Finding, Options
-from flask_gateway.doctor.wording import _admin
-from flask_gateway.heartbeats import JobStatus, broker_unreachable, job_status, mask_url
 from flask_gateway.models import GatewayCheckout
-from flask_gateway.reconciliation import CLAIM_LEASE_SECONDS, _due
+from flask_gateway.operations.doctor.report import Finding, Options
+from flask_gateway.operations.doctor.wording import _admin
+from flask_gateway.operations.reconciliation import CLAIM_LEASE_SECONDS, _due
+from flask_gateway.payments.heartbeats import JobStatus, broker_unreachable, job_status, mask_url
 from flask_gateway.state import get_state
 
 #: A checkout due for reconciliation for longer than this means nothing runs ``flask gateway reconcile``.
@@ -152,8 +152,8 @@ BROKER_TIMEOUT: Final = 5.0
 
 
 def check_background_work(_options: Options) -> list[Finding]:
-    """Each job's heartbeat (:mod:`flask_gateway.heartbeats`): how long ago it ran, what it said, whether
-    that is past its bound."""
+    """Each job's heartbeat (:mod:`flask_gateway.payments.heartbeats`): how long ago it ran, what it said,
+    whether that is past its bound."""
     name = "background-work"
     try:
         statuses = job_status()

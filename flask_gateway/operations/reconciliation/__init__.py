@@ -10,17 +10,17 @@ from __future__ import annotations
 
 # Besides __all__, the names imported from here today (``X as X``: re-exported for mypy too): the doctor's
 # due query, and the bounds the concurrency tests check.
-from flask_gateway.reconciliation.claiming import BATCH_SIZE as BATCH_SIZE
-from flask_gateway.reconciliation.claiming import (
+from flask_gateway.operations.reconciliation.claiming import BATCH_SIZE as BATCH_SIZE
+from flask_gateway.operations.reconciliation.claiming import (
     CLAIM_LEASE_SECONDS,
     PAID_POLLED_STATUSES,
     PAID_RECHECK_SECONDS,
     POLLED_STATUSES,
 )
-from flask_gateway.reconciliation.claiming import _due as _due
-from flask_gateway.reconciliation.pool import AHEAD_PER_THREAD as AHEAD_PER_THREAD
-from flask_gateway.reconciliation.report import ReconcileError, ReconcileReport
-from flask_gateway.reconciliation.run import reconcile
+from flask_gateway.operations.reconciliation.claiming import _due as _due
+from flask_gateway.operations.reconciliation.pool import AHEAD_PER_THREAD as AHEAD_PER_THREAD
+from flask_gateway.operations.reconciliation.report import ReconcileError, ReconcileReport
+from flask_gateway.operations.reconciliation.run import reconcile
 
 __all__ = [
     "CLAIM_LEASE_SECONDS",

@@ -21,11 +21,11 @@ from flask_gateway.core.sql import commit_keeping_loaded
 from flask_gateway.core.timestamps import utcnow
 from flask_gateway.core.wire import PAID_STATUSES, PAYMENT_STATUSES, CheckoutStatusPayload
 from flask_gateway.core.wire import CheckoutStatus as S
-from flask_gateway.polling import record_answer
-from flask_gateway.reconciliation.claiming import _Claimed
-from flask_gateway.reconciliation.report import ReconcileError, _Outcome
+from flask_gateway.operations.reconciliation.claiming import _Claimed
+from flask_gateway.operations.reconciliation.report import ReconcileError, _Outcome
+from flask_gateway.payments.polling import record_answer
+from flask_gateway.payments.transitions import Observation, Transition, apply, send_pending
 from flask_gateway.state import get_state
-from flask_gateway.transitions import Observation, Transition, apply, send_pending
 
 log = logging.getLogger("flask_gateway.reconciliation")
 

@@ -25,9 +25,9 @@ from sqlalchemy import ColumnElement
 
 from flask_gateway.core.client import GatewayClient
 from flask_gateway.core.wire import CheckoutStatusPayload
-from flask_gateway.reconciliation.answers import _Answer, _write
-from flask_gateway.reconciliation.claiming import BATCH_SIZE, _claim, _claim_rows, _Claimed
-from flask_gateway.reconciliation.report import ReconcileReport, _Outcome, _record
+from flask_gateway.operations.reconciliation.answers import _Answer, _write
+from flask_gateway.operations.reconciliation.claiming import BATCH_SIZE, _claim, _claim_rows, _Claimed
+from flask_gateway.operations.reconciliation.report import ReconcileReport, _Outcome, _record
 from flask_gateway.state import get_state
 
 #: ``progress(done, total)``: called once before the first poll and after every checkout.

@@ -37,11 +37,10 @@ from flask_gateway.core.outages import describe_database_error, is_database_outa
 from flask_gateway.core.sql import sqlite_in_memory
 from flask_gateway.core.timestamps import utcnow
 from flask_gateway.core.wire import CheckoutStatus as S
-from flask_gateway.health import check_callback_health
-from flask_gateway.heartbeats import record_run
 from flask_gateway.models import GatewayCheckout, LocalStatus
-from flask_gateway.reconciliation.answers import EXPIRY_GRACE
-from flask_gateway.reconciliation.claiming import (
+from flask_gateway.operations.health import check_callback_health
+from flask_gateway.operations.reconciliation.answers import EXPIRY_GRACE
+from flask_gateway.operations.reconciliation.claiming import (
     CLAIM_LEASE_SECONDS,
     PAID_RECHECK_SECONDS,
     POLLED_STATUSES,
@@ -49,8 +48,9 @@ from flask_gateway.reconciliation.claiming import (
     _due,
     _paid_due,
 )
-from flask_gateway.reconciliation.pool import Progress, _run_concurrently, _run_in_turn
-from flask_gateway.reconciliation.report import ReconcileReport
+from flask_gateway.operations.reconciliation.pool import Progress, _run_concurrently, _run_in_turn
+from flask_gateway.operations.reconciliation.report import ReconcileReport
+from flask_gateway.payments.heartbeats import record_run
 from flask_gateway.state import get_state, leaves_no_transaction
 
 log = logging.getLogger("flask_gateway.reconciliation")
@@ -70,7 +70,7 @@ def reconcile(
     concurrency: int | None = None,
 ) -> ReconcileReport:
     """Poll the due checkouts (at most ``limit``), apply the answers, and report; see the docstrings of
-    the modules of ``flask_gateway.reconciliation`` (``run``, ``claiming``, ``pool``, ``answers``).
+    the modules of ``flask_gateway.operations.reconciliation`` (``run``, ``claiming``, ``pool``, ``answers``).
 
     ``paid_window_hours`` (default ``GATEWAY_RECONCILE_PAID_WINDOW_HOURS``; 0: none) and
     ``paid_recheck_seconds`` (default :data:`PAID_RECHECK_SECONDS`) choose the paid checkouts asked about.
@@ -89,7 +89,7 @@ def reconcile(
         raise ValueError("paid_recheck_seconds must be 0 or more")
     if concurrency is not None and concurrency < 1:
         raise ValueError("concurrency must be 1 or more")
-    with record_run("reconcile") as run:  # the heartbeat (flask_gateway.heartbeats)
+    with record_run("reconcile") as run:  # the heartbeat (flask_gateway.payments.heartbeats)
         report = _reconcile_once(
             limit, older_than_seconds, progress, paid_window_hours, paid_recheck_seconds, concurrency
         )

@@ -9,7 +9,7 @@ way: blueprint, inputs, problems, orders <- the screens <- this ``__init__`` (ou
 from __future__ import annotations
 
 # Importing the screen modules registers their views on ``bp``.
-from flask_gateway.views.admin import callbacks, checkouts, settings, status  # noqa: F401
-from flask_gateway.views.admin.blueprint import bp
+from flask_gateway.web.admin import callbacks, checkouts, settings, status  # noqa: F401
+from flask_gateway.web.admin.blueprint import bp
 
 __all__ = ["bp"]

@@ -17,7 +17,6 @@ from flask_wtf.csrf import CSRFError, validate_csrf
 from werkzeug.wrappers import Response
 from wtforms import ValidationError as FormValidationError
 
-from flask_gateway.forms import format_money
 from flask_gateway.labels import (
     callback_outcome_label,
     refund_state_label,
@@ -25,15 +24,16 @@ from flask_gateway.labels import (
     status_label,
 )
 from flask_gateway.state import get_state
-from flask_gateway.views import answer_outages, deny_framing
+from flask_gateway.web.forms import format_money
+from flask_gateway.web.pages import answer_outages, deny_framing
 
 __all__ = ["bp"]
 
 bp = Blueprint(
     "gateway_admin",
     __name__,
-    template_folder="../../templates",
-    static_folder="../../static",
+    template_folder="../templates",
+    static_folder="../static",
     static_url_path="/static",
 )
 

@@ -9,14 +9,14 @@ from flask.typing import ResponseReturnValue
 from sqlalchemy import select
 
 from flask_gateway.errors import CallbackRejected, NotInstalledError
-from flask_gateway.forms import ActionForm
-from flask_gateway.health import REFUSED
 from flask_gateway.inbound import replay_callback
 from flask_gateway.labels import callback_outcome_label
 from flask_gateway.models import CallbackLog, CallbackOutcome
+from flask_gateway.operations.health import REFUSED
 from flask_gateway.state import get_state
-from flask_gateway.views.admin.blueprint import bp
-from flask_gateway.views.admin.inputs import MAX_ID, PER_PAGE, _page
+from flask_gateway.web.admin.blueprint import bp
+from flask_gateway.web.admin.inputs import MAX_ID, PER_PAGE, _page
+from flask_gateway.web.forms import ActionForm
 
 #: The outcomes a callback log row can have, for the callback log's filter.
 CALLBACK_OUTCOMES: Final = tuple(o.value for o in CallbackOutcome)

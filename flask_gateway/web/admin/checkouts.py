@@ -11,18 +11,18 @@ from flask import abort, flash, redirect, render_template, request, url_for
 from flask.typing import ResponseReturnValue
 from sqlalchemy import false, or_, select
 
-from flask_gateway.checkouts import cancel_checkout as cancel_checkout_at_gateway
 from flask_gateway.core.wire import CHANGEABLE_STATUSES, REFUNDABLE_STATUSES
-from flask_gateway.forms import ActionForm, RefundForm, format_amount, format_money
 from flask_gateway.labels import refund_state_label, status_label
 from flask_gateway.models import CallbackLog, GatewayCheckout
-from flask_gateway.polling import refresh
-from flask_gateway.refunds import refund
+from flask_gateway.payments.checkouts import cancel_checkout as cancel_checkout_at_gateway
+from flask_gateway.payments.polling import refresh
+from flask_gateway.payments.refunds import refund
 from flask_gateway.state import get_state
-from flask_gateway.views.admin.blueprint import bp
-from flask_gateway.views.admin.inputs import MAX_ID, PER_PAGE, STATUSES, _cents, _page
-from flask_gateway.views.admin.orders import _order_summary, _order_view
-from flask_gateway.views.admin.problems import _EXPECTED, _problem
+from flask_gateway.web.admin.blueprint import bp
+from flask_gateway.web.admin.inputs import MAX_ID, PER_PAGE, STATUSES, _cents, _page
+from flask_gateway.web.admin.orders import _order_summary, _order_view
+from flask_gateway.web.admin.problems import _EXPECTED, _problem
+from flask_gateway.web.forms import ActionForm, RefundForm, format_amount, format_money
 
 __all__ = ["RefundToConfirm"]
 

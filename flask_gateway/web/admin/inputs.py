@@ -11,8 +11,8 @@ from typing import Final
 from flask import request
 
 from flask_gateway.core.wire import CheckoutStatus
-from flask_gateway.forms import AmountField
 from flask_gateway.models import LocalStatus
+from flask_gateway.web.forms import AmountField
 
 __all__ = ["MAX_ID", "MAX_PAGE", "PER_PAGE", "STATUSES"]
 

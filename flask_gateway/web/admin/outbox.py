@@ -16,10 +16,10 @@ from flask import Blueprint, flash, redirect, render_template, request, url_for
 from flask.typing import ResponseReturnValue
 from sqlalchemy import func, select
 
-from flask_gateway.forms import ActionForm
 from flask_gateway.models import GatewayCheckout, OutboxEvent, OutboxState
-from flask_gateway.outbox import backlog, deliver_due, redeliver
+from flask_gateway.payments.outbox import backlog, deliver_due, redeliver
 from flask_gateway.state import get_state
+from flask_gateway.web.forms import ActionForm
 
 __all__ = ["EVENT_LABELS", "bp"]
 

@@ -9,7 +9,6 @@ from flask import flash, redirect, render_template, request, url_for
 from flask.typing import ResponseReturnValue
 from pydantic import ValidationError as ModelValidationError
 
-from flask_gateway.checks import setup_warnings
 from flask_gateway.core.errors import (
     AlreadyInstalledError,
     AuthenticationError,
@@ -18,14 +17,15 @@ from flask_gateway.core.errors import (
     GatewayServerError,
 )
 from flask_gateway.errors import SecretUnreadable
-from flask_gateway.forms import InstallForm, SettingsForm
-from flask_gateway.installation import InstallSettings, adopt_signing_key, install, update_settings
 from flask_gateway.models import Installation
+from flask_gateway.operations.checks import setup_warnings
+from flask_gateway.payments.installation import InstallSettings, adopt_signing_key, install, update_settings
 from flask_gateway.state import get_state
 from flask_gateway.urls import callback_url
-from flask_gateway.views.admin.blueprint import bp
-from flask_gateway.views.admin.inputs import _cents
-from flask_gateway.views.admin.problems import _problem
+from flask_gateway.web.admin.blueprint import bp
+from flask_gateway.web.admin.inputs import _cents
+from flask_gateway.web.admin.problems import _problem
+from flask_gateway.web.forms import InstallForm, SettingsForm
 
 _log = logging.getLogger("flask_gateway.admin")
 

@@ -10,19 +10,19 @@ from flask.typing import ResponseReturnValue
 from sqlalchemy import func, select
 from sqlalchemy.exc import SQLAlchemyError
 
-from flask_gateway.checks import setup_warnings
 from flask_gateway.core.outages import describe_database_error, is_database_outage
-from flask_gateway.drift import check_settings, last_report
 from flask_gateway.errors import SecretUnreadable
-from flask_gateway.forms import ActionForm
-from flask_gateway.health import check_callback_health, describe_age
-from flask_gateway.heartbeats import JobStatus, job_status
 from flask_gateway.models import GatewayCheckout, Installation
+from flask_gateway.operations.checks import setup_warnings
+from flask_gateway.operations.drift import check_settings, last_report
+from flask_gateway.operations.health import check_callback_health, describe_age
+from flask_gateway.payments.heartbeats import JobStatus, job_status
 from flask_gateway.secrets import mask
 from flask_gateway.state import GatewayState, get_state
-from flask_gateway.views.admin.blueprint import bp
-from flask_gateway.views.admin.inputs import STATUSES
-from flask_gateway.views.admin.problems import _EXPECTED, _problem
+from flask_gateway.web.admin.blueprint import bp
+from flask_gateway.web.admin.inputs import STATUSES
+from flask_gateway.web.admin.problems import _EXPECTED, _problem
+from flask_gateway.web.forms import ActionForm
 
 _log = logging.getLogger("flask_gateway.admin")
 

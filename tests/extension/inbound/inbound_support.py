@@ -18,8 +18,8 @@ from flask_gateway.core.signing import sign
 from flask_gateway.core.timestamps import utcnow
 from flask_gateway.core.wire import CreateCheckoutRequest, V1CheckoutRequest
 from flask_gateway.models import CallbackLog, GatewayCheckout, LocalStatus
+from flask_gateway.payments.transitions import Observation, apply
 from flask_gateway.state import get_state
-from flask_gateway.transitions import Observation, apply
 from flask_gateway.urls import return_url, v1_outcome_url
 from tests.extension.conftest import ACCOUNT, SHOP_URL, Harness
 

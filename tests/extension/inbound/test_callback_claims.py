@@ -19,7 +19,7 @@ from flask_gateway.models import CallbackLog
 from flask_gateway.state import get_state
 from tests.conftest import Databases
 from tests.extension.conftest import ACCOUNT, Harness, build_harness
-from tests.extension.inbound_support import (
+from tests.extension.inbound.inbound_support import (
     callback_logs,
     create_v2_checkout,
     gateway_status,

@@ -13,7 +13,7 @@ from flask_gateway.state import get_state
 from flask_gateway.testing import SHOP_URL
 from tests.conftest import Databases
 from tests.extension.conftest import build_harness, sample_order
-from tests.extension.test_statement_counts import signed_callback
+from tests.extension.payments.test_statement_counts import signed_callback
 
 pytestmark = pytest.mark.backends
 

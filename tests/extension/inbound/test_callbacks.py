@@ -17,7 +17,7 @@ from flask_gateway.state import get_state
 from flask_gateway.testing import GatewayEmulator
 from tests.conftest import fetch_all
 from tests.extension.conftest import ACCOUNT, API_KEY, Harness
-from tests.extension.inbound_support import (
+from tests.extension.inbound.inbound_support import (
     assert_no_secrets,
     callback_logs,
     create_v2_checkout,

@@ -8,7 +8,7 @@ from jinja2 import DictLoader
 from flask_gateway.urls import v1_outcome_url
 from tests.conftest import Databases
 from tests.extension.conftest import Harness, build_harness
-from tests.extension.inbound_support import (
+from tests.extension.inbound.inbound_support import (
     create_v1_checkout,
     create_v2_checkout,
     record_signals,

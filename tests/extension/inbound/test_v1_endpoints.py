@@ -10,7 +10,7 @@ import pytest
 from flask_gateway.urls import return_url, v1_outcome_url
 from tests.conftest import Databases
 from tests.extension.conftest import SHOP_URL, Harness, build_harness
-from tests.extension.inbound_support import (
+from tests.extension.inbound.inbound_support import (
     create_v1_checkout,
     create_v2_checkout,
     emulator_checkout,

@@ -13,7 +13,7 @@ from blinker import Signal
 
 from flask_gateway import create_checkout
 from flask_gateway.models import GatewayCheckout
-from flask_gateway.orders import OrderDraft
+from flask_gateway.payments.orders import OrderDraft
 from flask_gateway.state import get_state
 from flask_gateway.testing import FlaskAdapter
 from tests.extension.conftest import ACCOUNT, EMULATOR_URL, Harness, sample_order

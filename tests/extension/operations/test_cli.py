@@ -17,19 +17,19 @@ from sqlalchemy import inspect, make_url
 from sqlalchemy.exc import OperationalError
 
 from flask_gateway import Gateway
-from flask_gateway.cli import (
+from flask_gateway.errors import ConfigurationError
+from flask_gateway.models import GatewayBase
+from flask_gateway.operations.cli import (
     COMMAND_CHECKS,
     EXIT_CONFIGURATION,
     EXIT_DATABASE_AWAY,
     describe_database,
     gateway_cli,
 )
-from flask_gateway.errors import ConfigurationError
-from flask_gateway.models import GatewayBase
 from flask_gateway.testing import EMULATOR_URL
-from tests.extension.cli_support import run_gateway
 from tests.extension.conftest import Harness, sample_order
-from tests.extension.operations_support import load, new_checkout
+from tests.extension.operations.cli_support import run_gateway
+from tests.extension.operations.operations_support import load, new_checkout
 
 
 @pytest.fixture
@@ -321,7 +321,7 @@ def test_every_command_declares_its_checks_and_the_docs_table_shows_them():
         assert command.callback is not None
         assert getattr(command.callback, "gateway_checks", None) is COMMAND_CHECKS[name], name
     documented = {}
-    section = (Path(__file__).parents[2] / "docs" / "extension.md").read_text().split("## Command line")[1]
+    section = (Path(__file__).parents[3] / "docs" / "extension.md").read_text().split("## Command line")[1]
     for line in section.splitlines():
         cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
         if len(cells) == 4 and cells[0].startswith("`") and cells[1].split()[0].rstrip(":") in ("yes", "no"):
@@ -410,9 +410,9 @@ def test_a_missing_column_counts_as_missing_tables(tmp_path):
 def test_deliver_every_waits_for_the_database_at_start_instead_of_exiting_75(installed, monkeypatch, caplog):
     """A service started while the database is away (a machine booting before its database) keeps trying:
     exiting 75 would have systemd restart it in a loop and give up after five tries in ten seconds."""
-    import flask_gateway.cli as cli
+    from flask_gateway.operations.cli import group, outbox
 
-    real, calls, rounds = cli._read_setup, [], []
+    real, calls, rounds = group._read_setup, [], []
 
     def away_twice(state):
         calls.append(1)
@@ -420,8 +420,8 @@ def test_deliver_every_waits_for_the_database_at_start_instead_of_exiting_75(ins
             raise OperationalError("SELECT 1", {}, Exception("connection refused"))
         return real(state)
 
-    monkeypatch.setattr(cli, "_read_setup", away_twice)
-    monkeypatch.setattr(cli, "_deliver_forever", lambda limit, every: rounds.append((limit, every)))
+    monkeypatch.setattr(group, "_read_setup", away_twice)
+    monkeypatch.setattr(outbox, "_deliver_forever", lambda limit, every: rounds.append((limit, every)))
     caplog.set_level(logging.WARNING, logger="flask_gateway.outages")
 
     result = invoke(installed, "deliver", "--every", "0.5")
@@ -447,7 +447,7 @@ def _database_of(harness: Harness) -> str:
 
 def test_the_doctor_reports_a_database_that_does_not_answer_instead_of_exiting_75():
     """Every other command stops with 75; the doctor says so as a finding, with all it can still check."""
-    from tests.extension.test_outages import closed_port_url, shop_on
+    from tests.extension.operations.test_outages import closed_port_url, shop_on
 
     app = shop_on(closed_port_url())
     result = run_gateway(app, "doctor", "--no-network")

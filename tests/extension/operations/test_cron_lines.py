@@ -39,19 +39,19 @@ from flask import Flask
 from sqlalchemy import func, select, update
 
 from flask_gateway import create_checkout
-from flask_gateway.cli import ENVIRONMENT_FILE, EXIT_CONFIGURATION
 from flask_gateway.core.timestamps import utcnow
 from flask_gateway.emulator import embedded_emulator
 from flask_gateway.emulator.delivery import _WORKER_KEY
 from flask_gateway.models import CallbackLog, GatewayCheckout, OutboxEvent, OutboxState
+from flask_gateway.operations.cli import ENVIRONMENT_FILE, EXIT_CONFIGURATION
 from flask_gateway.signals import payment_confirmed
 from flask_gateway.state import get_state
 from flask_gateway.testing import GatewayEmulator
 from tests.conftest import Databases, dispose_engines
-from tests.extension.cli_support import run_gateway
 from tests.extension.conftest import sample_order
+from tests.extension.operations.cli_support import run_gateway
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 DOCS = ROOT / "docs"
 OPERATIONS = DOCS / "operations.md"  # the app factory the lines run (its block is marked as tested here)
 PROJECT = "/srv/shop"

@@ -27,15 +27,15 @@ from sqlalchemy import select, text, update
 
 from flask_gateway import Gateway, create_checkout, models
 from flask_gateway.core.timestamps import utcnow
-from flask_gateway.doctor import run_checks
-from flask_gateway.health import callback_health
 from flask_gateway.models import CallbackLog, GatewayCheckout
+from flask_gateway.operations.doctor import run_checks
+from flask_gateway.operations.health import callback_health
 from flask_gateway.secrets import SecretBox
 from flask_gateway.state import get_state
 from flask_gateway.testing import DEMO_ACCOUNT, GatewayEmulator, gateway_config
 from tests.conftest import Databases
-from tests.extension.cli_support import run_gateway
 from tests.extension.conftest import sample_order
+from tests.extension.operations.cli_support import run_gateway
 
 SHOP = "https://shop.example"
 LOCAL_SHOP = "http://127.0.0.1:5000"

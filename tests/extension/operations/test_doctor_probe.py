@@ -16,15 +16,15 @@ import pytest
 from sqlalchemy import select
 
 from flask_gateway import callback_rejected
-from flask_gateway.doctor import USER_AGENT
-from flask_gateway.health import callback_health
 from flask_gateway.inbound import PROBE_HEADER, PROBE_WINDOW_SECONDS, doctor_probe_mark
 from flask_gateway.models import CallbackLog
+from flask_gateway.operations.doctor import USER_AGENT
+from flask_gateway.operations.health import callback_health
 from flask_gateway.state import get_state
 from tests.conftest import Databases
-from tests.extension.cli_support import run_gateway
 from tests.extension.conftest import Harness, build_harness
-from tests.extension.operations_support import recording
+from tests.extension.operations.cli_support import run_gateway
+from tests.extension.operations.operations_support import recording
 
 BODY = b"{}"
 CALLBACK = "/gateway/callback"

@@ -14,7 +14,7 @@ import pytest
 from flask_gateway.models import Installation
 from flask_gateway.state import get_state
 from tests.extension.conftest import ACCOUNT, SHOP_URL, Harness
-from tests.extension.inbound_support import signing_key
+from tests.extension.inbound.inbound_support import signing_key
 
 ATTACKER_URL = "https://attacker.example/steal"
 
@@ -90,7 +90,7 @@ def test_the_admin_status_page_compares_and_shows_what_differs(installed: Harnes
 
 
 def test_saving_the_settings_puts_the_shops_back(installed: Harness) -> None:
-    from flask_gateway.installation import update_settings
+    from flask_gateway.payments.installation import update_settings
 
     sandbox_signed_patch(installed, {"checkoutStatusCallbackUrl": ATTACKER_URL})
     assert invoke(installed, "check-settings").exit_code == 1

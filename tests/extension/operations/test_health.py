@@ -1,5 +1,5 @@
 """Callback health: confirmations by path, refused callbacks, paid checkouts awaiting their callback, and
-``callbacks_silent`` once per silent spell (flask_gateway.health); the status page's panel."""
+``callbacks_silent`` once per silent spell (flask_gateway.operations.health); the status page's panel."""
 
 from __future__ import annotations
 
@@ -15,14 +15,14 @@ from flask_gateway import callbacks_silent, check_callback_health, reconcile
 from flask_gateway.config import GatewayConfig
 from flask_gateway.core.timestamps import utcnow
 from flask_gateway.errors import ConfigurationError
-from flask_gateway.health import CallbackHealth, callback_health, describe_age
 from flask_gateway.models import CallbackLog, GatewayCheckout
-from flask_gateway.polling import refresh
+from flask_gateway.operations.health import CallbackHealth, callback_health, describe_age
+from flask_gateway.payments.polling import refresh
 from flask_gateway.state import get_state
 from tests.conftest import Databases
 from tests.extension.conftest import ACCOUNT, Harness, make_shop, sample_order
-from tests.extension.inbound_support import return_path
-from tests.extension.operations_support import load, new_checkout, recording
+from tests.extension.inbound.inbound_support import return_path
+from tests.extension.operations.operations_support import load, new_checkout, recording
 
 ADMIN = "/gateway/admin"
 
@@ -287,7 +287,7 @@ def test_another_worker_does_not_warn_about_the_same_spell(installed: Harness, d
 
 
 def test_a_failing_memory_warns_again_rather_than_never(installed: Harness, monkeypatch: pytest.MonkeyPatch):
-    from flask_gateway import health as module
+    from flask_gateway.operations import health as module
 
     def broken(uri):
         raise ConnectionError("the storage is down")
@@ -311,7 +311,7 @@ def test_a_failing_storage_is_one_warning_per_spell_without_a_traceback(
     check, and one line when it works again: the same watch as the rate limits built on that storage."""
     from limits.storage import MemoryStorage
 
-    from flask_gateway import health as module
+    from flask_gateway.operations import health as module
 
     class Flaky(MemoryStorage):
         down = True
@@ -435,7 +435,7 @@ def test_each_reconcile_run_looks_for_silent_callbacks(installed: Harness):
 def test_a_failing_health_check_leaves_the_reconcile_run_done(
     installed: Harness, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ):
-    from flask_gateway.reconciliation import run
+    from flask_gateway.operations.reconciliation import run
 
     def broken() -> None:
         raise RuntimeError("the health check broke")

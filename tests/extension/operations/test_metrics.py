@@ -1,4 +1,4 @@
-"""Prometheus metrics (flask_gateway.metrics): the database figures at scrape time, the transport's observer
+"""Prometheus metrics (flask_gateway.operations.metrics): the database figures at scrape time, the transport's observer
 for call latency and errors, the optional import, and docs/operations.md's recipe and alert rules."""
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import select
 from sqlalchemy.exc import OperationalError
 
-from flask_gateway import metrics as metrics_module
 from flask_gateway import models, refund, register_metrics
 from flask_gateway.core import http
 from flask_gateway.core.client import GatewayClient
@@ -27,14 +26,15 @@ from flask_gateway.core.errors import GatewayServerError, GatewayTimeoutError
 from flask_gateway.core.http import CallAttempt
 from flask_gateway.core.timestamps import utcnow
 from flask_gateway.errors import ConfigurationError, RefundDeclinedError
-from flask_gateway.metrics import GatewayMetrics
+from flask_gateway.operations import metrics as metrics_module
+from flask_gateway.operations.metrics import GatewayMetrics
 from flask_gateway.state import get_state
 from tests.conftest import Databases
 from tests.extension.conftest import Harness, make_shop
-from tests.extension.operations_support import load
-from tests.extension.test_health import come_back, deliver, fail_callbacks, forge_callback, paid
+from tests.extension.operations.operations_support import load
+from tests.extension.operations.test_health import come_back, deliver, fail_callbacks, forge_callback, paid
 
-DOCS = Path(__file__).resolve().parents[2] / "docs"
+DOCS = Path(__file__).resolve().parents[3] / "docs"
 
 #: Sample name -> {labels (sorted items) -> value}.
 Samples = dict[str, dict[tuple[tuple[str, str], ...], float]]
@@ -348,7 +348,7 @@ def test_without_prometheus_client_the_module_imports_and_register_metrics_says_
     code = (
         "import sys\n"
         "sys.modules['prometheus_client'] = None  # not installed\n"
-        "import flask_gateway.metrics as m\n"
+        "import flask_gateway.operations.metrics as m\n"
         "from flask import Flask\n"
         "try:\n"
         "    m.register_metrics(Flask('x'))\n"
@@ -434,7 +434,7 @@ def test_the_scrape_config_sends_the_token():
     assert job["authorization"]["credentials_file"]
 
 
-# --- the background jobs' heartbeats (flask_gateway.heartbeats) ------------------------------------------
+# --- the background jobs' heartbeats (flask_gateway.payments.heartbeats) ------------------------------------------
 
 
 def _job_row(app, job: str) -> models.JobRun:
@@ -450,7 +450,7 @@ def _job_row(app, job: str) -> models.JobRun:
 @pytest.mark.backends
 def test_the_heartbeats_of_the_background_jobs(installed: Harness, registered: GatewayMetrics):
     from flask_gateway import deliver_due
-    from flask_gateway.heartbeats import record_run
+    from flask_gateway.payments.heartbeats import record_run
 
     quiet = scrape(registered.registry)
     assert value(quiet, "flask_gateway_job_overdue", job="deliver") == 0  # installed a moment ago
@@ -490,7 +490,7 @@ def test_the_heartbeats_of_the_background_jobs(installed: Harness, registered: G
 def test_heartbeats_that_cannot_be_read_leave_the_rest_scraped(
     installed: Harness, registered: GatewayMetrics, monkeypatch: pytest.MonkeyPatch, caplog
 ):
-    from flask_gateway import heartbeats
+    from flask_gateway.payments import heartbeats
 
     def missing(**_options):
         raise OperationalError("SELECT", {}, Exception("no such table: gateway_job_runs"))

@@ -30,7 +30,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests import secret_watch
 from tests.processes import Server, child_pids, free_port, is_alive, wait_for
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 DOCS = ROOT / "docs"
 WORKERS = 4
 

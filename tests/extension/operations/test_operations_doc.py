@@ -19,9 +19,9 @@ import pytest
 
 from flask_gateway.state import get_state
 from tests.extension.conftest import Harness
-from tests.extension.operations_support import load, new_checkout
+from tests.extension.operations.operations_support import load, new_checkout
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 PAGE = ROOT / "docs" / "operations.md"
 _MARKED = re.compile(r"<!-- tested: (\S+)[^>]*-->\n```(\w+)\n(.*?)```", flags=re.DOTALL)
 

@@ -29,11 +29,11 @@ from flask_gateway import (
     database_unavailable,
     is_database_outage,
 )
-from flask_gateway.cli import EXIT_CONFIGURATION, EXIT_DATABASE_AWAY
 from flask_gateway.core.outages import RETRY_AFTER_SECONDS, OutageWatch
+from flask_gateway.operations.cli import EXIT_CONFIGURATION, EXIT_DATABASE_AWAY
 from flask_gateway.state import get_state
 from tests.conftest import dispose_engines
-from tests.extension.cli_support import run_gateway
+from tests.extension.operations.cli_support import run_gateway
 from tests.postgres import PostgresCluster, start_cluster
 from tests.processes import free_port
 
@@ -242,7 +242,7 @@ def test_database_unavailable_works_outside_an_app() -> None:
 
 
 def test_an_apps_own_handlers_for_database_errors(caplog: pytest.LogCaptureFixture) -> None:
-    """The recipe of ``flask_gateway.outages`` (the example shop's): outages answer the app's own 503 page,
+    """The recipe of ``flask_gateway.operations.outages`` (the example shop's): outages answer the app's own 503 page,
     other database errors stay 500s."""
     app = shop_on(closed_port_url())
 

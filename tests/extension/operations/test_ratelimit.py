@@ -1,4 +1,4 @@
-"""Rate limits on a storage that fails (flask_gateway/ratelimit.py, issue 25): the requests are let through,
+"""Rate limits on a storage that fails (flask_gateway/operations/ratelimit.py, issue 25): the requests are let through,
 and each process logs one WARNING when the storage starts failing and one when it works again (how long,
 how many requests were let through), not a traceback per request.
 
@@ -20,7 +20,7 @@ from sqlalchemy.exc import OperationalError
 
 from flask_gateway import clear_payment_plan_cache, format_instalment_hint
 from flask_gateway.errors import ConfigurationError
-from flask_gateway.ratelimit import RateLimit, StorageWatch, make_storage
+from flask_gateway.operations.ratelimit import RateLimit, StorageWatch, make_storage
 from flask_gateway.state import get_state
 from tests.conftest import Databases
 from tests.extension.conftest import SHOP_URL, Harness, build_harness
@@ -160,7 +160,7 @@ def _limit(error: Exception, watch: StorageWatch) -> RateLimit:
 
 def test_the_database_away_is_left_to_the_outage_line(caplog: pytest.LogCaptureFixture):
     """The app's database as the storage, and the database away: the request's own work answers 503 and
-    logs the outage once (flask_gateway.outages); the limit says nothing above DEBUG."""
+    logs the outage once (flask_gateway.operations.outages); the limit says nothing above DEBUG."""
     caplog.set_level(logging.DEBUG, logger=LOGGER)
     watch = StorageWatch("the app's database")
     limit = _limit(
@@ -196,7 +196,7 @@ def test_the_spell_length_and_the_requests_let_through(caplog: pytest.LogCapture
 
 def test_a_storage_password_is_never_shown():
     storage = make_storage("redis://shop:s3cret-pass@127.0.0.1:1/0")
-    from flask_gateway.ratelimit import watch_of
+    from flask_gateway.operations.ratelimit import watch_of
 
     assert watch_of(storage).label == "redis://shop:***@127.0.0.1:1/0"
     with pytest.raises(ConfigurationError) as refused:

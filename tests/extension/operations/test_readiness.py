@@ -27,7 +27,7 @@ def test_ready_when_the_database_answers_the_schema_is_current_and_the_gateway_i
     assert body == {
         "status": "ready",
         "checks": {"database": {"ok": True}, "schema": {"ok": True}, "installation": {"ok": True}},
-        # Informational (tests/extension/test_heartbeats.py): nothing ran yet, installed just now.
+        # Informational (tests/extension/payments/test_heartbeats.py): nothing ran yet, installed just now.
         "background": {
             "deliver": {"age_seconds": None, "overdue": False},
             "reconcile": {"age_seconds": None, "overdue": False},

@@ -12,10 +12,10 @@ from sqlalchemy import update
 from flask_gateway import create_checkout, signals
 from flask_gateway.core.timestamps import format_timestamp, utcnow
 from flask_gateway.models import GatewayCheckout
-from flask_gateway.reconciliation import ReconcileReport, reconcile
+from flask_gateway.operations.reconciliation import ReconcileReport, reconcile
 from flask_gateway.state import get_state
 from tests.extension.conftest import EMULATOR_URL, Harness, sample_order
-from tests.extension.operations_support import load, new_checkout, recording, spy
+from tests.extension.operations.operations_support import load, new_checkout, recording, spy
 
 # Claims under SKIP LOCKED, ages and leases compared in SQL, a run started inside another run.
 pytestmark = pytest.mark.backends

@@ -18,12 +18,12 @@ from requests.structures import CaseInsensitiveDict
 from sqlalchemy import select
 from sqlalchemy.exc import OperationalError
 
-from flask_gateway import polling, signals
+from flask_gateway import signals
 from flask_gateway.config import GatewayConfig
 from flask_gateway.core.timestamps import format_timestamp, utcnow
 from flask_gateway.errors import ConfigurationError
 from flask_gateway.models import GatewayCheckout
-from flask_gateway.reconciliation import (
+from flask_gateway.operations.reconciliation import (
     AHEAD_PER_THREAD,
     BATCH_SIZE,
     ReconcileReport,
@@ -32,10 +32,11 @@ from flask_gateway.reconciliation import (
     pool,
     reconcile,
 )
+from flask_gateway.payments import polling
 from flask_gateway.state import get_state
 from tests.extension.conftest import EMULATOR_URL, Harness
-from tests.extension.operations_support import recording
-from tests.extension.test_statement_counts import seed
+from tests.extension.operations.operations_support import recording
+from tests.extension.payments.test_statement_counts import seed
 
 # Claims under SKIP LOCKED / BEGIN IMMEDIATE from several threads and runs, one transaction per batch.
 pytestmark = pytest.mark.backends

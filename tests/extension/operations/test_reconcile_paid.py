@@ -23,13 +23,13 @@ from flask_gateway import ConfigurationError, refund, signals
 from flask_gateway.config import GatewayConfig
 from flask_gateway.core.timestamps import format_timestamp, utcnow
 from flask_gateway.models import GatewayCheckout, OutboxEvent, RefundState
-from flask_gateway.polling import refresh
-from flask_gateway.reconciliation import PAID_RECHECK_SECONDS, ReconcileReport, reconcile
+from flask_gateway.operations.reconciliation import PAID_RECHECK_SECONDS, ReconcileReport, reconcile
+from flask_gateway.payments.polling import refresh
+from flask_gateway.payments.transitions import Observation, apply
 from flask_gateway.state import get_state
-from flask_gateway.transitions import Observation, apply
 from tests.conftest import Databases
 from tests.extension.conftest import EMULATOR_URL, Harness, build_harness, sample_order
-from tests.extension.operations_support import (
+from tests.extension.operations.operations_support import (
     emulator_checkout,
     load,
     new_checkout,

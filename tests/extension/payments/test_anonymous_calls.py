@@ -13,8 +13,8 @@ import pytest
 from flask_gateway import clear_payment_plan_cache, format_instalment_hint
 from tests.conftest import Databases
 from tests.extension.conftest import SHOP_URL, Harness, build_harness
-from tests.extension.inbound_support import return_path
-from tests.extension.operations_support import new_checkout, spy
+from tests.extension.inbound.inbound_support import return_path
+from tests.extension.operations.operations_support import new_checkout, spy
 
 
 @pytest.fixture(autouse=True)

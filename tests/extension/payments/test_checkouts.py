@@ -41,15 +41,15 @@ from flask_gateway.core.errors import (
 )
 from flask_gateway.core.timestamps import utcnow
 from flask_gateway.errors import NotInstalledError
-from flask_gateway.mapping import order_snapshot
 from flask_gateway.models import GatewayCheckout, LocalStatus, RefundRecord, RefundState
-from flask_gateway.orders import Customer, OrderDraft, OrderLine
-from flask_gateway.polling import refresh
+from flask_gateway.payments.mapping import order_snapshot
+from flask_gateway.payments.orders import Customer, OrderDraft, OrderLine
+from flask_gateway.payments.polling import refresh
 from flask_gateway.state import get_state
 from flask_gateway.urls import load_signed_reference
 from tests.conftest import Databases, fetch_all
 from tests.extension.conftest import SHOP_URL, Harness, build_harness, sample_order
-from tests.extension.operations_support import (
+from tests.extension.operations.operations_support import (
     emulator_checkout,
     load,
     new_checkout,

@@ -1,4 +1,4 @@
-"""Heartbeats of the background work (flask_gateway/heartbeats.py, issue 25): every deliver and reconcile
+"""Heartbeats of the background work (flask_gateway/payments/heartbeats.py, issue 25): every deliver and reconcile
 run records itself in ``gateway_job_runs``, whatever runs it; ``job_status`` says how long ago each job ran
 and whether that is overdue; the doctor, the readiness answer and the status page report it; the doctor
 says when the Celery broker does not answer."""
@@ -23,12 +23,19 @@ from sqlalchemy import select, text, update
 from flask_gateway import create_checkout, deliver_due, payment_confirmed, reconcile
 from flask_gateway.config import GatewayConfig
 from flask_gateway.core.timestamps import utcnow
-from flask_gateway.doctor import Options as DoctorOptions
-from flask_gateway.doctor import check_broker
 from flask_gateway.errors import ConfigurationError
-from flask_gateway.heartbeats import JOBS, JobStatus, broker_unreachable, job_status, mask_url, record_run
 from flask_gateway.models import GatewayBase, Installation, JobRun, OutboxEvent
-from flask_gateway.reconciliation import run as reconciliation_module
+from flask_gateway.operations.doctor import Options as DoctorOptions
+from flask_gateway.operations.doctor import check_broker
+from flask_gateway.operations.reconciliation import run as reconciliation_module
+from flask_gateway.payments.heartbeats import (
+    JOBS,
+    JobStatus,
+    broker_unreachable,
+    job_status,
+    mask_url,
+    record_run,
+)
 from flask_gateway.state import get_state
 from flask_gateway.testing import SHOP_URL, GatewayEmulator
 from tests.extension.conftest import sample_order

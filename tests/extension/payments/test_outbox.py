@@ -1,4 +1,4 @@
-"""The outbox (flask_gateway/outbox.py): events for the shop's code, written with the change, delivered at
+"""The outbox (flask_gateway/payments/outbox.py): events for the shop's code, written with the change, delivered at
 least once, each delivery with the same ``event_id``; dead after the last attempt, with a hook."""
 
 from __future__ import annotations
@@ -30,16 +30,16 @@ from flask_gateway import (
     refund,
     refund_succeeded,
 )
-from flask_gateway import outbox as outbox_module
 from flask_gateway.core.sql import commit_keeping_loaded
 from flask_gateway.core.timestamps import utcnow
 from flask_gateway.models import GatewayCheckout, OutboxEvent, OutboxState, RefundRecord
+from flask_gateway.payments import outbox as outbox_module
+from flask_gateway.payments.transitions import Observation, apply, send_pending
 from flask_gateway.state import get_state
 from flask_gateway.testing import SHOP_URL, GatewayEmulator
-from flask_gateway.transitions import Observation, apply, send_pending
 from tests.conftest import Databases
-from tests.extension.cli_support import cli_runner
 from tests.extension.conftest import make_shop, sample_order
+from tests.extension.operations.cli_support import cli_runner
 
 #: Small numbers so a test walks every state: retries after 10 s, then 20 s; dead after the third attempt.
 OUTBOX = {"GATEWAY_OUTBOX_RETRY_SECONDS": 10, "GATEWAY_OUTBOX_MAX_ATTEMPTS": 3}

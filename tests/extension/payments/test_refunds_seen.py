@@ -13,12 +13,12 @@ import pytest
 from flask_gateway import refund, signals
 from flask_gateway.core.wire import RefundRequest
 from flask_gateway.models import RefundState
-from flask_gateway.polling import refresh
-from flask_gateway.reconciliation import reconcile
+from flask_gateway.operations.reconciliation import reconcile
+from flask_gateway.payments.polling import refresh
 from flask_gateway.state import get_state
 from tests.extension.conftest import Harness
-from tests.extension.inbound_support import return_path
-from tests.extension.operations_support import emulator_checkout, load, new_checkout, recording
+from tests.extension.inbound.inbound_support import return_path
+from tests.extension.operations.operations_support import emulator_checkout, load, new_checkout, recording
 
 TOTAL = 79800  # sample_order(): 2 x 39900
 
@@ -118,7 +118,7 @@ def test_a_poll_settles_a_refund_whose_answer_was_lost(installed: Harness) -> No
     assert installed.emulator.control("deliver").status_code == 200
     rule = {"operation": "refund", "kind": "drop_response", "count": 1}
     assert installed.emulator.control("faults", rule).status_code == 201
-    from tests.extension.operations_support import spy
+    from tests.extension.operations.operations_support import spy
 
     spy(installed)  # turns the dropped answer into a connection reset
     with installed.shop.app_context(), pytest.raises(Exception, match="could not reach the gateway"):
@@ -162,7 +162,7 @@ def test_a_partial_refund_the_shop_cannot_account_for_is_flagged(installed: Harn
 def test_a_payment_callback_that_meets_a_full_refund_records_it_and_confirms_nothing(
     installed: Harness,
 ) -> None:
-    from tests.extension.inbound_support import gateway_status, post_callback
+    from tests.extension.inbound.inbound_support import gateway_status, post_callback
 
     checkout_id, token = new_checkout(installed)
     assert installed.emulator.pay(token).status_code == 200

@@ -25,7 +25,7 @@ from flask_gateway.core.wire import CheckoutStatusPayload
 from flask_gateway.emulator.models import ApiVersion, Checkout
 from flask_gateway.emulator.models import db as emulator_db
 from flask_gateway.models import CheckoutEvent, GatewayCheckout
-from flask_gateway.polling import refresh
+from flask_gateway.payments.polling import refresh
 from flask_gateway.state import get_state
 from flask_gateway.testing import EMULATOR_URL, SHOP_URL, connect
 from tests.conftest import Databases

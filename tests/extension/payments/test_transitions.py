@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from flask_gateway import signals
 from flask_gateway.core.timestamps import utcnow
 from flask_gateway.models import GatewayCheckout, LocalStatus
+from flask_gateway.payments.transitions import RANK, Observation, Transition, apply
 from flask_gateway.state import get_state
-from flask_gateway.transitions import RANK, Observation, Transition, apply
 from tests.extension.conftest import make_shop
 
 ALL_STATUSES = [*RANK, "SOMETHING_NEW"]

@@ -16,11 +16,11 @@ from sqlalchemy import select
 
 from flask_gateway import Gateway
 from flask_gateway.core.timestamps import utcnow
-from flask_gateway.forms import format_money, parse_amount
 from flask_gateway.models import CallbackLog, GatewayCheckout, Installation, LocalStatus
+from flask_gateway.payments.transitions import Observation, apply
 from flask_gateway.secrets import mask
 from flask_gateway.state import get_state
-from flask_gateway.transitions import Observation, apply
+from flask_gateway.web.forms import format_money, parse_amount
 from tests.extension.conftest import ACCOUNT, API_KEY, SHOP_URL, Harness, sample_order
 
 ADMIN = "/gateway/admin"
@@ -1069,7 +1069,7 @@ def test_a_callback_url_that_is_not_this_shops_is_reported_until_the_settings_ar
 
 
 def test_setup_warnings_for_a_shops_own_pages(admin):
-    from flask_gateway.checks import setup_warnings
+    from flask_gateway.operations.checks import setup_warnings
 
     admin.install()
     set_public_url(admin, "https://elsewhere.example")

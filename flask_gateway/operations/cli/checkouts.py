@@ -1,0 +1,180 @@
+"""``flask gateway reconcile``, ``status TOKEN`` and ``check-settings``: the checkouts and settings as the
+gateway sees them."""
+
+from __future__ import annotations
+
+from contextlib import ExitStack
+from typing import Any
+
+import click
+from sqlalchemy import select
+
+from flask_gateway.config import MAX_PAID_WINDOW_HOURS, MAX_RECONCILE_CONCURRENCY
+from flask_gateway.core.errors import GatewayError
+from flask_gateway.core.wire import status_payload_keys
+from flask_gateway.errors import NotInstalledError
+from flask_gateway.models import (
+    GatewayCheckout,
+)
+from flask_gateway.operations.cli.group import (
+    checked,
+    gateway_cli,
+    when,
+)
+from flask_gateway.operations.drift import check_settings
+from flask_gateway.operations.reconciliation import PAID_RECHECK_SECONDS, reconcile
+from flask_gateway.payments.polling import refresh
+from flask_gateway.state import get_state
+
+
+@gateway_cli.command("reconcile")
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="Poll at most N checkouts.")
+@click.option(
+    "--older-than",
+    "older_than",
+    type=click.FloatRange(min=0),
+    default=None,
+    help="Only checkouts unchanged and unpolled for this many seconds "
+    "[default: GATEWAY_RECONCILE_AFTER_SECONDS].",
+)
+@click.option(
+    "--paid-window",
+    "paid_window",
+    type=click.FloatRange(0, MAX_PAID_WINDOW_HOURS),
+    default=None,
+    help="Also ask about checkouts paid within this many hours (refunds made at the gateway); 0: none "
+    "[default: GATEWAY_RECONCILE_PAID_WINDOW_HOURS].",
+)
+@click.option(
+    "--paid-recheck",
+    "paid_recheck",
+    type=click.FloatRange(min=0),
+    default=None,
+    help="Only paid checkouts unchanged and unpolled for this many seconds "
+    f"[default: {PAID_RECHECK_SECONDS}].",
+)
+@click.option(
+    "--concurrency",
+    type=click.IntRange(1, MAX_RECONCILE_CONCURRENCY),
+    default=None,
+    help="Getstatus calls in flight at once; 1: one at a time [default: GATEWAY_RECONCILE_CONCURRENCY].",
+)
+@click.option("--quiet", is_flag=True, help="No progress bar; only the summary.")
+@checked("reconcile")
+def reconcile_command(
+    limit: int | None,
+    older_than: float | None,
+    paid_window: float | None,
+    paid_recheck: float | None,
+    concurrency: int | None,
+    quiet: bool,
+) -> None:
+    """Ask the gateway about checkouts that are not final, and recently paid ones, and apply the answers."""
+    with ExitStack() as stack:
+        bar: Any = None
+
+        def progress(done: int, total: int) -> None:
+            # The bar starts once the number of checkouts is known (none: no bar at all).
+            nonlocal bar
+            if quiet or (bar is None and total == 0):
+                return
+            if bar is None:
+                bar = stack.enter_context(
+                    click.progressbar(length=total, label="Polling checkouts", show_pos=True)
+                )
+            bar.update(done - bar.pos)
+
+        report = reconcile(
+            limit=limit,
+            older_than_seconds=older_than,
+            progress=progress,
+            paid_window_hours=paid_window,
+            paid_recheck_seconds=paid_recheck,
+            concurrency=concurrency,
+        )
+    click.echo(report.summary())
+    if report.errors:
+        raise SystemExit(1)
+
+
+@gateway_cli.command("status")
+@click.argument("token")
+@click.option(
+    "--refresh",
+    "apply_answer",
+    is_flag=True,
+    help="Apply the gateway's answer to the local record (through the state machine).",
+)
+@checked("status")
+def status_command(token: str, apply_answer: bool) -> None:
+    """Show checkout TOKEN: the local record and what the gateway's getstatus says."""
+    state = get_state()
+    session = state.session
+    checkout = session.scalars(select(GatewayCheckout).where(GatewayCheckout.token == token)).first()
+    problems = 0
+    if checkout is None:
+        click.echo(f"No local checkout has token {token}.")
+        problems += 1
+    else:
+        rows = [
+            ("checkout", f"#{checkout.id} ({checkout.api_version})"),
+            ("order", checkout.order_reference),
+            (
+                "status",
+                checkout.status
+                + ("  [FLAGGED: " + (checkout.flag_reason or "") + "]" if checkout.flagged else ""),
+            ),
+            ("total", f"{checkout.total_cents} cents"),
+            ("paid", f"{checkout.paid_cents} cents"),
+            ("refunded", f"{checkout.refunded_cents} cents"),
+            ("merchant account", checkout.merchant_account_id),
+            ("request id", checkout.request_id),
+            ("created", when(checkout.created_at)),
+            ("updated", when(checkout.updated_at)),
+            ("expires", when(checkout.expires_at)),
+            ("paid at", when(checkout.paid_at)),
+            ("last callback", when(checkout.last_callback_at)),
+            ("last polled", when(checkout.last_polled_at)),
+        ]
+        click.echo("Local record")
+        for label, value in rows:
+            click.echo(f"  {label:<17}{value}")
+        if checkout.events:
+            click.echo("  recent events")
+            for event in checkout.events[-5:]:
+                mark = "" if event.applied else " (not applied)"
+                click.echo(
+                    f"    {when(event.at)}  {event.source:<9} {event.from_status} -> {event.to_status}"
+                    f"{mark}{': ' + event.detail if event.detail else ''}"
+                )
+        if checkout.api_version != "v2":
+            click.echo("The v1 API has no status query: the outcome arrives on the success/fail URLs.")
+            return
+    try:
+        if apply_answer and checkout is not None:
+            transition = refresh(checkout, source="admin")
+            verb = "applied" if transition.applied else f"not applied ({transition.reason})"
+            click.echo(f"Refreshed: {transition.before} -> {transition.after}, {verb}.")
+        payload = state.client().get_status(token).data.to_wire(state.config.wire_names)
+    except (GatewayError, NotInstalledError) as error:
+        click.echo(f"The gateway could not be asked: {error}", err=True)
+        raise SystemExit(1) from None
+    click.echo("Gateway (getstatus)")
+    for key in status_payload_keys(state.config.wire_names):
+        click.echo(f"  {key:<33}{'-' if payload.get(key) is None else payload[key]}")
+    if problems:
+        raise SystemExit(1)
+
+
+@gateway_cli.command("check-settings")
+@checked("check-settings")
+def check_settings_command() -> None:
+    """Compare the gateway's settings with the shop's and say what differs (exit 1 when something does)."""
+    try:
+        report = check_settings()
+    except (GatewayError, NotInstalledError, ValueError) as error:
+        click.echo(f"The gateway's settings could not be checked: {error}", err=True)
+        raise SystemExit(1) from None
+    click.echo(report.summary())
+    if not report.ok:
+        raise SystemExit(1)

@@ -1,0 +1,240 @@
+"""The ``flask gateway`` group and what every command does first: the line saying which database, gateway
+and account it uses, the checks that refuse (exit 78), and one line with exit 75 when the database is away."""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Final, TypeVar
+
+import click
+from flask.cli import AppGroup
+from sqlalchemy import URL
+
+from flask_gateway.core.outages import DATABASE_ERRORS, describe_database_error, is_database_outage
+from flask_gateway.core.sql import sqlite_read_transactions
+from flask_gateway.operations.readiness import missing_schema
+from flask_gateway.state import GatewayState, get_state, leaves_no_transaction
+
+__all__ = [
+    "COMMAND_CHECKS",
+    "ENVIRONMENT_FILE",
+    "EXIT_CONFIGURATION",
+    "EXIT_DATABASE_AWAY",
+    "Checks",
+    "ConfigurationFault",
+    "DatabaseAway",
+    "GatewayCommands",
+    "checked",
+    "describe_database",
+    "gateway_cli",
+    "when",
+]
+
+
+#: The exit status of a command that stopped because the database is unreachable: ``EX_TEMPFAIL``
+#: (sysexits.h), "try again later", so a cron wrapper can tell it from a real failure (1).
+EXIT_DATABASE_AWAY: Final = 75
+
+
+class DatabaseAway(click.ClickException):
+    """A command met a database outage: one line (``Error: the database is unreachable ...``), no
+    traceback, exit status :data:`EXIT_DATABASE_AWAY`."""
+
+    exit_code = EXIT_DATABASE_AWAY
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(
+            f"the database is unreachable ({describe_database_error(error)}): run the command again once "
+            "it answers (what it committed before is kept)."
+        )
+
+
+class GatewayCommands(AppGroup):
+    """``AppGroup`` (every command runs inside the app context) whose commands end with one line and exit
+    status 75 when the database is away, instead of a traceback; any other error is raised as it is."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except DATABASE_ERRORS as error:
+            if not is_database_outage(error):
+                raise
+            raise DatabaseAway(error) from None
+
+
+gateway_cli = GatewayCommands(
+    "gateway", help="Flask-Gateway: database tables, reconciliation, checkout status."
+)
+
+#: The exit status of a command refused because of how it is configured (the app says production but the
+#: database is SQLite, the tables are missing, the gateway is not installed): ``EX_CONFIG`` (sysexits.h).
+#: Running it again changes nothing; a person must fix the environment (unlike 75, an outage).
+EXIT_CONFIGURATION: Final = 78
+
+#: The environment file every documented cron line, systemd unit and Celery command loads (docs).
+ENVIRONMENT_FILE: Final = "/etc/shop/environment"
+
+
+class ConfigurationFault(click.ClickException):
+    """A command refused to run where it could only succeed by accident: one line (``Error: ...``), exit
+    status :data:`EXIT_CONFIGURATION`."""
+
+    exit_code = EXIT_CONFIGURATION
+
+
+@dataclass(frozen=True)
+class Checks:
+    """What a command needs before it runs (every command is refused on a SQLite database when the app
+    says production, unless ``GATEWAY_SQLITE_IN_PRODUCTION``)."""
+
+    #: Every ``gateway_*`` table and column exists.
+    tables: bool = True
+    #: The gateway is installed for ``GATEWAY_ENVIRONMENT``.
+    installed: bool = True
+    #: The database must answer for the command to start (else exit status 75); the doctor reports an
+    #: outage as a finding, with everything else it checks.
+    database: bool = True
+
+
+#: Each command's checks (docs/extension.md's "Command line" shows the same table; a test compares them).
+#: ``init-db`` makes the tables and ``doctor`` reports them (and the installation) itself; ``callbacks``
+#: and ``outbox`` list local rows, for which "not installed" is a normal answer (a failed install's
+#: refused callbacks); every command that calls the gateway, delivers, or is scheduled needs both.
+COMMAND_CHECKS: Final[dict[str, Checks]] = {
+    "init-db": Checks(tables=False, installed=False),
+    "doctor": Checks(tables=False, installed=False, database=False),
+    "callbacks": Checks(tables=True, installed=False),
+    "outbox": Checks(tables=True, installed=False),
+    "reconcile": Checks(),
+    "deliver": Checks(),
+    "redeliver": Checks(),
+    "replay-callback": Checks(),
+    "status": Checks(),
+    "check-settings": Checks(),
+    "prune-callbacks": Checks(),
+}
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+#: Query parameters of a database URL whose values are not shown (``sslpassword``, ``password``, ...).
+_SECRET_QUERY_WORDS: Final = ("pass", "secret", "token", "key")
+
+
+def describe_database(url: URL) -> str:
+    """The database a URL names, safe to print: SQLite as ``SQLite file /abs/path`` or ``SQLite in
+    memory``; any other with its password (and any password-like query value) masked."""
+    if url.get_backend_name() == "sqlite":
+        database = url.database or ""
+        if database in ("", ":memory:") or "mode=memory" in str(url.query):
+            return "SQLite in memory"
+        if database.startswith("file:"):
+            return f"SQLite {database.split('?', 1)[0]}"
+        return f"SQLite file {os.path.abspath(database)}"
+    mask = "MASKED-BY-FLASK-GATEWAY"  # "***" itself would be percent-encoded in the query
+    query = {
+        name: (mask if any(word in name.lower() for word in _SECRET_QUERY_WORDS) else value)
+        for name, value in url.query.items()
+    }
+    return url.set(query=query).render_as_string(hide_password=True).replace(mask, "***")
+
+
+def checked(name: str) -> Callable[[_F], _F]:
+    """Run ``name``'s :data:`COMMAND_CHECKS` (after one line saying what the command uses) before it."""
+    checks = COMMAND_CHECKS[name]
+
+    def decorate(command: _F) -> _F:
+        @functools.wraps(command)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            # A service (`deliver --every`) waits for the database instead of exiting 75: started while it
+            # is away, systemd would restart it in a loop, and give up after five tries in ten seconds.
+            every = kwargs.get("every")
+            _preflight(checks, wait_every=every if isinstance(every, float | int) else None)
+            return command(*args, **kwargs)
+
+        run.gateway_checks = checks  # type: ignore[attr-defined]  # tests: no command goes unchecked
+        return run  # type: ignore[return-value]  # same signature
+
+    return decorate
+
+
+def _preflight(checks: Checks, *, wait_every: float | None = None) -> None:
+    """Say what the command uses, then refuse where it could only succeed by accident. ``wait_every``:
+    while the database does not answer, try again every that many seconds (one log line when the outage
+    starts, one when it ends) instead of stopping with exit status 75."""
+    state = get_state()
+    config = state.config
+    url = state.db.engine.url  # creating the engine connects nothing
+    database = describe_database(url)
+    gateway = f"gateway {config.environment} at {config.base_url}"
+
+    def say(installation: str) -> None:
+        click.echo(f"Using database {database}, {gateway}, {installation}.", err=True)
+
+    if (
+        config.environment == "production"
+        and url.get_backend_name() == "sqlite"
+        and not config.sqlite_in_production
+    ):
+        say("installation not read")
+        raise ConfigurationFault(
+            f"GATEWAY_ENVIRONMENT is 'production' but the database is {database}, a development "
+            "database: this command did not load the web workers' environment (run it as `flask "
+            f"--env-file {ENVIRONMENT_FILE} --app ... gateway ...`, docs/operations.md#cron). A "
+            "one-machine shop whose production database is SQLite sets GATEWAY_SQLITE_IN_PRODUCTION = True."
+        )
+    while True:
+        try:
+            missing, account = _read_setup(state)
+        except DATABASE_ERRORS as error:
+            if not is_database_outage(error):
+                raise
+            if wait_every is None:
+                say("installation not read (the database does not answer)")
+                if not checks.database:
+                    state.remove_session()
+                    return
+                raise DatabaseAway(error) from None
+            state.outages.failed(error)
+            state.remove_session()
+            time.sleep(wait_every)
+            continue
+        if wait_every is not None:
+            state.outages.succeeded()
+        break
+    if missing and account is None:
+        say("installation not read (tables missing)")
+    else:
+        say(f"account {account}" if account else "not installed")
+    if missing and checks.tables:
+        shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        raise ConfigurationFault(
+            f"the gateway's tables are missing in {database} ({shown}): run `flask gateway init-db` or "
+            "your migrations."
+        )
+    if account is None and checks.installed:
+        raise ConfigurationFault(
+            f"the gateway is not installed for the {config.environment} environment in {database}. If the "
+            "web app is installed, this command uses another database or environment than it: load the "
+            f"same environment (`flask --env-file {ENVIRONMENT_FILE} ...`, docs/operations.md#cron); "
+            f"else install it at {config.url_prefix}/admin/install."
+        )
+
+
+@leaves_no_transaction
+def _read_setup(state: GatewayState) -> tuple[list[str], str | None]:
+    """The missing tables and columns, and the installed account (None: not installed, or no table)."""
+    with sqlite_read_transactions():  # nothing here writes: no SQLite write lock
+        missing = missing_schema(state.engine)
+        if any(name.split(".")[0] == "gateway_installations" for name in missing):
+            return missing, None
+        key = state.installation_key()
+    return missing, None if key is None else key[0]
+
+
+def when(value: Any) -> str:
+    """A stored time as every command prints it (``-`` for none)."""
+    return value.isoformat(timespec="seconds") if value is not None else "-"
