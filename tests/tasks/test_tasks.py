@@ -19,8 +19,8 @@ from flask import Flask, current_app
 from flask_sqlalchemy import SQLAlchemy
 
 from flask_gateway import Gateway, create_checkout, payment_confirmed
-from flask_gateway import tasks as gateway_tasks
 from flask_gateway.models import GatewayCheckout
+from flask_gateway.operations import tasks as gateway_tasks  # the module that looks deliver_due up
 from flask_gateway.payments.heartbeats import job_status
 from flask_gateway.payments.outbox import CLAIM_LEASE, DeliveryReport, deliver_due
 from flask_gateway.state import get_state
