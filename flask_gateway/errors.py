@@ -76,6 +76,7 @@ __all__ = [
     "RefundDeclinedError",
     "RefundNotAllowedError",
     "SecretUnreadable",
+    "UnknownAccountError",
     "V1OutcomeForbidden",
     "V1OutcomeInvalid",
     "V1OutcomeRejected",
@@ -94,6 +95,16 @@ class ConfigurationError(GatewayExtensionError, RuntimeError):
 
 class NotInstalledError(GatewayExtensionError, RuntimeError):
     """The gateway is not installed yet: an administrator must complete the install screen."""
+
+
+class UnknownAccountError(GatewayExtensionError, LookupError):
+    """A merchant account was named (an argument, the shop's account resolver, a CLI option, a callback
+    path) that is not installed for this environment. ``account`` is the id asked for; the message lists
+    the installed ones."""
+
+    def __init__(self, message: str, *, account: str) -> None:
+        super().__init__(message)
+        self.account = account
 
 
 class SecretUnreadable(GatewayExtensionError, RuntimeError):

@@ -23,7 +23,7 @@ from flask_gateway.operations.cli import gateway_cli
 from flask_gateway.operations.outages import watch_recovery
 from flask_gateway.operations.ratelimit import RateLimit, make_storage
 from flask_gateway.secrets import SecretBox
-from flask_gateway.state import EXTENSION_KEY, AdminGuard, GatewayState
+from flask_gateway.state import EXTENSION_KEY, AccountChoice, AdminGuard, GatewayState
 from flask_gateway.web import admin, public
 from flask_gateway.web.admin import outbox as admin_outbox
 
@@ -37,6 +37,7 @@ __all__ = ["Gateway"]
 admin.bp.register_blueprint(admin_outbox.bp, url_prefix="/outbox")
 
 GuardT = TypeVar("GuardT", bound=Callable[[], Any])
+ResolverT = TypeVar("ResolverT", bound=Callable[[Any], "str | None"])
 
 
 class Gateway:
@@ -50,6 +51,7 @@ class Gateway:
     def __init__(self, app: Flask | None = None, *, db: SQLAlchemy | None = None) -> None:
         self.db = db
         self._guard = AdminGuard()
+        self._accounts = AccountChoice()
         if app is not None:
             self.init_app(app)
 
@@ -61,6 +63,17 @@ class Gateway:
         """
         self._guard.check = guard
         return guard
+
+    def account_resolver(self, resolver: ResolverT) -> ResolverT:
+        """Register the callback that chooses a new checkout's merchant account (several accounts).
+
+        It is called with the order draft (``OrderDraft``; None where there is none yet, such as a cart
+        total's availability), inside the request, when the shop names no account: return a merchant
+        account id, or None for the default account (the newest one still open). An id that is not
+        installed raises ``UnknownAccountError``; a retired one, ``CheckoutUnavailableError``.
+        """
+        self._accounts.resolver = resolver
+        return resolver
 
     def init_app(self, app: Flask, *, db: SQLAlchemy | None = None) -> None:
         if EXTENSION_KEY in app.extensions:
@@ -86,6 +99,7 @@ class Gateway:
             config=config,
             box=box,
             admin_guard=self._guard,
+            account_choice=self._accounts,
             callback_limit=(
                 RateLimit.build("callback-refusals", config.callback_rate_limit, storage)
                 if config.callback_rate_limit

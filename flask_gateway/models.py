@@ -54,9 +54,18 @@ class LocalStatus(enum.StrEnum):
 
 
 class Installation(GatewayBase):
-    """The shop's installation of the gateway (one row per merchant account and environment)."""
+    """One merchant account installed in this shop for one environment (docs/extension.md, "Several
+    merchant accounts").
+
+    A shop with one account has one row. Each account keeps its own keys, callback URL, e-mail and limits;
+    a checkout records its account and is always handled with that account's keys, retired or not.
+    """
 
     __tablename__ = "gateway_installations"
+    __table_args__ = (
+        # One row per account and environment: installing an account again updates its row.
+        Index("ux_gateway_installations_account", "environment", "merchant_account_id", unique=True),
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     environment: Mapped[str] = mapped_column(String(20))
@@ -74,6 +83,12 @@ class Installation(GatewayBase):
     #: when, and what differed (a list of ``{"setting", "shop", "gateway"}``; empty when they agreed).
     settings_checked_at: Mapped[datetime | None]
     settings_drift: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON)
+    #: Closed for new checkouts since then (None: open). Its open checkouts, refunds and callbacks go on.
+    retired_at: Mapped[datetime | None]
+
+    @property
+    def retired(self) -> bool:
+        return self.retired_at is not None
 
 
 class GatewayCheckout(GatewayBase):

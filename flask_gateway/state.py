@@ -34,26 +34,39 @@ from flask_gateway.core.client import GatewayClient, V1Client
 from flask_gateway.core.money import format_money
 from flask_gateway.core.outages import OutageWatch, describe_database_error, is_database_outage
 from flask_gateway.core.sql import commit_keeping_loaded, configure_sqlite, sqlite_in_memory
-from flask_gateway.errors import ConfigurationError, NotInstalledError
+from flask_gateway.errors import ConfigurationError, NotInstalledError, UnknownAccountError
 from flask_gateway.models import Installation
 from flask_gateway.secrets import SecretBox
 
 if TYPE_CHECKING:
     from flask_sqlalchemy import SQLAlchemy
 
-__all__ = ["EXTENSION_KEY", "AdminGuard", "GatewayState", "Limit", "get_state", "leaves_no_transaction"]
+__all__ = [
+    "EXTENSION_KEY",
+    "AccountChoice",
+    "AdminGuard",
+    "GatewayState",
+    "Limit",
+    "get_state",
+    "leaves_no_transaction",
+]
 
 #: ``app.extensions`` key of the state.
 EXTENSION_KEY = "gateway"
 
 _log = logging.getLogger("flask_gateway.state")
 
-#: ``GatewayState.installation_key``: built once (the newest installation of an environment).
+#: ``GatewayState.installation_key``: built once. The default account: the newest one still open.
 _INSTALLATION_KEY = (
     select(Installation.merchant_account_id, Installation.signing_key_encrypted)
-    .where(Installation.environment == bindparam("environment"))
+    .where(Installation.environment == bindparam("environment"), Installation.retired_at.is_(None))
     .order_by(Installation.id.desc())
     .limit(1)
+)
+#: The same for a named account (open or retired: its checkouts' callbacks still come).
+_ACCOUNT_KEY = select(Installation.merchant_account_id, Installation.signing_key_encrypted).where(
+    Installation.environment == bindparam("environment"),
+    Installation.merchant_account_id == bindparam("account"),
 )
 
 
@@ -80,6 +93,16 @@ class AdminGuard:
     check: Callable[[], Any] | None = None
 
 
+@dataclass
+class AccountChoice:
+    """How a new checkout's merchant account is chosen when the shop names none: the callback the app
+    registers with ``Gateway.account_resolver`` (given the order draft, or None where there is none yet,
+    inside the request), which answers an account id, or None for the default account (the newest one
+    still open). Shared, like :class:`AdminGuard`, by the ``Gateway`` object and every app's state."""
+
+    resolver: Callable[[Any], str | None] | None = None
+
+
 def _app_context_id() -> int:
     return id(app_ctx._get_current_object())  # type: ignore[attr-defined]
 
@@ -92,6 +115,7 @@ class GatewayState:
     config: GatewayConfig
     box: SecretBox
     admin_guard: AdminGuard = field(default_factory=AdminGuard)
+    account_choice: AccountChoice = field(default_factory=AccountChoice)
     #: Refused callbacks per client address (``GATEWAY_CALLBACK_RATE_LIMIT``); None: no limit.
     callback_limit: Limit | None = None
     #: Payment-plan lookups per client address (``GATEWAY_PLAN_RATE_LIMIT``); None: no limit.
@@ -184,30 +208,65 @@ class GatewayState:
 
     # --- the installation ---------------------------------------------------------------------------
 
-    def installation(self) -> Installation | None:
-        """The installation for the configured environment (the newest, if several)."""
-        return self.session.scalars(
-            select(Installation)
-            .where(Installation.environment == self.config.environment)
-            .order_by(Installation.id.desc())
-            .limit(1)
-        ).first()
+    def installations(self) -> list[Installation]:
+        """Every account installed for the configured environment, open and retired, oldest first."""
+        return list(
+            self.session.scalars(
+                select(Installation)
+                .where(Installation.environment == self.config.environment)
+                .order_by(Installation.id)
+            )
+        )
 
-    def installation_key(self) -> tuple[str, str] | None:
-        """The installed account and its encrypted signing key, as ``installation()`` finds the row.
+    def installation(self, account: str | None = None) -> Installation | None:
+        """The installation of ``account`` for the configured environment (open or retired), or with no
+        account the default one: the newest installation still open (a shop with one account: its only
+        one). None when there is none."""
+        query = select(Installation).where(Installation.environment == self.config.environment)
+        if account is None:
+            query = query.where(Installation.retired_at.is_(None)).order_by(Installation.id.desc()).limit(1)
+        else:
+            query = query.where(Installation.merchant_account_id == account)
+        return self.session.scalars(query).first()
+
+    def installation_key(self, account: str | None = None) -> tuple[str, str] | None:
+        """The account and its encrypted signing key, as ``installation(account)`` finds the row.
 
         Two columns, no ORM entity: what a callback needs to be verified, on its hot path."""
-        row = self.session.execute(_INSTALLATION_KEY, {"environment": self.config.environment}).first()
+        if account is None:
+            row = self.session.execute(_INSTALLATION_KEY, {"environment": self.config.environment}).first()
+        else:
+            row = self.session.execute(
+                _ACCOUNT_KEY, {"environment": self.config.environment, "account": account}
+            ).first()
         return None if row is None else (row[0], row[1])
 
-    def require_installation(self) -> Installation:
-        installation = self.installation()
-        if installation is None:
+    def require_installation(self, account: str | None = None) -> Installation:
+        """:meth:`installation`, or the error that says what to do: ``UnknownAccountError`` for an account
+        that is not installed, ``NotInstalledError`` when no account is (or every one is retired)."""
+        installation = self.installation(account)
+        if installation is not None:
+            return installation
+        if account is not None:
+            raise self.unknown_account(account)
+        if any(True for _ in self.installations()):
             raise NotInstalledError(
-                "The payment gateway is not installed: an administrator must open the gateway's install "
-                f"screen ({self.config.url_prefix}/admin/install) and enter the merchant account."
+                "Every merchant account installed here is retired (closed for new checkouts): reopen one "
+                f"or install another at {self.config.url_prefix}/admin/install."
             )
-        return installation
+        raise NotInstalledError(
+            "The payment gateway is not installed: an administrator must open the gateway's install "
+            f"screen ({self.config.url_prefix}/admin/install) and enter the merchant account."
+        )
+
+    def unknown_account(self, account: str) -> UnknownAccountError:
+        """The error for an account id that is not installed here, listing those that are."""
+        installed = ", ".join(row.merchant_account_id for row in self.installations()) or "none"
+        return UnknownAccountError(
+            f"The merchant account {account[:255]!r} is not installed for the {self.config.environment} "
+            f"environment (installed: {installed}).",
+            account=account,
+        )
 
     # --- the gateway's clients ----------------------------------------------------------------------
 
@@ -219,9 +278,12 @@ class GatewayState:
             session = self._http.session = requests.Session()
         return {**self.client_options, "session": session}
 
-    def client(self, installation: Installation | None = None) -> GatewayClient:
-        """A v2 client signed with the stored signing key (decrypted only here, only in memory)."""
-        installation = installation or self.require_installation()
+    def client(
+        self, installation: Installation | None = None, *, account: str | None = None
+    ) -> GatewayClient:
+        """A v2 client signed with the stored signing key (decrypted only here, only in memory): of
+        ``installation``, else of ``account`` (a checkout's, retired or not), else of the default account."""
+        installation = installation or self.require_installation(account)
         return self.signed_client(
             installation.merchant_account_id, self.box.decrypt_cached(installation.signing_key_encrypted)
         )
@@ -243,8 +305,9 @@ class GatewayState:
         """An unsigned v2 client for the installation call."""
         return self.signed_client(merchant_account_id, None)
 
-    def v1_client(self, installation: Installation | None = None) -> V1Client:
-        installation = installation or self.require_installation()
+    def v1_client(self, installation: Installation | None = None, *, account: str | None = None) -> V1Client:
+        """A v1 client with the stored API key, chosen as :meth:`client` chooses."""
+        installation = installation or self.require_installation(account)
         return V1Client(
             v1_base_url=self.config.v1_base_url,
             merchant_account_id=installation.merchant_account_id,

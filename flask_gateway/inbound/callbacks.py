@@ -12,9 +12,13 @@ never moves on a signature alone.
    refused, unconfirmed and mismatched callbacks count, accepted ones and duplicates do not) gets 429
    with ``Retry-After``: nothing is read, verified or stored.
 2. **Verification, before anything large is stored.** ``X-Signature`` must verify over the exact raw body
-   with the installation's signing key. ``X-Merchant-Account-ID``, when present, must be the installed
-   account (``hmac.compare_digest``); when absent, the signature alone decides: no public source shows
-   that the gateway sends that header (docs/decisions.md). A refused request keeps a bounded excerpt
+   with the signing key of the account whose checkout the body names (its ``checkoutToken``, looked up
+   with the account's key in one statement); for a token that names none of our checkouts, with the key
+   of the account of the callback path (``/callback/<account>``), else of the default account. So a
+   callback signed with one account's key for another account's checkout is refused, and so is one on
+   an account's own path for another account's checkout. ``X-Merchant-Account-ID``, when present, must be
+   that account (``hmac.compare_digest``); when absent, the signature alone decides: no public source
+   shows that the gateway sends that header (docs/decisions.md). A refused request keeps a bounded excerpt
    (``CallbackLog``: the first 256 characters of the body, four short headers, the reason, the client
    address), so a flood costs a few hundred bytes a request, and the limit caps those.
 3. A verified callback is stored in full (the headers without secrets: no ``X-Signature``,
@@ -67,9 +71,11 @@ Imports, one way: ``callbacks`` -> ``applying`` -> ``claims`` -> ``intake`` -> `
 from __future__ import annotations
 
 import hmac
+import json
 from typing import Final
 
 from pydantic import ValidationError
+from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 from werkzeug.datastructures import Headers
 
@@ -93,7 +99,7 @@ from flask_gateway.inbound.intake import (
     _refuse_unverified,
     _reject,
 )
-from flask_gateway.models import CallbackLog, CallbackOutcome
+from flask_gateway.models import CallbackLog, CallbackOutcome, GatewayCheckout, Installation
 from flask_gateway.signing import verify
 from flask_gateway.state import get_state
 
@@ -104,32 +110,53 @@ __all__ = ["CallbackResult", "process_callback", "replay_callback"]
 _COUNTED: Final = frozenset({CallbackOutcome.MISMATCH, CallbackOutcome.UNCONFIRMED})
 
 
-def process_callback(headers: Headers, body: bytes, client: str | None = None) -> CallbackResult:
+def process_callback(
+    headers: Headers, body: bytes, client: str | None = None, *, account: str | None = None
+) -> CallbackResult:
     """Verify, store and apply one status callback; see the module docstring for the answers.
 
-    ``client`` is the request's address (rate limit, log row). Raises a ``CallbackRejected`` subclass (an
+    ``client`` is the request's address (rate limit, log row); ``account``, the account of the callback
+    path (``/callback/<account>``), None on the shared path. Raises a ``CallbackRejected`` subclass (an
     ``HTTPException``) for every refusal.
     """
     state = get_state()
     _statement_by_statement(state.session)
-    installed = state.installation_key()
+    installed = _verifying_key(body, account)
     if installed is None:
         _refuse_unverified(
             CallbackUnauthorized,
             headers,
             body,
             client,
-            f"the gateway is not installed for the {state.config.environment!r} environment: "
-            "no key to verify with",
+            (
+                f"the gateway is not installed for the {state.config.environment!r} environment: "
+                "no key to verify with"
+                if account is None
+                else f"no merchant account {account[:255]!r} is installed for this callback path"
+            ),
         )
     installed_account, signing_key_encrypted = installed
+    if account is not None and not hmac.compare_digest(
+        account.encode("utf-8", "replace"), installed_account.encode("utf-8")
+    ):
+        _refuse_unverified(
+            CallbackUnauthorized,
+            headers,
+            body,
+            client,
+            f"the checkout belongs to another merchant account than this callback path's ({account[:255]!r})",
+        )
     claimed = headers.get(ACCOUNT_HEADER)
     # Absent: verified by the signature alone (no public source shows the gateway sends the header).
     if claimed is not None and not hmac.compare_digest(
         claimed.encode("utf-8", "replace"), installed_account.encode("utf-8")
     ):
         _refuse_unverified(
-            CallbackUnauthorized, headers, body, client, f"{ACCOUNT_HEADER} is not the installed account"
+            CallbackUnauthorized,
+            headers,
+            body,
+            client,
+            f"{ACCOUNT_HEADER} is not the merchant account of the checkout",
         )
     if not verify(body, state.box.decrypt_cached(signing_key_encrypted), headers.get(SIGNATURE_HEADER)):
         _refuse_unverified(
@@ -137,9 +164,50 @@ def process_callback(headers: Headers, body: bytes, client: str | None = None) -
             headers,
             body,
             client,
-            f"{SIGNATURE_HEADER} is missing or does not match the body",
+            f"{SIGNATURE_HEADER} is missing or does not match the body "
+            f"(verified with merchant account {installed_account!r}'s key)",
         )
     return _verified(_new_log(headers, body, client), body, installed_account, signing_key_encrypted, client)
+
+
+#: The account and key that verify a callback about a checkout: the checkout's own account, in one
+#: statement (the token's checkout joined to its account's installation).
+_CHECKOUT_KEY: Final = (
+    select(Installation.merchant_account_id, Installation.signing_key_encrypted)
+    .join(GatewayCheckout, GatewayCheckout.merchant_account_id == Installation.merchant_account_id)
+    .where(
+        GatewayCheckout.token == bindparam("token"),
+        GatewayCheckout.api_version == "v2",
+        Installation.environment == bindparam("environment"),
+    )
+)
+
+
+def _claimed_token(body: bytes) -> str | None:
+    """The ``checkoutToken`` the body names, if it is JSON with one (read before the signature is checked,
+    only to choose the key: nothing else of an unverified body is used)."""
+    try:
+        data = json.loads(body)
+    except (ValueError, RecursionError):  # not JSON, or nested too deep: verified (and refused) as it is
+        return None
+    token = data.get("checkoutToken") if isinstance(data, dict) else None
+    if not isinstance(token, str) or not token or len(token) > 255 or "\x00" in token:
+        return None
+    return token
+
+
+def _verifying_key(body: bytes, account: str | None) -> tuple[str, str] | None:
+    """(account, encrypted signing key) to verify ``body`` with: its checkout's account; for a token that
+    names none of our checkouts, the path's ``account`` or else the default account. None: no such key."""
+    state = get_state()
+    token = _claimed_token(body)
+    if token is not None:
+        row = state.session.execute(
+            _CHECKOUT_KEY, {"token": token, "environment": state.config.environment}
+        ).first()
+        if row is not None:
+            return row[0], row[1]
+    return state.installation_key(account)
 
 
 def _statement_by_statement(session: Session) -> None:
@@ -177,11 +245,11 @@ def replay_callback(log_id: int) -> CallbackResult:
             f"callback #{log_id} was refused before it was verified: only an excerpt of it is stored, "
             "nothing to replay"
         )
-    installed = state.installation_key()
+    body = original.body.encode("utf-8")
+    installed = _verifying_key(body, None)  # the checkout's account, as when it arrived
     if installed is None:
         state.require_installation()  # raises NotInstalledError with the fix
         raise AssertionError("unreachable")  # pragma: no cover
-    body = original.body.encode("utf-8")
     log = _new_log(Headers(original.headers), body, None)
     log.detail = f"{_REPLAY} #{log_id}"
     return _verified(log, body, installed[0], installed[1], None)

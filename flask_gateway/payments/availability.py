@@ -1,20 +1,35 @@
-"""Is the payment option offered for a total? The merchant's installed minimum and maximum."""
+"""Is the payment option offered for a total? The chosen merchant account's installed minimum and maximum."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-from flask_gateway.state import get_state, leaves_no_transaction
+from flask_gateway.errors import CheckoutUnavailableError, NotInstalledError, UnknownAccountError
+from flask_gateway.models import Installation
+from flask_gateway.payments.accounts import choose_account
+from flask_gateway.state import leaves_no_transaction
 
 __all__ = ["PaymentLimits", "is_available", "payment_limits"]
 
 
+def _open_account(account: str | None, draft: Any) -> Installation | None:
+    """The account a new checkout would use (``accounts.choose_account``), or None when there is none
+    open: not installed, an unknown or retired account (the option is then not offered)."""
+    try:
+        return choose_account(draft, account)
+    except (CheckoutUnavailableError, NotInstalledError, UnknownAccountError):
+        return None
+
+
 @leaves_no_transaction
-def is_available(total_cents: int) -> bool:
-    """True when the gateway is installed and ``total_cents`` is within the stored minimum and maximum."""
+def is_available(total_cents: int, *, account: str | None = None, draft: Any = None) -> bool:
+    """True when ``total_cents`` is within the minimum and maximum of the account a new checkout would
+    use (``account``, else the shop's resolver given ``draft``, else the default account); False when that
+    account is not installed or retired."""
     if isinstance(total_cents, bool) or not isinstance(total_cents, int):
         return False
-    installation = get_state().installation()
+    installation = _open_account(account, draft)
     if installation is None:
         return False
     return installation.minimum_cents <= total_cents <= installation.maximum_cents
@@ -29,9 +44,10 @@ class PaymentLimits:
 
 
 @leaves_no_transaction
-def payment_limits() -> PaymentLimits | None:
-    """The installed minimum and maximum, or None when the gateway is not installed yet."""
-    installation = get_state().installation()
+def payment_limits(*, account: str | None = None, draft: Any = None) -> PaymentLimits | None:
+    """The minimum and maximum of the account a new checkout would use (chosen as :func:`is_available`
+    chooses), or None when there is no open account."""
+    installation = _open_account(account, draft)
     if installation is None:
         return None
     return PaymentLimits(minimum_cents=installation.minimum_cents, maximum_cents=installation.maximum_cents)

@@ -51,8 +51,10 @@ from flask_gateway.core.wire import (
 from flask_gateway.errors import (
     CheckoutStateError,
     CheckoutUnavailableError,
+    NotInstalledError,
 )
 from flask_gateway.models import GatewayCheckout, LocalStatus
+from flask_gateway.payments.accounts import choose_account
 from flask_gateway.payments.availability import is_available
 from flask_gateway.payments.mapping import (
     check_reference,
@@ -134,7 +136,7 @@ def _reusable(session: Session, order: OrderDraft, version: str, account: str) -
 
 
 @leaves_no_transaction
-def create_checkout(order: OrderDraft) -> GatewayCheckout:
+def create_checkout(order: OrderDraft, *, account: str | None = None) -> GatewayCheckout:
     """Create the checkout for ``order`` on the gateway (v2, or v1 with ``GATEWAY_API_VERSION="v1"``).
 
     The local record (``CREATING``, a fresh ``requestId``, the order, the total, the merchant account) is
@@ -153,12 +155,16 @@ def create_checkout(order: OrderDraft) -> GatewayCheckout:
     that has an open checkout which stays open five more minutes gets it back, without a request (a
     double click on "Pay" leads to one checkout). A changed order gets a new checkout.
 
+    The merchant account: ``account``, else the shop's resolver's answer for ``order``, else the default
+    account (``payments.accounts.choose_account``); it is recorded on the checkout and never changes.
+
     Raises ``ValueError`` for an order the API cannot take (the message names the field),
-    ``NotInstalledError`` before installation.
+    ``NotInstalledError`` before installation, ``UnknownAccountError`` for an account that is not
+    installed, ``CheckoutUnavailableError`` for a retired one.
     """
     state = get_state()
     session = state.session
-    installation = state.require_installation()
+    installation = choose_account(order, account)
     account = installation.merchant_account_id
     version = state.config.api_version
     check_reference(order, version)
@@ -297,20 +303,32 @@ def _send_v1_checkout(client: V1Client, checkout_id: int, body: V1CheckoutReques
 
 
 @leaves_no_transaction
-def start_checkout(order: OrderDraft) -> Response:
+def start_checkout(order: OrderDraft, *, account: str | None = None) -> Response:
     """Create the checkout and answer the full-page redirect to the payment page (303 See Other).
 
-    Return it from your checkout view. Raises :class:`CheckoutUnavailableError` when the gateway is not
-    installed or the total is outside the merchant's limits (hide the option with :func:`is_available`).
+    Return it from your checkout view. The account is chosen as :func:`create_checkout` chooses it. Raises
+    :class:`CheckoutUnavailableError` when the gateway is not installed, the account is retired or the
+    total is outside its minimum and maximum (hide the option with :func:`is_available`), and
+    ``UnknownAccountError`` for an account that is not installed.
     """
-    if not is_available(order.amount_cents):
+    chosen = _chosen_account(order, account)
+    if chosen is None or not is_available(order.amount_cents, account=chosen):
         raise CheckoutUnavailableError(
             f"The payment option is not available for order {order.reference!r} "
             f"({order.amount_cents} cents): the gateway is not installed or the total is outside the "
             "merchant's minimum and maximum. Check is_available(total) before offering it."
         )
-    checkout = create_checkout(order)
+    checkout = create_checkout(order, account=chosen)
     return redirect(checkout.payment_url or "", code=303)  # create_checkout guarantees the URL
+
+
+def _chosen_account(order: OrderDraft, account: str | None) -> str | None:
+    """The account id :func:`choose_account` picks (the resolver asked once), None when nothing is
+    installed; an unknown account (``UnknownAccountError``) or a retired one is raised as it is."""
+    try:
+        return choose_account(order, account).merchant_account_id
+    except NotInstalledError:
+        return None
 
 
 # --- update and cancel -------------------------------------------------------------------------------
@@ -377,7 +395,7 @@ def update_checkout(
         raise ValueError(
             f"order {order.reference!r} cannot be sent to the gateway: {describe_validation_error(exc)}"
         ) from None
-    client = state.client()
+    client = state.client(account=checkout.merchant_account_id)
     session.commit()  # no transaction (and no SQLite write lock) held while the gateway answers
     try:
         answer = client.update_checkout(body)
@@ -447,7 +465,7 @@ def cancel_checkout(checkout: GatewayCheckout, source: Literal["admin", "code"] 
     state = get_state()
     session = state.session
     checkout_id = checkout.id
-    client = state.client()
+    client = state.client(account=checkout.merchant_account_id)
     session.commit()  # no transaction held while the gateway answers
     try:
         answer = client.cancel_checkout(token)

@@ -31,12 +31,15 @@ class InstallSettings:
 
 
 def _store(settings: InstallSettings, signing_key: str) -> Installation:
+    """The account's row, created for an account new to this shop (another merchant account: the ones
+    installed before keep their rows, keys and checkouts), updated for one installed before."""
     state = get_state()
     now = utcnow()
-    installation = state.installation() or Installation(
-        environment=state.config.environment, installed_at=now
+    installation = state.installation(settings.merchant_account_id) or Installation(
+        environment=state.config.environment,
+        merchant_account_id=settings.merchant_account_id,
+        installed_at=now,
     )
-    installation.merchant_account_id = settings.merchant_account_id
     installation.api_key_encrypted = state.box.encrypt(settings.api_key)
     installation.signing_key_encrypted = state.box.encrypt(signing_key)
     installation.callback_url = settings.callback_url
@@ -98,10 +101,13 @@ def update_settings(
     callback_failures_email: str | None,
     minimum_cents: int,
     maximum_cents: int,
+    account: str | None = None,
 ) -> Installation:
-    """Send the four settings (PATCH) and store them with the returned ``signingKey``."""
+    """Send the four settings (PATCH) of ``account`` (default: the default account) and store them with the
+    returned ``signingKey``."""
     state = get_state()
-    client = state.client(state.require_installation())
+    account = state.require_installation(account).merchant_account_id
+    client = state.client(account=account)
     # No transaction open while the gateway answers: on SQLite every transaction holds the write lock
     # (BEGIN IMMEDIATE), which would stall callbacks for the whole call. (Like every operation, this
     # commits the caller's pending changes in the shared session.)
@@ -114,7 +120,7 @@ def update_settings(
             maximumCheckoutAmountCents=maximum_cents,
         )
     )
-    installation = state.require_installation()
+    installation = state.require_installation(account)
     installation.callback_url = answer.data.checkoutStatusCallbackUrl or callback_url
     installation.callback_failures_email = answer.data.callbackFailuresEmail
     installation.minimum_cents = answer.data.minimumCheckoutAmountCents or minimum_cents

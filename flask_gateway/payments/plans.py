@@ -13,7 +13,7 @@ import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Final
+from typing import Any, Final
 
 from cachetools import TLRUCache
 from flask import has_request_context, request
@@ -22,6 +22,7 @@ from flask_gateway.core.errors import (
     GatewayError,
 )
 from flask_gateway.core.money import format_money
+from flask_gateway.payments.accounts import choose_account
 from flask_gateway.payments.availability import is_available
 from flask_gateway.state import get_state, leaves_no_transaction
 
@@ -93,17 +94,18 @@ def clear_payment_plan_cache() -> None:
 
 
 @leaves_no_transaction
-def payment_plan(total_cents: int) -> PaymentPlan | None:
-    """The v1 configuration's payment plan for ``total_cents``, or None.
+def payment_plan(total_cents: int, *, account: str | None = None, draft: Any = None) -> PaymentPlan | None:
+    """The v1 configuration's payment plan for ``total_cents``, or None, from the account a new checkout
+    would use (``account``, else the shop's resolver given ``draft``, else the default account).
 
     None when the option is not available for the amount (:func:`is_available`) or the gateway could not
     be asked: the hint is then left out rather than guessed. Answers are cached per process for
-    :data:`PLAN_CACHE_SECONDS` per amount, failures for 30 seconds.
+    :data:`PLAN_CACHE_SECONDS` per account and amount, failures for 30 seconds.
     """
-    if not is_available(total_cents):
+    if not is_available(total_cents, account=account, draft=draft):
         return None
     state = get_state()
-    installation = state.require_installation()
+    installation = choose_account(draft, account)
     key = (state.config.v1_base_url, installation.merchant_account_id, total_cents)
     with _plan_lock:
         if key in _plan_cache:
@@ -151,11 +153,11 @@ def _plan_lookup_allowed() -> bool:
 
 
 @leaves_no_transaction
-def format_instalment_hint(total_cents: int) -> str:
+def format_instalment_hint(total_cents: int, *, account: str | None = None, draft: Any = None) -> str:
     """The gateway's plan for the cart or product page (:meth:`PaymentPlan.describe`, with
     ``GATEWAY_CURRENCY_SYMBOL``): ``"or 3 x R 133.00"``, ``"or R 325.68 now, then 2 x R 325.66"``; ``""``
-    when there is no plan to show."""
-    plan = payment_plan(total_cents)
+    when there is no plan to show. The account is chosen as :func:`payment_plan` chooses it."""
+    plan = payment_plan(total_cents, account=account, draft=draft)
     if plan is None:
         return ""
     return plan.describe(get_state().config.currency_symbol)

@@ -40,7 +40,7 @@ def refresh(checkout: GatewayCheckout, *, source: str = "poll") -> Transition:
         raise ValueError("only a v2 checkout that the gateway created can be polled")
     state = get_state()
     checkout_id, token, known = checkout.id, checkout.token, checkout.status
-    client = state.client()
+    client = state.client(account=checkout.merchant_account_id)
     # End the transaction before waiting on the network: on SQLite every transaction holds the write lock
     # (BEGIN IMMEDIATE), which would stall callbacks for the whole call. Like every operation of the
     # extension this commits the app's session; the lock below starts a fresh transaction.

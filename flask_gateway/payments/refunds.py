@@ -146,8 +146,9 @@ def retry_refund(record: RefundRecord, *, force: bool = False) -> RefundRecord:
     checkout_id, token, reference = checkout.id, checkout.token or "", checkout.order_reference
     amount, reason, request_id = current.amount_cents, current.reason, current.request_id
     remaining = checkout.total_cents - checkout.refunded_cents
-    v1_client = state.v1_client() if v1 else None
-    client = None if v1 else state.client()
+    account = checkout.merchant_account_id
+    v1_client = state.v1_client(account=account) if v1 else None
+    client = None if v1 else state.client(account=account)
     session.commit()  # no transaction held while the gateway answers
     try:
         if v1_client is not None:

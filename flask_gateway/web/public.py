@@ -5,7 +5,7 @@ by a signature (HMAC of the callback body, or the itsdangerous-signed ``ref`` of
 The logic lives in :mod:`flask_gateway.inbound`; these views only read the request and shape the answer.
 
 ===========================  ===========================================================================
-``POST /callback``           200 ``{"status": "ok", "outcome": ...}``; 400/401/404/413 ``{"message": ...}``
+``POST /callback[/<account>]``  200 ``{"status": "ok", "outcome": ...}``; 400/401/404/413 ``{"message": ...}``
 ``GET /v1/success``          200 ``{"token", "return_url"}``; 400/403/404 ``{"message": ...}``
 ``GET /v1/fail``             200 ``{"token", "return_url", "cancel_on_payjustnow"}``; 400/403/404 JSON
 ``GET /return/<kind>``       303 to ``GATEWAY_ORDER_ENDPOINT`` (or 200, the built-in ``gateway/return.html``);
@@ -105,13 +105,15 @@ def _read_callback_body(client: str | None) -> bytes:
 
 
 @bp.post("/callback")
-def callback() -> Response:
-    """The gateway's signed status callback (``checkoutStatusCallbackUrl``)."""
+@bp.post("/callback/<path:account>")
+def callback(account: str | None = None) -> Response:
+    """The gateway's signed status callback (``checkoutStatusCallbackUrl``); ``/callback/<account>`` is an
+    account's own callback path (several merchant accounts), which takes that account's callbacks only."""
     client = request.remote_addr
     check_rate_limit(client)
     # Read once, uncached: the signature is checked over exactly these bytes.
     body = _read_callback_body(client)
-    result = process_callback(request.headers, body, client)
+    result = process_callback(request.headers, body, client, account=account)
     return _json({"status": "ok", "outcome": result.outcome.value})
 
 

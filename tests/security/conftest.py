@@ -133,6 +133,7 @@ def build_shop_world(databases: Databases, monkeypatch: pytest.MonkeyPatch) -> S
         "event_id": event_id,  # the payment's outbox event (delivered)
         "log_id": log_id or 1,  # the payment's callback (verified), for its replay
         "kind": "confirm",
+        "account": "demo-merchant",  # an account's own callback path (several merchant accounts)
         "filename": "shop/shop.css",
     }
     return ShopWorld(harness=harness, anonymous=harness.shopper(), owner=owner, values=values)
