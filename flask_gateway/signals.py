@@ -2,6 +2,9 @@
 
 Connect with ``@payment_confirmed.connect_via(app)`` or ``payment_confirmed.connect(receiver)``. Every
 signal sends the app as sender and ``checkout`` (a ``GatewayCheckout``) plus the keyword arguments listed.
+A signal about a checkout also sends ``account``: the checkout's merchant account id
+(``checkout.merchant_account_id``, which never changes; a shop with one account always gets its one id).
+Write receivers with ``**extra`` so that an argument added later does not break them.
 
 The shop-facing events (``payment_confirmed``, ``checkout_cancelled``, ``checkout_expired``,
 ``refund_succeeded``, ``checkout_flagged``, ``payment_after_close``) go through the outbox
@@ -29,46 +32,52 @@ __all__ = [
 
 _signals = Namespace()
 
-#: A checkout was created on the gateway. Sends ``checkout``.
+#: A checkout was created on the gateway. Sends ``checkout`` and ``account``.
 checkout_created = _signals.signal("gateway-checkout-created")
 
 #: The payment is proven (a verified callback, getstatus, or a signed v1 success URL) for the first time:
-#: fulfil the order here. Sends ``checkout`` and ``source`` (callback, return, poll, reconcile, v1, admin).
+#: fulfil the order here. Sends ``checkout``, ``account`` and ``source`` (callback, return, poll, reconcile,
+#: v1, admin).
 payment_confirmed = _signals.signal("gateway-payment-confirmed")
 
-#: The checkout was cancelled (by the consumer or the merchant). Sends ``checkout``, ``status``, ``source``.
+#: The checkout was cancelled (by the consumer or the merchant). Sends ``checkout``, ``account``, ``status``,
+#: ``source``.
 checkout_cancelled = _signals.signal("gateway-checkout-cancelled")
 
-#: The checkout expired unpaid. Sends ``checkout`` and ``source``.
+#: The checkout expired unpaid. Sends ``checkout``, ``account`` and ``source``.
 checkout_expired = _signals.signal("gateway-checkout-expired")
 
-#: A refund succeeded. Sends ``checkout``, ``refund`` (a ``RefundRecord``) and ``amount_cents``.
+#: A refund succeeded. Sends ``checkout``, ``account``, ``refund`` (a ``RefundRecord``) and ``amount_cents``.
 refund_succeeded = _signals.signal("gateway-refund-succeeded")
 
 #: A callback was refused (bad signature, unknown checkout, mismatch). Sends ``checkout`` (or None),
-#: ``reason`` and ``log`` (the ``CallbackLog`` row).
+#: ``account`` (the checkout's, or None with no checkout), ``reason`` and ``log`` (the ``CallbackLog`` row).
 callback_rejected = _signals.signal("gateway-callback-rejected")
 
 #: The gateway's callbacks went silent while payments continued: no verified callback for
 #: ``GATEWAY_CALLBACK_SILENCE_MINUTES`` while ``GATEWAY_CALLBACK_SILENCE_PAYMENTS`` or more payments were
 #: confirmed another way (``flask_gateway.operations.health``). Sent once per silent spell, with no
-#: ``checkout``: ``health`` (a ``CallbackHealth``), ``last_callback_at`` (None: never) and ``payments``.
+#: ``checkout``: ``account`` (the merchant account whose callbacks are silent: with several, each one's
+#: callbacks are watched apart; None before installation), ``health`` (a ``CallbackHealth``: that
+#: account's figures when the shop has several), ``last_callback_at`` (that account's; None: never) and
+#: ``payments``.
 callbacks_silent = _signals.signal("gateway-callbacks-silent")
 
 #: A checkout was flagged for a person (amounts or accounts that do not add up, a payment after a
-#: cancellation, a refund reported before the shop knew of the payment). Sends ``checkout``, ``reason``
-#: and ``source``.
+#: cancellation, a refund reported before the shop knew of the payment). Sends ``checkout``, ``account``,
+#: ``reason`` and ``source``.
 checkout_flagged = _signals.signal("gateway-checkout-flagged")
 
 #: A payment was confirmed for a checkout the shop had already seen cancelled by the merchant or expired
 #: (sent beside ``payment_confirmed``; the checkout is flagged too): the shop's policy decides, for example
-#: to fulfil anyway or to refund. Sends ``checkout``, ``before`` (the status it had) and ``source``.
+#: to fulfil anyway or to refund. Sends ``checkout``, ``account``, ``before`` (the status it had) and
+#: ``source``.
 payment_after_close = _signals.signal("gateway-payment-after-close")
 
 #: Every delivery of a ``payment_confirmed`` event failed (its receivers raised
 #: ``GATEWAY_OUTBOX_MAX_ATTEMPTS`` times): the order was paid but could not be fulfilled. The hook for the
-#: shop's policy (refund it, tell a person). Sends ``checkout``, ``event_id`` and ``error`` (what the last
-#: attempt raised). Sent directly, not through the outbox; a receiver that raises is logged.
+#: shop's policy (refund it, tell a person). Sends ``checkout``, ``account``, ``event_id`` and ``error``
+#: (what the last attempt raised). Sent directly, not through the outbox; a receiver that raises is logged.
 fulfilment_failed = _signals.signal("gateway-fulfilment-failed")
 
 

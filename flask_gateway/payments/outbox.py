@@ -4,7 +4,9 @@ A status change that the shop must act on (a payment confirmed, a cancellation, 
 a payment after the order was closed) writes an ``OutboxEvent`` row **in the same transaction** as the
 change (``transitions.apply``, ``refunds``): the change and the duty to tell the shop commit together or
 not at all. Delivering an event sends its signal (``flask_gateway.signals``) to the shop's receivers with
-``checkout``, the event's own keyword arguments and ``event_id``.
+``checkout``, ``account`` (the checkout's merchant account), the event's own keyword arguments and
+``event_id``. The row's ``payload`` keeps those arguments and the checkout's ``merchant_account_id`` (so
+a consumer of the table, or a person on the outbox screen, sees the account without a join).
 
 - **At once, by default** (``GATEWAY_OUTBOX_DELIVER_AT_ONCE``): right after the commit, in the same request,
   as the signals always were. The row is claimed for :data:`CLAIM_LEASE` when it is written, so no other
@@ -93,6 +95,9 @@ _KIND_OF: Final = {id(signal): kind for kind, signal in KINDS.items()}
 CLAIM_LEASE: timedelta = timedelta(seconds=10)
 #: The longest wait between two attempts.
 MAX_RETRY_DELAY: Final = timedelta(hours=6)
+#: The payload's key of the checkout's merchant account (not a keyword argument of the signal: the signal
+#: gets ``account``).
+_ACCOUNT_KEY: Final = "merchant_account_id"
 
 
 @dataclass
@@ -115,6 +120,9 @@ def add(session: Session, checkout: GatewayCheckout, signal: Signal, kwargs: dic
         ("refund_id" if name == "refund" else name): (value.id if isinstance(value, RefundRecord) else value)
         for name, value in kwargs.items()
     }
+    # The account is the checkout's and never changes: recorded for the table's readers, sent as
+    # ``account`` from the checkout itself (events written before the account was recorded have none).
+    payload[_ACCOUNT_KEY] = checkout.merchant_account_id
     event = OutboxEvent(
         checkout_id=checkout.id,
         kind=kind,
@@ -293,6 +301,7 @@ def _deliver_one(event_id: int, report: DeliveryReport, *, again: bool = False) 
     event = session.get_one(OutboxEvent, event_id, populate_existing=True)
     checkout = session.get_one(GatewayCheckout, event.checkout_id)
     kwargs = dict(event.payload)
+    kwargs.pop(_ACCOUNT_KEY, None)
     refund_id = kwargs.pop("refund_id", None)
     if refund_id is not None:
         kwargs["refund"] = session.get(RefundRecord, refund_id)
@@ -306,7 +315,9 @@ def _send(event: OutboxEvent, checkout: GatewayCheckout, kwargs: dict[str, Any])
     """Send the event's signal; ``None`` when every receiver returned, else what one raised."""
     app = current_app._get_current_object()  # type: ignore[attr-defined]
     try:
-        KINDS[event.kind].send(app, checkout=checkout, event_id=event.id, **kwargs)
+        KINDS[event.kind].send(
+            app, checkout=checkout, account=checkout.merchant_account_id, event_id=event.id, **kwargs
+        )
     except Exception as exc:
         if is_database_outage(exc):
             # The database went away under the receiver (a restart, a failover): one line without a
@@ -375,7 +386,9 @@ def _settle(
             error,
         )
         try:
-            signals.fulfilment_failed.send(app, checkout=checkout, event_id=event_id, error=error)
+            signals.fulfilment_failed.send(
+                app, checkout=checkout, account=checkout.merchant_account_id, event_id=event_id, error=error
+            )
         except Exception:
             _log.exception("a receiver of fulfilment_failed failed for outbox event %s", event_id)
 

@@ -130,7 +130,7 @@ def test_a_receiver_that_raises_twice_fulfils_once_on_the_third_delivery(
     assert gateway_emulator.status(checkout.token) == "PAID"  # the callback was acknowledged
     [event] = events(gateway_app)
     assert (event.kind, event.state, event.attempts) == ("payment_confirmed", OutboxState.PENDING, 1)
-    assert event.payload == {"source": "callback"}
+    assert event.payload == {"source": "callback", "merchant_account_id": "demo-merchant"}
     assert "ConnectionError: the stock service is down (call 1)" in (event.last_error or "")
     assert fulfilment.fulfilled == []
 
@@ -315,7 +315,11 @@ def test_a_refund_is_written_with_its_event_and_delivered_with_its_record(
         record = refund(checkout, 15050, reason="one cracked mug")
     [confirmed, refunded] = events(gateway_app)
     assert (refunded.kind, refunded.state) == ("refund_succeeded", OutboxState.DELIVERED)
-    assert refunded.payload == {"refund_id": record.id, "amount_cents": 15050}
+    assert refunded.payload == {
+        "refund_id": record.id,
+        "amount_cents": 15050,
+        "merchant_account_id": "demo-merchant",
+    }
     [(received, amount, event_id)] = got
     assert (isinstance(received, RefundRecord), received.id, amount, event_id) == (
         True,
