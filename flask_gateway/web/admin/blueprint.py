@@ -2,7 +2,8 @@
 
 The app's admin guard (``@gateway.admin_guard``; without one every screen answers 403), a valid CSRF token on
 every POST (whether or not the app uses ``CSRFProtect``), headers that forbid framing and caching, the
-database-outage page, and the template helpers (labels, ``money``, ``when``). Imports nothing of the package.
+database-outage page, and the template helpers (labels, ``money``, ``when``). :func:`viewed_account` tells a
+guard which merchant account a request looks at. Imports nothing of the package's screens.
 """
 
 from __future__ import annotations
@@ -11,9 +12,10 @@ import logging
 from datetime import datetime
 from typing import Any
 
-from flask import Blueprint, abort, current_app, g, request
+from flask import Blueprint, abort, current_app, g, has_request_context, request
 from flask.typing import ResponseReturnValue
 from flask_wtf.csrf import CSRFError, validate_csrf
+from sqlalchemy import select
 from werkzeug.wrappers import Response
 from wtforms import ValidationError as FormValidationError
 
@@ -23,11 +25,12 @@ from flask_gateway.labels import (
     source_label,
     status_label,
 )
+from flask_gateway.models import CallbackLog, GatewayCheckout, OutboxEvent
 from flask_gateway.state import get_state
 from flask_gateway.web.forms import format_money
 from flask_gateway.web.pages import answer_outages, deny_framing
 
-__all__ = ["bp"]
+__all__ = ["bp", "viewed_account"]
 
 bp = Blueprint(
     "gateway_admin",
@@ -41,6 +44,78 @@ _log = logging.getLogger("flask_gateway.admin")
 
 # The outbox screen's blueprint is nested in this one: its requests are answered so too.
 answer_outages(bp, pages=lambda: True)
+
+
+# --- which merchant account a request looks at -------------------------------------------------------
+
+#: Row ids are 32-bit integers on PostgreSQL: a larger one names no row (and must not reach a query).
+_MAX_ID = 2**31 - 1
+#: ``g`` key of the answer, computed once per request (the guard and the view both ask).
+_VIEWED = "_gateway_viewed_account"
+_UNSET = object()
+
+
+def viewed_account() -> str | None:
+    """The merchant account id the current admin request looks at, for the app's admin guard.
+
+    The account of the checkout, callback or outbox event the URL names (whatever the query string says);
+    else the account of an account's own URL (retire, reopen); else the ``account`` query parameter (the
+    account switcher of the lists and of the settings screen); else, on the settings screen, the account it
+    edits (the default account). None for the views of every account (the status page, the lists without
+    ``?account=``, the install screen), for a row that does not exist or belongs to no checkout, and outside
+    an admin request. A guard that lets a brand manager see only their brand::
+
+        @gateway.admin_guard
+        def brand_manager_or_owner():
+            if current_user.is_owner:
+                return True
+            return viewed_account() == current_user.brand_account  # None (every account): refused
+
+    The value of ``?account=`` is returned as given (it may name no installed account: that page is a 404).
+    """
+    if not has_request_context() or not (request.blueprint or "").startswith("gateway_admin"):
+        return None
+    known = g.get(_VIEWED, _UNSET)
+    if known is _UNSET:
+        known = _find_viewed_account()
+        setattr(g, _VIEWED, known)
+    return known if isinstance(known, str) else None
+
+
+def _find_viewed_account() -> str | None:
+    args = request.view_args or {}
+    rows = {"checkout_id": GatewayCheckout.id, "log_id": CallbackLog.id, "event_id": OutboxEvent.id}
+    named = next((name for name in rows if name in args), None)
+    if named is not None:
+        key = args[named]
+        if not isinstance(key, int) or not 0 < key <= _MAX_ID:
+            return None
+        query = select(GatewayCheckout.merchant_account_id)
+        if named == "log_id":
+            query = query.join(CallbackLog, CallbackLog.checkout_id == GatewayCheckout.id)
+        elif named == "event_id":
+            query = query.join(OutboxEvent, OutboxEvent.checkout_id == GatewayCheckout.id)
+        found: str | None = get_state().session.scalar(query.where(rows[named] == key))
+        return found
+    if isinstance(args.get("account"), str):
+        return str(args["account"])
+    asked = request.args.get("account", "")
+    if asked:
+        return asked
+    if request.endpoint == "gateway_admin.settings_screen":
+        return _settings_account()
+    return None
+
+
+def _settings_account() -> str | None:
+    """The account the settings screen edits without ``?account=``: the default account (the newest one
+    still open), or with every account retired the newest one; None before any installation."""
+    state = get_state()
+    installation = state.installation()
+    if installation is None:
+        installations = state.installations()
+        installation = installations[-1] if installations else None
+    return None if installation is None else installation.merchant_account_id
 
 
 # --- every request: the guard, CSRF, framing headers -------------------------------------------------

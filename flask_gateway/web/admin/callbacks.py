@@ -11,9 +11,10 @@ from sqlalchemy import select
 from flask_gateway.errors import CallbackRejected, NotInstalledError
 from flask_gateway.inbound import replay_callback
 from flask_gateway.labels import callback_outcome_label
-from flask_gateway.models import CallbackLog, CallbackOutcome
+from flask_gateway.models import CallbackLog, CallbackOutcome, GatewayCheckout
 from flask_gateway.operations.health import REFUSED
 from flask_gateway.state import get_state
+from flask_gateway.web.admin.accounts import account_scope
 from flask_gateway.web.admin.blueprint import bp
 from flask_gateway.web.admin.inputs import MAX_ID, PER_PAGE, _page
 from flask_gateway.web.forms import ActionForm
@@ -26,6 +27,7 @@ CALLBACK_OUTCOMES: Final = tuple(o.value for o in CallbackOutcome)
 def callbacks() -> ResponseReturnValue:
     """Every callback that reached the shop, newest first, including the refused ones (no checkout)."""
     state = get_state()
+    scope = account_scope()
     outcome = request.args.get("outcome", "")
     if outcome not in CALLBACK_OUTCOMES:
         outcome = ""
@@ -36,11 +38,19 @@ def callbacks() -> ResponseReturnValue:
         query = query.where(CallbackLog.outcome == outcome)
     if refused:
         query = query.where(REFUSED)
+    if scope.account:  # a callback's account is its checkout's (a refused one may name no checkout)
+        query = query.where(
+            CallbackLog.checkout_id.in_(
+                select(GatewayCheckout.id).where(GatewayCheckout.merchant_account_id == scope.account)
+            )
+        )
     pagination = state.db.paginate(query, page=page, per_page=PER_PAGE, error_out=False)
-    wanted = {"outcome": outcome or None, "refused": "1" if refused else None}
+    wanted = {"outcome": outcome or None, "refused": "1" if refused else None, "account": scope.account}
     filters = {key: value for key, value in wanted.items() if value}
     return render_template(
         "gateway/admin/callbacks.html",
+        **scope.template_values(),
+        account_of=_accounts_of(pagination.items) if scope.several else {},
         pagination=pagination,
         outcomes=CALLBACK_OUTCOMES,
         outcome=outcome,
@@ -48,6 +58,17 @@ def callbacks() -> ResponseReturnValue:
         filters=filters,
         action_form=ActionForm(),
     )
+
+
+def _accounts_of(logs: list[CallbackLog]) -> dict[int, str]:
+    """The account of each listed callback's checkout, by checkout id (one query for the page)."""
+    ids = {log.checkout_id for log in logs if log.checkout_id is not None}
+    if not ids:
+        return {}
+    rows = get_state().session.execute(
+        select(GatewayCheckout.id, GatewayCheckout.merchant_account_id).where(GatewayCheckout.id.in_(ids))
+    )
+    return {row.id: row.merchant_account_id for row in rows}
 
 
 @bp.post("/callbacks/<int:log_id>/replay")

@@ -18,6 +18,7 @@ from flask_gateway.payments.checkouts import cancel_checkout as cancel_checkout_
 from flask_gateway.payments.polling import refresh
 from flask_gateway.payments.refunds import refund
 from flask_gateway.state import get_state
+from flask_gateway.web.admin.accounts import account_scope
 from flask_gateway.web.admin.blueprint import bp
 from flask_gateway.web.admin.inputs import MAX_ID, PER_PAGE, STATUSES, _cents, _page
 from flask_gateway.web.admin.orders import _order_summary, _order_view
@@ -32,6 +33,7 @@ _log = logging.getLogger("flask_gateway.admin")
 @bp.get("/checkouts")
 def checkouts() -> ResponseReturnValue:
     state = get_state()
+    scope = account_scope()
     status = request.args.get("status", "")
     if status not in STATUSES:
         status = ""
@@ -40,6 +42,8 @@ def checkouts() -> ResponseReturnValue:
     page = _page()
     per_page = min(max(request.args.get("per_page", PER_PAGE, type=int) or PER_PAGE, 1), 100)
     query = select(GatewayCheckout).order_by(GatewayCheckout.id.desc())
+    if scope.account:
+        query = query.where(GatewayCheckout.merchant_account_id == scope.account)
     if status:
         query = query.where(GatewayCheckout.status == status)
     if flagged:
@@ -56,8 +60,10 @@ def checkouts() -> ResponseReturnValue:
     pagination = state.db.paginate(query, page=page, per_page=per_page, error_out=False)
     filters: dict[str, Any] = {"status": status or None, "flagged": "1" if flagged else None}
     filters.update(q=search or None, per_page=per_page if per_page != PER_PAGE else None)
+    filters.update(account=scope.account)
     return render_template(
         "gateway/admin/checkouts.html",
+        **scope.template_values(),
         pagination=pagination,
         statuses=STATUSES,
         status=status,
@@ -106,8 +112,16 @@ def _render_detail(
         .all()
     )
     remaining = _remaining(checkout)
+    installations = get_state().installations()
+    several = len(installations) > 1
     html = render_template(
         "gateway/admin/checkout.html",
+        # Several accounts: the page says whose checkout it is, and the lists it links to keep the account.
+        accounts=installations if several else [],
+        account=checkout.merchant_account_id if several else None,
+        account_installation=next(
+            (row for row in installations if row.merchant_account_id == checkout.merchant_account_id), None
+        ),
         checkout=checkout,
         callbacks=callbacks,
         action_form=ActionForm(),

@@ -1,11 +1,12 @@
-"""The install screen (a new installation, or adopting the signing key of an existing one) and the settings
-screen (callback URL, failure e-mail, amount bounds: sent to the gateway)."""
+"""The install screen (a new installation, another merchant account beside those installed, or adopting the
+signing key of an existing one) and the settings screen of one account (callback URL, failure e-mail,
+amount bounds: sent to the gateway)."""
 
 from __future__ import annotations
 
 import logging
 
-from flask import flash, redirect, render_template, request, url_for
+from flask import abort, flash, redirect, render_template, request, url_for
 from flask.typing import ResponseReturnValue
 from pydantic import ValidationError as ModelValidationError
 
@@ -22,7 +23,8 @@ from flask_gateway.operations.checks import setup_warnings
 from flask_gateway.payments.installation import InstallSettings, adopt_signing_key, install, update_settings
 from flask_gateway.state import get_state
 from flask_gateway.urls import callback_url
-from flask_gateway.web.admin.blueprint import bp
+from flask_gateway.web.admin.accounts import accepted_warnings, account_callback_url
+from flask_gateway.web.admin.blueprint import bp, viewed_account
 from flask_gateway.web.admin.inputs import _cents
 from flask_gateway.web.admin.problems import _problem
 from flask_gateway.web.forms import InstallForm, SettingsForm
@@ -41,30 +43,53 @@ def _settings_from(form: InstallForm) -> InstallSettings:
     )
 
 
-def _fill_settings(form: SettingsForm, installation: Installation | None) -> None:
-    """Prefill from the installation; the callback URL always from this app's own callback route."""
-    form.callback_url.data = callback_url()
+def _fill_settings(form: SettingsForm, installation: Installation | None, callback: str) -> None:
+    """Prefill from the installation; the callback URL: the one offered to the account."""
+    form.callback_url.data = callback
     if installation is not None:
         form.callback_failures_email.data = installation.callback_failures_email or ""
         form.minimum_amount.data = installation.minimum_cents
         form.maximum_amount.data = installation.maximum_cents
 
 
+def _install_form(installations: list[Installation]) -> InstallForm:
+    """The install form. Another account (one is installed): a callback URL left empty becomes the
+    account's own callback address (``.../callback/<account>``), as the form says."""
+    if request.method == "POST" and installations:
+        account = request.form.get("merchant_account_id", "").strip()
+        if account and not request.form.get("callback_url", "").strip():
+            formdata = request.form.copy()
+            formdata["callback_url"] = account_callback_url(account, installations)
+            return InstallForm(formdata=formdata)
+    return InstallForm()
+
+
 @bp.route("/install", methods=["GET", "POST"])
 def install_screen() -> ResponseReturnValue:
     state = get_state()
     installation = state.installation()
-    form = InstallForm()
+    installations = state.installations()
+    installed = {row.merchant_account_id: row for row in installations}
+    form = _install_form(installations)
     if request.method == "GET":
-        _fill_settings(form, installation)
-        if installation is not None:
-            form.merchant_account_id.data = installation.merchant_account_id
+        # Another account beside those installed: its id is not known yet, nor so its callback address.
+        _fill_settings(form, installation, "" if installations else callback_url())
     warnings = setup_warnings(form.callback_url.data)
+    account = (form.merchant_account_id.data or "").strip()
+    warnings = accepted_warnings(warnings, account or None)
     already_installed: str | None = None
     adopting = False
     if form.validate_on_submit():
         adopting = bool(form.signing_key.data)
-        if warnings and not form.confirm_local.data:
+        if account in installed and not adopting:
+            # Installed here: the gateway would answer "already installed" (its key is issued once).
+            form.merchant_account_id.errors.append(
+                f"Merchant account {account} is already installed in this shop: change its settings on the "
+                f"Settings screen ({url_for('.settings_screen', account=account)}). Only if the gateway no "
+                "longer accepts its stored signing key, enter the key you have under “Installed this "
+                "merchant account before?”."
+            )
+        elif warnings and not form.confirm_local.data:
             form.confirm_local.errors.append(
                 "Tick this box to install with this address anyway, or fix the address first."
             )
@@ -103,11 +128,23 @@ def install_screen() -> ResponseReturnValue:
                     "characters are ever shown.",
                     "success",
                 )
+                others = [name for name in installed if name != settings.merchant_account_id]
+                if others:
+                    flash(
+                        f"Merchant account {settings.merchant_account_id} is installed beside "
+                        f"{', '.join(others)}. Checkouts that name no account now use it (the newest open "
+                        "account): the shop chooses an account per checkout with account= or its account "
+                        "resolver.",
+                        "info",
+                    )
                 return redirect(url_for(".index"))
     return render_template(
         "gateway/admin/install.html",
         form=form,
         installation=installation,
+        installations=installations,
+        # Another account's own callback address, as the form explains it.
+        further_callback=f"{callback_url()}/<merchant account id>" if installations else None,
         warnings=warnings,
         already_installed=already_installed,
         adopt_open=already_installed is not None or adopting,
@@ -130,15 +167,20 @@ def _refused_credentials(error: AuthenticationError, *, adopting: bool) -> str:
 
 @bp.route("/settings", methods=["GET", "POST"])
 def settings_screen() -> ResponseReturnValue:
+    """One account's settings: ``?account=ID``, else the default account (the newest one still open)."""
     state = get_state()
-    installation = state.installation()
+    installations = state.installations()
+    account = viewed_account()  # ?account=, else the default account: what the admin guard was told
+    installation = next((row for row in installations if row.merchant_account_id == account), None)
     if installation is None:
+        if account is not None:
+            abort(404, description=str(state.unknown_account(account)))
         flash("Install the gateway first: the settings belong to an installation.", "error")
         return redirect(url_for(".install_screen"))
+    several = len(installations) > 1
     form = SettingsForm()
     if request.method == "GET":
-        _fill_settings(form, installation)
-        form.callback_url.data = installation.callback_url
+        _fill_settings(form, installation, installation.callback_url)
     if form.validate_on_submit():
         try:
             update_settings(
@@ -146,6 +188,7 @@ def settings_screen() -> ResponseReturnValue:
                 callback_failures_email=form.callback_failures_email.data or None,
                 minimum_cents=_cents(form.minimum_amount),
                 maximum_cents=_cents(form.maximum_amount),
+                account=installation.merchant_account_id,
             )
         except AuthenticationError as error:
             state.session.rollback()
@@ -167,5 +210,10 @@ def settings_screen() -> ResponseReturnValue:
         "gateway/admin/settings.html",
         form=form,
         installation=installation,
-        warnings=setup_warnings(form.callback_url.data),
+        # Several accounts: the switcher, and the form posts to this account's screen.
+        accounts=installations if several else [],
+        account=installation.merchant_account_id if several else None,
+        warnings=accepted_warnings(
+            setup_warnings(form.callback_url.data), installation.merchant_account_id if several else None
+        ),
     )

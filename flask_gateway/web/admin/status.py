@@ -1,9 +1,11 @@
 """The status page (``/``): installation, masked secrets, counts, setup warnings, drift, callback health,
-background work; and "check the settings now"."""
+background work; and "check the settings now". With several merchant accounts (or a retired one), each
+account: open or retired, its settings, what is left on it, and its retire or reopen button."""
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 from flask import flash, redirect, render_template, url_for
 from flask.typing import ResponseReturnValue
@@ -14,11 +16,13 @@ from flask_gateway.core.outages import describe_database_error, is_database_outa
 from flask_gateway.errors import SecretUnreadable
 from flask_gateway.models import GatewayCheckout, Installation
 from flask_gateway.operations.checks import setup_warnings
-from flask_gateway.operations.drift import check_settings, last_report
+from flask_gateway.operations.drift import DriftReport, check_settings, last_report
 from flask_gateway.operations.health import check_callback_health, describe_age
+from flask_gateway.payments.accounts import open_checkouts
 from flask_gateway.payments.heartbeats import JobStatus, job_status
 from flask_gateway.secrets import mask
 from flask_gateway.state import GatewayState, get_state
+from flask_gateway.web.admin.accounts import accepted_warnings
 from flask_gateway.web.admin.blueprint import bp
 from flask_gateway.web.admin.inputs import STATUSES
 from flask_gateway.web.admin.problems import _EXPECTED, _problem
@@ -33,6 +37,8 @@ def index() -> ResponseReturnValue:
     # First: it ends its read transaction (and may warn that callbacks went silent: callbacks_silent).
     health = check_callback_health()
     installation = state.installation()
+    installations = state.installations()
+    several = len(installations) > 1 or any(row.retired for row in installations)
     counts = dict(
         state.session.execute(
             select(GatewayCheckout.status, func.count()).group_by(GatewayCheckout.status)
@@ -44,16 +50,47 @@ def index() -> ResponseReturnValue:
     return render_template(
         "gateway/admin/index.html",
         installation=installation,
-        secrets=_masked_secrets(state, installation),
+        installations=installations,
+        # One open account: the page as it always was. Several, or a retired one: each account apart.
+        account_views=[_account_view(state, row, installation) for row in installations] if several else [],
         counts=[(status, counts[status]) for status in STATUSES if status in counts]
         + [(status, count) for status, count in counts.items() if status not in STATUSES],
         flagged=flagged or 0,
-        warnings=setup_warnings(),
+        secrets=_masked_secrets(state, installation),
+        warnings=accepted_warnings(
+            setup_warnings(), installation.merchant_account_id if installation is not None else None
+        ),
         drift=last_report(installation) if installation else None,
         health=health,
         describe_age=describe_age,
         background=_background_work(),
         action_form=ActionForm(),
+    )
+
+
+@dataclass(frozen=True)
+class AccountView:
+    """One merchant account as the status page shows it (several accounts)."""
+
+    installation: Installation
+    #: The stored secrets, masked (or ``{"error": ...}``).
+    secrets: dict[str, str]
+    #: Checkouts not settled yet (paid, cancelled or expired): what is left on a retired account.
+    open_checkouts: int
+    drift: DriftReport | None
+    #: The account a new checkout that names none uses (the newest one still open).
+    default: bool
+
+
+def _account_view(
+    state: GatewayState, installation: Installation, default: Installation | None
+) -> AccountView:
+    return AccountView(
+        installation=installation,
+        secrets=_masked_secrets(state, installation),
+        open_checkouts=open_checkouts(installation.merchant_account_id),
+        drift=last_report(installation),
+        default=default is not None and default.id == installation.id,
     )
 
 

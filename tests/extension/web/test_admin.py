@@ -62,6 +62,7 @@ def url_of(app: Flask, rule: Any, checkout_id: int = 1) -> str:
         "checkout_id": checkout_id,
         "event_id": 1,
         "log_id": 1,
+        "account": ACCOUNT,  # an account's own screens (retire, reopen)
         "filename": "gateway/admin.css",
     }
     with app.test_request_context():
