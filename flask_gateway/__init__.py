@@ -71,6 +71,7 @@ if TYPE_CHECKING:
         RefundDeclinedError,
         RefundNotAllowedError,
         SecretUnreadable,
+        UnknownAccountError,
         V1OutcomeRejected,
     )
     from flask_gateway.extension import Gateway
@@ -82,6 +83,7 @@ if TYPE_CHECKING:
     from flask_gateway.operations.outages import DATABASE_ERRORS, database_unavailable, is_database_outage
     from flask_gateway.operations.ratelimit import DatabaseStorage
     from flask_gateway.operations.reconciliation import ReconcileReport, reconcile
+    from flask_gateway.payments.accounts import open_checkouts, reopen_account, retire_account
     from flask_gateway.payments.availability import PaymentLimits, is_available, payment_limits
     from flask_gateway.payments.checkouts import (
         cancel_checkout,
@@ -133,6 +135,7 @@ _LAZY: dict[str, tuple[str, ...]] = {
         "update_checkout",
     ),
     "flask_gateway.payments.availability": ("PaymentLimits", "is_available", "payment_limits"),
+    "flask_gateway.payments.accounts": ("open_checkouts", "reopen_account", "retire_account"),
     "flask_gateway.payments.plans": (
         "PaymentPlan",
         "clear_payment_plan_cache",
@@ -176,6 +179,7 @@ _LAZY: dict[str, tuple[str, ...]] = {
         "RefundDeclinedError",
         "RefundNotAllowedError",
         "SecretUnreadable",
+        "UnknownAccountError",
         "V1OutcomeRejected",
     ),
 }
@@ -239,6 +243,7 @@ __all__ = [
     "SecretUnreadable",
     "SetupWarning",
     "UTCDateTime",
+    "UnknownAccountError",
     "V1Client",
     "V1OutcomeRejected",
     "V1RefundFailedError",
@@ -269,6 +274,7 @@ __all__ = [
     "install",
     "is_available",
     "is_database_outage",
+    "open_checkouts",
     "payment_after_close",
     "payment_confirmed",
     "payment_limits",
@@ -280,6 +286,8 @@ __all__ = [
     "refund_state_label",
     "refund_succeeded",
     "register_metrics",
+    "reopen_account",
+    "retire_account",
     "retry_refund",
     "setup_warnings",
     "sign",

@@ -19,6 +19,7 @@ from flask_gateway.errors import (
     InvalidReturnLink,
     NotInstalledError,
     SecretUnreadable,
+    UnknownAccountError,
 )
 from flask_gateway.models import GatewayCheckout
 from flask_gateway.payments.polling import refresh
@@ -71,7 +72,8 @@ def process_return(kind: Literal["confirm", "cancel"], ref: str) -> GatewayCheck
     if checkout.api_version == "v2" and checkout.token and _worth_asking(checkout):
         try:
             return refresh(checkout, source="return").checkout
-        except (GatewayError, NotInstalledError, SecretUnreadable) as exc:
+        # UnknownAccountError: the checkout's merchant account is no longer installed here.
+        except (GatewayError, NotInstalledError, SecretUnreadable, UnknownAccountError) as exc:
             session.rollback()
             _log.warning(
                 "Return page of checkout %s: getstatus failed (%s); showing the order as it is",

@@ -14,6 +14,7 @@ from typing import Any
 
 from sqlalchemy import func, select
 
+from flask_gateway.core.sql import commit_keeping_loaded
 from flask_gateway.core.timestamps import utcnow
 from flask_gateway.core.wire import OPEN_STATUSES
 from flask_gateway.errors import CheckoutUnavailableError, ConfigurationError
@@ -57,7 +58,8 @@ def _set_retired(account: str, retired: bool) -> Installation:
         now = utcnow()
         installation.retired_at = now if retired else None
         installation.updated_at = now
-    state.session.commit()
+    # Keeping what the session holds loaded: the checkouts the shop was handed before stay readable.
+    commit_keeping_loaded(state.session)
     return installation
 
 

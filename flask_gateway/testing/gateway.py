@@ -51,7 +51,7 @@ from flask_gateway.testing.records import (
 )
 from flask_gateway.testing.sqlite import sqlite_without_fsync
 from flask_gateway.testing.wiring import Wiring, connect_configured, shop_base_url
-from flask_gateway.urls import callback_url
+from flask_gateway.urls import callback_url, external_url
 
 
 def _reset(emulator: Flask) -> None:
@@ -229,18 +229,32 @@ class GatewayEmulator:
         minimum_cents: int = 100,
         maximum_cents: int = 10_000_000,
         callback_failures_email: str | None = None,
+        account: str | None = None,
+        api_key: str | None = None,
     ) -> None:
         """Install the gateway on the shop with the emulator's account (what the owner's install screen
         does), the callback URL on the shop's public address. Once the account is installed, the same
         call changes the installed settings instead (the settings screen's update: the gateway installs
-        an account only once)."""
+        an account only once).
+
+        ``account``: install another merchant account beside the first (several merchant accounts,
+        docs/extension.md). The emulator issues it first if it does not have it (the control API's
+        ``POST /_emulator/accounts``, with ``api_key``, by default ``"<account>-api-key"``); its callback
+        URL is the account's own path (``/gateway/callback/<account>``). The accounts installed before
+        keep their rows, keys and checkouts; the shop's default account is then the newest one still
+        open (this one), so a test that pays on a given account names it (``start_checkout(...,
+        account=...)``). Without ``account`` (or with the first one's id), exactly the first account as
+        before."""
+        first = account is None or account == self.account
+        merchant_account_id = self.account if first else str(account)
+        key = (api_key or self.api_key) if first else self._issue(merchant_account_id, api_key)
         with self.shop.test_request_context(base_url=shop_base_url(self.shop)):
-            url = callback_url()
+            url = callback_url() if first else external_url("gateway.callback", account=merchant_account_id)
             try:
                 install(
                     InstallSettings(
-                        merchant_account_id=self.account,
-                        api_key=self.api_key,
+                        merchant_account_id=merchant_account_id,
+                        api_key=key,
                         callback_url=url,
                         callback_failures_email=callback_failures_email,
                         minimum_cents=minimum_cents,
@@ -253,7 +267,23 @@ class GatewayEmulator:
                     callback_failures_email=callback_failures_email,
                     minimum_cents=minimum_cents,
                     maximum_cents=maximum_cents,
+                    # This account's settings, not the default account's (the newest one still open).
+                    account=merchant_account_id,
                 )
+
+    def _issue(self, account: str, api_key: str | None) -> str:
+        """The API key of ``account`` at the emulator, issuing the account first when it has none (as the
+        account manager would: ``POST /_emulator/accounts``). An account the emulator has keeps its key
+        unless ``api_key`` names another one for an account not installed yet."""
+        with self.app.app_context():
+            row = emulator_models.db.session.get(emulator_models.Account, account)
+            known, installed = (row.api_key, row.installed) if row is not None else (None, False)
+            emulator_models.db.session.rollback()
+        if known is not None and (api_key is None or api_key == known or installed):
+            return known
+        key = api_key or f"{account}-api-key"
+        self.control("accounts", {"merchantAccountId": account, "merchantAccountApiKey": key})
+        return key
 
     # --- the control API ------------------------------------------------------------------------------
 
