@@ -19,14 +19,23 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from flask import Flask
+from flask_sqlalchemy import SQLAlchemy
 from sqlalchemy import DateTime, MetaData, Table, create_engine, insert, inspect, select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
-from flask_gateway import UTCDateTime, alembic_render_item
+from flask_gateway import Gateway, UTCDateTime, alembic_render_item
+from flask_gateway.core.signing import sign
 from flask_gateway.core.sql import copy_tables_as_stored
+from flask_gateway.core.wire.v2 import CheckoutStatusPayload
 from flask_gateway.models import GatewayBase, GatewayCheckout
+from flask_gateway.payments.accounts import choose_account
+from flask_gateway.secrets import SecretBox
+from flask_gateway.state import get_state
 from tests.conftest import Databases, fetch_all, new_connection
+from tests.extension.conftest import EMULATOR_URL, SHOP_URL
 
 FLASK = Path(sys.executable).with_name("flask")
 NO_CHANGES = "No changes in schema detected."
@@ -55,6 +64,21 @@ class Order(db.Model):
     placed_at = db.Column(PLACED_AT_TYPE, nullable=True)
 
 
+def stored_columns(table, *left_out):
+    return (
+        sa.Column(
+            column.name,
+            sa.DateTime(timezone=True) if isinstance(column.type, UTCDateTime) else column.type,
+            primary_key=column.primary_key,
+            autoincrement=column.autoincrement,
+            nullable=column.nullable,
+            unique=column.unique,
+        )
+        for column in table.columns
+        if column.name not in left_out
+    )
+
+
 def previous_gateway_schema(metadata):
     """The gateway_* tables as an earlier Flask-Gateway had them: gateway_checkouts without the column
     fail_reason and the index ix_gateway_checkouts_reference, no table gateway_rate_limits."""
@@ -62,20 +86,16 @@ def previous_gateway_schema(metadata):
     sa.Table(
         current.name,
         metadata,
-        *(
-            sa.Column(
-                column.name,
-                sa.DateTime(timezone=True) if isinstance(column.type, UTCDateTime) else column.type,
-                primary_key=column.primary_key,
-                autoincrement=column.autoincrement,
-                nullable=column.nullable,
-                unique=column.unique,
-            )
-            for column in current.columns
-            if column.name != "fail_reason"
-        ),
+        *stored_columns(current, "fail_reason"),
         sa.Index("ix_gateway_checkouts_status_updated", "status", "updated_at"),
     )
+
+
+def gateway_schema_before_accounts(metadata):
+    """gateway_installations as it was before several merchant accounts (issue 27): no column retired_at,
+    no unique index ux_gateway_installations_account."""
+    current = GatewayBase.metadata.tables["gateway_installations"]
+    sa.Table(current.name, metadata, *stored_columns(current, "retired_at"))
 
 
 def create_app():
@@ -88,6 +108,8 @@ def create_app():
     previous = os.environ.get("SHOP_GATEWAY_SCHEMA") == "previous"
     if previous:
         previous_gateway_schema(db.metadata)
+    if os.environ.get("SHOP_GATEWAY_SCHEMA") == "before-accounts":
+        gateway_schema_before_accounts(db.metadata)
     Gateway(app, db=db)
     if previous:
         db.metadata.remove(db.metadata.tables["gateway_rate_limits"])
@@ -106,13 +128,14 @@ def write_shop(folder: Path, *, own_utc_column: bool = False) -> Path:
     return folder
 
 
-def flask_db(folder: Path, url: str, *args: str, previous: bool = False) -> str:
-    """``flask db ARGS`` in ``folder`` (FLASK_APP=shop); its output (standard output and error)."""
+def flask_db(folder: Path, url: str, *args: str, previous: bool = False, schema: str = "current") -> str:
+    """``flask db ARGS`` in ``folder`` (FLASK_APP=shop); its output (standard output and error).
+    ``schema``: ``current``, ``previous`` (also ``previous=True``) or ``before-accounts``."""
     env = {
         **os.environ,
         "FLASK_APP": "shop",
         "SHOP_DATABASE_URL": url,
-        "SHOP_GATEWAY_SCHEMA": "previous" if previous else "current",
+        "SHOP_GATEWAY_SCHEMA": "previous" if previous else schema,
     }
     env.pop("FLASK_DEBUG", None)
     result = subprocess.run(
@@ -133,10 +156,10 @@ def scripts(folder: Path) -> list[Path]:
     return sorted((folder / "migrations" / "versions").glob("*.py"), key=lambda path: path.stat().st_mtime)
 
 
-def migrate(folder: Path, url: str, message: str, *, previous: bool = False) -> str:
+def migrate(folder: Path, url: str, message: str, *, previous: bool = False, schema: str = "current") -> str:
     """``flask db migrate -m MESSAGE``: the text of the script it wrote."""
     before = set(scripts(folder))
-    output = flask_db(folder, url, "migrate", "-m", message, previous=previous)
+    output = flask_db(folder, url, "migrate", "-m", message, previous=previous, schema=schema)
     written = [path for path in scripts(folder) if path not in before]
     assert len(written) == 1, output
     return written[0].read_text(encoding="utf-8")
@@ -260,6 +283,181 @@ def test_upgrading_from_an_earlier_gateway_schema_keeps_the_rows(tmp_path: Path,
     assert "ix_gateway_checkouts_reference" in indexes
 
     assert_no_changes(shop, url)
+
+
+SECRET_KEY = "a secret for the migration tests only"  # the SHOP's: it protects the stored keys
+ACCOUNT = "demo-merchant"
+SIGNING_KEY = "the signing key the gateway sent at install"
+
+
+def upgraded_shop(url: str) -> tuple[Flask, SQLAlchemy]:
+    """The shop's app as it runs after the upgrade (this Flask-Gateway), on the upgraded database: the same
+    SECRET_KEY as the shop's, no table created (the migration did that)."""
+    app = Flask("upgraded_shop")
+    app.config.update(
+        TESTING=True,
+        SECRET_KEY=SECRET_KEY,
+        SQLALCHEMY_DATABASE_URI=url,
+        GATEWAY_ENVIRONMENT="emulator",
+        GATEWAY_BASE_URL=EMULATOR_URL,
+        GATEWAY_INSTALL_URL=f"{EMULATOR_URL}/install",
+        GATEWAY_V1_BASE_URL=EMULATOR_URL,
+        GATEWAY_PUBLIC_URL=SHOP_URL,
+        # No gateway here to confirm with: the callback's signature is what this test is about.
+        GATEWAY_CONFIRM_CALLBACKS=False,
+        GATEWAY_MAX_RETRIES=0,
+    )
+    db = SQLAlchemy()
+    db.init_app(app)
+    Gateway(app, db=db)
+    return app, db
+
+
+def paid_callback(token: str, total_cents: int, key: str) -> tuple[bytes, dict[str, str]]:
+    now = datetime.now(UTC)
+    body = CheckoutStatusPayload(
+        checkoutToken=token,
+        checkoutTotalCents=total_cents,
+        checkoutPaymentStatus="PAID",
+        paidAt=now,
+        paymentReference=700_000_001,
+        createdAt=now,
+        updatedAt=now,
+    ).to_json()
+    return body, {
+        "Content-Type": "application/json",
+        "X-Merchant-Account-ID": ACCOUNT,
+        "X-Signature": sign(body, key),
+    }
+
+
+@pytest.mark.backends
+def test_upgrading_to_several_accounts_makes_the_installation_the_first_account(
+    tmp_path: Path, databases: Databases
+):
+    """Issue 27: gateway_installations gains retired_at and the unique index on (environment, account).
+    ``flask db migrate`` finds exactly those two; after ``upgrade`` the shop's one installation is its first,
+    default and open account, and a callback for a checkout created before the upgrade still verifies."""
+    url = databases.url("shop")
+    shop = write_shop(tmp_path)
+    flask_db(shop, url, "init")
+    first = migrate(shop, url, "initial", schema="before-accounts")
+    assert "retired_at" not in first and "ux_gateway_installations_account" not in first
+    flask_db(shop, url, "upgrade", schema="before-accounts")
+    assert "retired_at" not in column_names(url, "gateway_installations")
+
+    box = SecretBox(None, SECRET_KEY)
+    installed = datetime(2026, 3, 1, 9, 0, tzinfo=UTC)
+    with new_connection(url) as connection:
+        installations = Table("gateway_installations", MetaData(), autoload_with=connection)
+        connection.execute(
+            insert(installations),
+            {
+                "environment": "emulator",
+                "merchant_account_id": ACCOUNT,
+                "api_key_encrypted": box.encrypt("demo-api-key"),
+                "signing_key_encrypted": box.encrypt(SIGNING_KEY),
+                "callback_url": f"{SHOP_URL}/gateway/callback",
+                "callback_failures_email": "ops@shop.example",
+                "minimum_cents": 5_000,
+                "maximum_cents": 5_000_000,
+                "installed_at": installed,
+                "updated_at": installed,
+            },
+        )
+        checkouts = Table("gateway_checkouts", MetaData(), autoload_with=connection)
+        for number, status in ((1, "PENDING_PAYMENT"), (2, "PAID")):
+            connection.execute(
+                insert(checkouts),
+                {
+                    "api_version": "v2",
+                    "order_reference": f"ORDER-{number}",
+                    "request_id": f"request-{number}",
+                    "token": f"v2.{ACCOUNT}.token-{number}",
+                    "merchant_account_id": ACCOUNT,
+                    "status": status,
+                    "total_cents": 12_345,
+                    "paid_cents": 12_345 if status == "PAID" else 0,
+                    "refunded_cents": 0,
+                    "order": {"lines": [{"name": "Enamel kettle"}]},
+                    "created_at": installed,
+                    "updated_at": installed,
+                    "flagged": False,
+                },
+            )
+
+    upgrade = migrate(shop, url, "flask-gateway: several merchant accounts")
+    assert_runs_without_imports(upgrade)
+    assert re.search(
+        r"add_column\(sa\.Column\('retired_at', sa\.DateTime\(timezone=True\), nullable=True\)", upgrade
+    )
+    assert re.search(
+        r"create_index\('ux_gateway_installations_account', \['environment', 'merchant_account_id'\], "
+        r"unique=True\)",
+        upgrade,
+    ), upgrade
+    upgrade_steps = upgrade.split("def downgrade")[0]
+    assert "drop" not in upgrade_steps and "alter_column" not in upgrade_steps, upgrade_steps
+    for table in GATEWAY_TABLES - {"gateway_installations"}:
+        assert table not in upgrade_steps, f"{table} did not change"
+    flask_db(shop, url, "upgrade")
+
+    assert "retired_at" in column_names(url, "gateway_installations")
+    with new_connection(url) as connection:
+        indexes = {index["name"]: index for index in inspect(connection).get_indexes("gateway_installations")}
+    assert indexes["ux_gateway_installations_account"]["unique"]
+    assert indexes["ux_gateway_installations_account"]["column_names"] == [
+        "environment",
+        "merchant_account_id",
+    ]
+    assert_no_changes(shop, url)
+
+    app, db = upgraded_shop(url)
+    try:
+        with app.app_context():
+            state = get_state()
+            (only,) = state.installations()
+            assert state.installation() is not None and state.installation().id == only.id  # the default
+            assert state.installation(ACCOUNT).id == only.id
+            assert (only.merchant_account_id, only.retired_at, only.minimum_cents) == (ACCOUNT, None, 5_000)
+            assert only.installed_at == installed
+            assert state.box.decrypt(only.signing_key_encrypted) == SIGNING_KEY
+            assert choose_account().merchant_account_id == ACCOUNT  # open: new checkouts use it
+
+        client = app.test_client()
+        # A callback signed with another key is refused: the stored key is the one that verifies.
+        body, headers = paid_callback(f"v2.{ACCOUNT}.token-1", 12_345, "not the signing key")
+        assert client.post("/gateway/callback", data=body, headers=headers).status_code == 401
+        body, headers = paid_callback(f"v2.{ACCOUNT}.token-1", 12_345, SIGNING_KEY)
+        answer = client.post("/gateway/callback", data=body, headers=headers)
+        assert answer.status_code == 200, answer.get_data(as_text=True)
+        # The account's own callback path takes its callbacks too (the paid one again: acknowledged).
+        answer = client.post(f"/gateway/callback/{ACCOUNT}", data=body, headers=headers)
+        assert answer.status_code == 200, answer.get_data(as_text=True)
+    finally:
+        with app.app_context():
+            db.engine.dispose()
+            get_state().dispose()
+    assert fetch_all(
+        url, "SELECT order_reference, status, paid_cents FROM gateway_checkouts ORDER BY order_reference"
+    ) == [("ORDER-1", "PAID", 12_345), ("ORDER-2", "PAID", 12_345)]
+
+    # The index holds: the same account cannot be installed twice for one environment.
+    with pytest.raises(IntegrityError), new_connection(url) as connection:
+        connection.execute(
+            insert(Table("gateway_installations", MetaData(), autoload_with=connection)),
+            {
+                "environment": "emulator",
+                "merchant_account_id": ACCOUNT,
+                "api_key_encrypted": "x",
+                "signing_key_encrypted": "x",
+                "callback_url": "x",
+                "minimum_cents": 0,
+                "maximum_cents": 0,
+                "installed_at": installed,
+                "updated_at": installed,
+            },
+        )
 
 
 @pytest.mark.backends
