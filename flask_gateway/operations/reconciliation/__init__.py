@@ -19,7 +19,7 @@ from flask_gateway.operations.reconciliation.claiming import (
 )
 from flask_gateway.operations.reconciliation.claiming import _due as _due
 from flask_gateway.operations.reconciliation.pool import AHEAD_PER_THREAD as AHEAD_PER_THREAD
-from flask_gateway.operations.reconciliation.report import ReconcileError, ReconcileReport
+from flask_gateway.operations.reconciliation.report import AccountReport, ReconcileError, ReconcileReport
 from flask_gateway.operations.reconciliation.run import reconcile
 
 __all__ = [
@@ -27,6 +27,7 @@ __all__ = [
     "PAID_POLLED_STATUSES",
     "PAID_RECHECK_SECONDS",
     "POLLED_STATUSES",
+    "AccountReport",
     "ReconcileError",
     "ReconcileReport",
     "reconcile",

@@ -22,7 +22,7 @@ from flask_gateway.core.timestamps import utcnow
 from flask_gateway.core.wire import PAID_STATUSES, PAYMENT_STATUSES, CheckoutStatusPayload
 from flask_gateway.core.wire import CheckoutStatus as S
 from flask_gateway.operations.reconciliation.claiming import _Claimed
-from flask_gateway.operations.reconciliation.report import ReconcileError, _Outcome
+from flask_gateway.operations.reconciliation.report import ReconcileError, _NotAsked, _Outcome
 from flask_gateway.payments.polling import record_answer
 from flask_gateway.payments.transitions import Observation, Transition, apply, send_pending
 from flask_gateway.state import get_state
@@ -37,10 +37,16 @@ _Answer = tuple[_Claimed, CheckoutStatusPayload | BaseException]
 
 
 def _failed(claimed: _Claimed, error: BaseException) -> _Outcome:
-    log.warning("reconcile: checkout #%s failed: %s", claimed.id, error, exc_info=True)
+    if isinstance(error, _NotAsked):  # the account's problem is logged once, by the run
+        log.debug("reconcile: checkout #%s not asked: %s", claimed.id, error)
+    else:
+        log.warning("reconcile: checkout #%s failed: %s", claimed.id, error, exc_info=True)
     return _Outcome(
         paid=claimed.paid,
-        error=ReconcileError(checkout_id=claimed.id, token=claimed.token, message=str(error)),
+        account=claimed.account,
+        error=ReconcileError(
+            checkout_id=claimed.id, token=claimed.token, message=str(error), account=claimed.account
+        ),
     )
 
 
@@ -80,6 +86,7 @@ def _apply_answer(claimed: _Claimed, payload: CheckoutStatusPayload) -> tuple[_O
             checkout = expiry.checkout
     outcome = _Outcome(
         paid=claimed.paid,
+        account=claimed.account,
         status=checkout.status,
         changed=changed,
         confirmed=confirmed,

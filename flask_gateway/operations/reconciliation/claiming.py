@@ -13,11 +13,16 @@ polled; SQLite: ``BEGIN IMMEDIATE`` serialises the claims). A claimed row is not
 same run takes it twice; a run that dies after claiming leaves its rows to the next run after the lease.
 No extra column is needed.
 
+Every merchant account of the run is claimed in the same queries (``merchant_account_id IN (...)``; one
+account: ``=``, as before several existed): a run polls all of them with one pool, oldest first, whatever
+their account. Each claimed checkout carries its account, whose client asks about it.
+
 Imports no other module of the package.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Final
@@ -43,28 +48,38 @@ CLAIM_LEASE_SECONDS: Final = 60
 BATCH_SIZE: Final = 10
 
 
-def _due(account: str, cutoff: datetime, lease_cutoff: datetime) -> ColumnElement[bool]:
-    """The open checkouts to ask about: unchanged and unpolled since ``cutoff`` (and not claimed)."""
+def _of(accounts: str | Sequence[str]) -> ColumnElement[bool]:
+    """The checkouts of ``accounts`` (one id, or several)."""
+    if isinstance(accounts, str):
+        return GatewayCheckout.merchant_account_id == accounts
+    if len(accounts) == 1:
+        return GatewayCheckout.merchant_account_id == accounts[0]
+    return GatewayCheckout.merchant_account_id.in_(list(accounts))
+
+
+def _due(accounts: str | Sequence[str], cutoff: datetime, lease_cutoff: datetime) -> ColumnElement[bool]:
+    """The open checkouts of ``accounts`` to ask about: unchanged and unpolled since ``cutoff`` (and not
+    claimed)."""
     return and_(
         GatewayCheckout.api_version == "v2",
         GatewayCheckout.token.is_not(None),
         GatewayCheckout.status.in_(POLLED_STATUSES),
-        GatewayCheckout.merchant_account_id == account,
+        _of(accounts),
         GatewayCheckout.updated_at <= cutoff,
         or_(GatewayCheckout.last_polled_at.is_(None), GatewayCheckout.last_polled_at < lease_cutoff),
     )
 
 
 def _paid_due(
-    account: str, window_start: datetime, recheck_cutoff: datetime, lease_cutoff: datetime
+    accounts: str | Sequence[str], window_start: datetime, recheck_cutoff: datetime, lease_cutoff: datetime
 ) -> ColumnElement[bool]:
-    """The paid checkouts to ask about: payment recorded since ``window_start``, unchanged and unpolled
-    since ``recheck_cutoff`` (and not claimed)."""
+    """The paid checkouts of ``accounts`` to ask about: payment recorded since ``window_start``, unchanged
+    and unpolled since ``recheck_cutoff`` (and not claimed)."""
     return and_(
         GatewayCheckout.api_version == "v2",
         GatewayCheckout.token.is_not(None),
         GatewayCheckout.status.in_(PAID_POLLED_STATUSES),
-        GatewayCheckout.merchant_account_id == account,
+        _of(accounts),
         or_(
             GatewayCheckout.payment_confirmed_at >= window_start,
             # Refunded before the shop knew of the payment (flagged, never confirmed): the gateway's paidAt.
@@ -78,8 +93,14 @@ def _paid_due(
     )
 
 
-def _count(where: ColumnElement[bool]) -> int:
-    return get_state().session.scalar(select(func.count()).select_from(GatewayCheckout).where(where)) or 0
+def _count_by_account(where: ColumnElement[bool]) -> dict[str, int]:
+    """How many checkouts ``where`` takes, per account (one query)."""
+    rows = get_state().session.execute(
+        select(GatewayCheckout.merchant_account_id, func.count())
+        .where(where)
+        .group_by(GatewayCheckout.merchant_account_id)
+    )
+    return {str(row[0]): int(row[1]) for row in rows}
 
 
 @dataclass(frozen=True)
@@ -88,6 +109,8 @@ class _Claimed:
 
     id: int
     token: str
+    #: Its merchant account: the one whose client (and signing key) asks about it.
+    account: str
     #: The status the shop had recorded when it was claimed, so before the question was sent.
     status: str
     paid: bool
@@ -109,9 +132,16 @@ def _claim_rows(where: ColumnElement[bool], size: int, *, paid: bool) -> list[_C
     """``_claim`` in the current transaction (the caller commits)."""
     session = get_state().session
     rows = [
-        _Claimed(id=row.id, token=row.token or "", status=row.status, paid=paid)
+        _Claimed(
+            id=row.id, token=row.token or "", account=row.merchant_account_id, status=row.status, paid=paid
+        )
         for row in session.execute(
-            select(GatewayCheckout.id, GatewayCheckout.token, GatewayCheckout.status)
+            select(
+                GatewayCheckout.id,
+                GatewayCheckout.token,
+                GatewayCheckout.merchant_account_id,
+                GatewayCheckout.status,
+            )
             .where(where)
             .order_by(GatewayCheckout.updated_at, GatewayCheckout.id)
             .limit(size)

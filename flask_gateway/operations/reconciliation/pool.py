@@ -10,11 +10,17 @@ the number due; the report and ``progress`` are only ever touched by the run's t
 ``concurrency=1`` (or an in-memory SQLite database) the run polls one checkout at a time in its own thread,
 claiming :data:`BATCH_SIZE` at a time, each answer applied in a transaction of its own.
 
+Several merchant accounts share the pool: the claims take every account's due checkouts, and each is asked
+about with its own account's client (:class:`Keys`). An account whose key the gateway refuses (401) or
+that cannot be read fails alone: its checkouts are counted as failed without a request each, the others
+are asked about as usual.
+
 Imports ``answers``, ``claiming`` and ``report`` of the package.
 """
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 from collections.abc import Callable
@@ -24,19 +30,75 @@ from flask import Flask, current_app
 from sqlalchemy import ColumnElement
 
 from flask_gateway.core.client import GatewayClient
+from flask_gateway.core.errors import AuthenticationError
 from flask_gateway.core.wire import CheckoutStatusPayload
 from flask_gateway.operations.reconciliation.answers import _Answer, _write
 from flask_gateway.operations.reconciliation.claiming import BATCH_SIZE, _claim, _claim_rows, _Claimed
-from flask_gateway.operations.reconciliation.report import ReconcileReport, _Outcome, _record
+from flask_gateway.operations.reconciliation.report import ReconcileReport, _NotAsked, _Outcome, _record
 from flask_gateway.state import get_state
+
+log = logging.getLogger("flask_gateway.reconciliation")
 
 #: ``progress(done, total)``: called once before the first poll and after every checkout.
 Progress = Callable[[int, int], None]
 
 #: The passes of a run: which checkouts are due, and whether they are the paid ones.
 Passes = list[tuple[ColumnElement[bool], bool]]
-#: The installed account and its signing key: each polling thread makes its own client with them.
-_Signer = tuple[str, str]
+
+
+class Keys:
+    """The signing key of each merchant account of a run, and the accounts whose checkouts are no longer
+    asked about: a key that cannot be read (known before the run polls), a key the gateway refused (its
+    first 401 for the account). Shared by the run's polling threads; each thread makes its own clients.
+
+    A checkout of such an account is answered :class:`_NotAsked` without a request (counted as failed, for
+    its account); the other accounts' polls go on."""
+
+    def __init__(self, keys: dict[str, str], problems: dict[str, str] | None = None) -> None:
+        self._keys = keys
+        self._problems = dict(problems or {})
+        self._lock = threading.Lock()
+
+    def problems(self) -> dict[str, str]:
+        with self._lock:
+            return dict(self._problems)
+
+    def _problem(self, account: str) -> str | None:
+        with self._lock:
+            return self._problems.get(account)
+
+    def _refused(self, account: str, error: AuthenticationError) -> None:
+        with self._lock:
+            if account in self._problems:
+                return
+            self._problems[account] = f"the gateway refused the key of account {account} ({error})"
+        log.warning(
+            "reconcile: the gateway refused the key of merchant account %s (%s): its other checkouts are not "
+            "asked about in this run (the other accounts' are)",
+            account,
+            error,
+        )
+
+    def ask(self, claimed: _Claimed, clients: dict[str, GatewayClient]) -> CheckoutStatusPayload | Exception:
+        """getstatus for ``claimed`` with its own account's client (made once per thread and account, from
+        ``clients``); the answer, or why none came."""
+        problem = self._problem(claimed.account)
+        if problem is None and claimed.account not in self._keys:
+            problem = f"account {claimed.account} is not among the run's accounts"
+        if problem is not None:
+            return _NotAsked(f"not asked: {problem}")
+        try:
+            client = clients.get(claimed.account)
+            if client is None:
+                client = clients[claimed.account] = get_state().signed_client(
+                    claimed.account, self._keys[claimed.account]
+                )
+            return client.get_status(claimed.token).data
+        except AuthenticationError as error:
+            self._refused(claimed.account, error)
+            return error
+        except Exception as error:  # one checkout's failure never stops the run
+            return error
 
 
 def _run_in_turn(
@@ -45,10 +107,10 @@ def _run_in_turn(
     limit: int | None,
     total: int,
     progress: Progress | None,
-    signer: _Signer,
+    keys: Keys,
 ) -> None:
     """One checkout at a time, in this thread: claim a batch, poll it, claim the next."""
-    client = get_state().signed_client(*signer)
+    clients: dict[str, GatewayClient] = {}
     done = 0
     seen: set[int] = set()  # at most one poll per checkout per run, whichever pass would take it again
     for where, paid in passes:
@@ -59,20 +121,15 @@ def _run_in_turn(
                 break
             for checkout in claimed:
                 seen.add(checkout.id)
-                _record(report, _reconcile_one(checkout, client))
+                _record(report, _reconcile_one(checkout, keys, clients))
                 done += 1
                 if progress is not None:
                     progress(done, max(total, done))
 
 
-def _reconcile_one(claimed: _Claimed, client: GatewayClient) -> _Outcome:
+def _reconcile_one(claimed: _Claimed, keys: Keys, clients: dict[str, GatewayClient]) -> _Outcome:
     """Poll one claimed checkout and apply the answer in a transaction of its own (concurrency 1)."""
-    answer: CheckoutStatusPayload | BaseException
-    try:
-        answer = client.get_status(claimed.token).data
-    except Exception as error:  # one checkout's failure never stops the run
-        answer = error
-    [outcome] = _write([(claimed, answer)], None)[0]
+    [outcome] = _write([(claimed, keys.ask(claimed, clients))], None)[0]
     return outcome
 
 
@@ -89,7 +146,7 @@ def _run_concurrently(
     limit: int | None,
     total: int,
     progress: Progress | None,
-    signer: _Signer,
+    keys: Keys,
     workers: int,
 ) -> None:
     """``workers`` threads send the getstatus requests; this thread claims, hands out, and applies the
@@ -113,7 +170,7 @@ def _run_concurrently(
     answers: queue.SimpleQueue[_Answer] = queue.SimpleQueue()
     threads = [
         threading.Thread(
-            target=_work, args=(app, signer, tasks, answers), name=f"gateway-reconcile-{n}", daemon=True
+            target=_work, args=(app, keys, tasks, answers), name=f"gateway-reconcile-{n}", daemon=True
         )
         for n in range(workers)
     ]
@@ -181,18 +238,17 @@ def _run_concurrently(
 
 
 def _work(
-    app: Flask, signer: _Signer, tasks: queue.Queue[_Claimed | None], answers: queue.SimpleQueue[_Answer]
+    app: Flask, keys: Keys, tasks: queue.Queue[_Claimed | None], answers: queue.SimpleQueue[_Answer]
 ) -> None:
-    """A polling thread: ask about the checkouts handed out until told to end. Its client uses the
-    extension's HTTP session of this thread, so a connection of its own, kept alive from one request to
-    the next; it touches no database."""
+    """A polling thread: ask about the checkouts handed out until told to end, each with its own account's
+    client (one per account, made on first use). The clients use the extension's HTTP session of this
+    thread, so a connection of its own, kept alive from one request to the next; it touches no database."""
     with app.app_context():
-        client: GatewayClient | None = None
+        clients: dict[str, GatewayClient] = {}
         while (checkout := tasks.get()) is not None:
             answer: CheckoutStatusPayload | BaseException
             try:
-                client = client or get_state().signed_client(*signer)
-                answer = client.get_status(checkout.token).data
+                answer = keys.ask(checkout, clients)
             except BaseException as error:  # an answer for every checkout: the run waits for each one
                 answer = error
             answers.put((checkout, answer))

@@ -1,5 +1,8 @@
 """The report of a run, and what polling one checkout did (recorded into the report by the run's thread).
 
+With several merchant accounts the report also holds one :class:`AccountReport` per account the run
+covered, and its summary says per account what happened; with one account it reads as it always did.
+
 Imports no other module of the package.
 """
 
@@ -17,6 +20,57 @@ class ReconcileError:
     checkout_id: int
     token: str | None
     message: str
+    #: The checkout's merchant account.
+    account: str | None = None
+
+
+@dataclass
+class AccountReport:
+    """What one run did for one merchant account (:attr:`ReconcileReport.accounts`)."""
+
+    account: str
+    #: The account is retired (closed for new checkouts): its checkouts are reconciled all the same.
+    retired: bool = False
+    #: The default account (the newest one still open).
+    default: bool = False
+    #: Its open checkouts due when the run started (before ``limit``).
+    due: int = 0
+    polled: int = 0
+    changed: int = 0
+    confirmed: int = 0
+    expired: int = 0
+    #: Its open checkouts that could not be asked about (also in the run's ``errors``).
+    failed: int = 0
+    #: Its paid checkouts due when the run started (before ``limit``).
+    paid_due: int = 0
+    paid_polled: int = 0
+    paid_changed: int = 0
+    paid_failed: int = 0
+    #: Why the run stopped asking about its checkouts (the gateway refused its key, or its signing key
+    #: cannot be read), or None. The checkouts not asked are counted as failed, without a request each;
+    #: the next run asks again.
+    problem: str | None = None
+
+    @property
+    def label(self) -> str:
+        """``b``, ``a (default)``, ``c (retired)``."""
+        marks = [word for word, on in (("default", self.default), ("retired", self.retired)) if on]
+        return self.account + (f" ({', '.join(marks)})" if marks else "")
+
+    def summary(self) -> str:
+        """One line: ``a (default): polled 3 of 3 due, 1 changed, ...``."""
+        line = (
+            f"{self.label}: polled {self.polled} of {self.due} due, {self.changed} changed, "
+            f"{self.confirmed} payment(s) confirmed, {self.expired} expired, {self.failed} failed"
+        )
+        if self.paid_due or self.paid_polled or self.paid_failed:
+            line += (
+                f"; checked {self.paid_polled} of {self.paid_due} paid, {self.paid_changed} changed, "
+                f"{self.paid_failed} failed"
+            )
+        if self.problem:
+            line += f"; STOPPED: {self.problem}"
+        return line + "."
 
 
 @dataclass
@@ -42,8 +96,11 @@ class ReconcileReport:
     stuck_creating: list[int] = field(default_factory=list)
     #: Open v1 orders past their expiry: v1 has no status query, so they are only counted.
     v1_unresolved: int = 0
-    #: Open checkouts of a merchant account other than the installed one: not polled.
+    #: Open checkouts of a merchant account not installed here (for this environment): not polled.
     other_account: int = 0
+    #: Each merchant account the run covered (every one installed, open or retired, oldest first; or the
+    #: one asked for): what the run did for it. Its summary lines are shown when there are several.
+    accounts: dict[str, AccountReport] = field(default_factory=dict)
     #: The paid window of this run, in hours (0: paid checkouts were not asked about).
     paid_window_hours: float = 0
     #: Paid checkouts in the window due when the run started (after what ``limit`` left for them).
@@ -66,6 +123,10 @@ class ReconcileReport:
     @property
     def failed(self) -> int:
         return len(self.errors)
+
+    @property
+    def several_accounts(self) -> bool:
+        return len(self.accounts) > 1
 
     def summary(self) -> str:
         """A few lines for a terminal or a log."""
@@ -98,8 +159,16 @@ class ReconcileReport:
                 f"{self.flagged} checkout(s) flagged for a person: the gateway's answer does not add up with "
                 "the shop's record (the admin's checkouts list, flagged only)."
             )
+        if self.several_accounts:
+            lines.append("Per account:")
+            lines.extend(f"  {account.summary()}" for account in self.accounts.values())
+        elif self.accounts:
+            [only] = self.accounts.values()
+            if only.problem:
+                lines.append(f"Stopped asking: {only.problem}.")
         for error in self.errors[:20]:
-            lines.append(f"  failed: checkout #{error.checkout_id} ({error.token}): {error.message}")
+            of = f" of account {error.account}" if self.several_accounts and error.account else ""
+            lines.append(f"  failed: checkout #{error.checkout_id} ({error.token}){of}: {error.message}")
         if len(self.errors) > 20:
             lines.append(f"  ... and {len(self.errors) - 20} more failures")
         if self.stuck_creating:
@@ -124,11 +193,17 @@ def _counted(statuses: Counter[str]) -> str:
     return ", ".join(f"{name} {count}" for name, count in sorted(statuses.items()))
 
 
+class _NotAsked(Exception):
+    """A claimed checkout not asked about: its account's key was refused earlier in the run, or cannot be
+    read (:attr:`AccountReport.problem`)."""
+
+
 @dataclass(frozen=True)
 class _Outcome:
     """What polling one checkout did: recorded into the report by the run's own thread."""
 
     paid: bool
+    account: str = ""
     error: ReconcileError | None = None
     status: str = ""
     changed: bool = False
@@ -139,19 +214,29 @@ class _Outcome:
 
 
 def _record(report: ReconcileReport, outcome: _Outcome) -> None:
+    account = report.accounts.get(outcome.account) or AccountReport(outcome.account)
     if outcome.error is not None:
         report.errors.append(outcome.error)
         if outcome.paid:
             report.paid_failed += 1
+            account.paid_failed += 1
+        else:
+            account.failed += 1
         return
     if outcome.paid:
         report.paid_polled += 1
         report.paid_changed += outcome.changed
+        account.paid_polled += 1
+        account.paid_changed += outcome.changed
     else:
         report.polled += 1
         report.changed += outcome.changed
         report.confirmed += outcome.confirmed
         report.expired += outcome.expired
+        account.polled += 1
+        account.changed += outcome.changed
+        account.confirmed += outcome.confirmed
+        account.expired += outcome.expired
     if outcome.refunded_cents > 0:
         report.refunded += 1
         report.refunded_cents += outcome.refunded_cents
