@@ -69,6 +69,8 @@ def viewed_account() -> str | None:
         def brand_manager_or_owner():
             if current_user.is_owner:
                 return True
+            if request.endpoint == "gateway_admin.static":  # the screens' stylesheet
+                return True
             return viewed_account() == current_user.brand_account  # None (every account): refused
 
     The value of ``?account=`` is returned as given (it may name no installed account: that page is a 404).
