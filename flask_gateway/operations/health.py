@@ -43,6 +43,15 @@ it lasts until a verified callback arrives. The first check that finds a spell l
 shares (``GATEWAY_RATELIMIT_STORAGE_URI``: by default the ``gateway_rate_limits`` table), for 30 days,
 with an atomic increment, so two checks at once still warn once. Later checks of the same spell log at
 INFO. Should that storage fail, the check warns and signals anyway: twice is better than never.
+
+**Several merchant accounts.** Each figure can be read for one account (``callback_health(account=...)``):
+a callback counts for the account of the checkout it names (else the account its
+``X-Merchant-Account-ID`` header claimed; a refused callback that names neither counts for no account), a
+payment for its checkout's. Without ``account`` the figures are the whole shop's, as with one account,
+except the silence: with several accounts each one's callbacks are watched apart (one account's callbacks
+can stop while another's arrive, and the shop-wide last callback would hide it), so ``silences`` lists
+every silent account, each :class:`Silence` naming its account, and ``callbacks_silent`` is sent once per
+spell of each. A shop with one account gets what it always got (its one account named in the signal).
 """
 
 from __future__ import annotations
@@ -52,11 +61,11 @@ import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from flask import Flask
 from limits.storage import Storage
-from sqlalchemy import ColumnElement, and_, case, exists, func, literal, or_, select
+from sqlalchemy import ColumnElement, Row, Select, and_, bindparam, case, exists, func, literal, or_, select
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.compiler import SQLCompiler
@@ -66,7 +75,7 @@ from flask_gateway import signals
 from flask_gateway.core.sql import UTCDateTime, sqlite_read_transactions
 from flask_gateway.core.timestamps import utcnow
 from flask_gateway.core.wire import PAYMENT_STATUSES, CheckoutStatus
-from flask_gateway.models import CallbackLog, CallbackOutcome, CheckoutEvent, GatewayCheckout
+from flask_gateway.models import CallbackLog, CallbackOutcome, CheckoutEvent, GatewayCheckout, Installation
 from flask_gateway.operations.ratelimit import make_storage, watch_of
 from flask_gateway.state import get_state, leaves_no_transaction
 
@@ -80,6 +89,7 @@ __all__ = [
     "CallbackHealth",
     "PathShare",
     "Silence",
+    "callback_account",
     "callback_health",
     "check_callback_health",
     "describe_age",
@@ -108,6 +118,7 @@ REFUSED: Final = and_(
 SPELL_MEMORY_SECONDS: Final = 30 * 24 * 3600
 _SPELL_KEY: Final = "flask-gateway/callbacks-silent/"
 _PAYMENT: Final = sorted(PAYMENT_STATUSES)
+_SelectT = TypeVar("_SelectT", bound="Select[*tuple[Any, ...]]")
 
 
 @dataclass(frozen=True)
@@ -121,6 +132,10 @@ class Silence:
     #: The last verified callback before the silence; None when none ever reached the shop.
     last_callback_at: datetime | None
     last_callback_id: int | None
+    #: The merchant account whose callbacks are silent (with one account, its id; None: not installed).
+    account: str | None = None
+    #: The shop has several accounts: this one's callbacks were watched apart, and the words name it.
+    named: bool = False
 
     @property
     def period(self) -> timedelta:
@@ -159,8 +174,13 @@ class CallbackHealth:
     #: Paid in the window, the gateway's callback attempts over, the payment confirmed with the gateway
     #: (``PAID_PENDING_CALLBACK`` when asked after ``CALLBACK_ATTEMPTS_WINDOW``): no callback came.
     callback_never_came: int = 0
-    #: Set when the callbacks went silent while payments continued.
+    #: Set when the callbacks went silent while payments continued (several accounts: the first silent
+    #: account's; every one is in ``silences``).
     silence: Silence | None = None
+    #: The merchant account these figures are of; None: the whole shop.
+    account: str | None = None
+    #: Every silent account (one at most with one account, or with ``account``): see the module docstring.
+    silences: tuple[Silence, ...] = ()
 
     @property
     def silent(self) -> bool:
@@ -201,8 +221,9 @@ class CallbackHealth:
             age = describe_age(self.last_callback_age or timedelta())
             last = f"last verified callback {age} ago ({self.last_callback_outcome})"
         paths = ", ".join(f"{share.path} {share.count}" for share in self.shares)
+        whose = "" if self.account is None else f" of merchant account {self.account}"
         line = (
-            f"Callbacks: {last}; in the last {window}: {self.confirmed} payment(s) confirmed"
+            f"Callbacks{whose}: {last}; in the last {window}: {self.confirmed} payment(s) confirmed"
             f"{f' ({paths})' if paths else ''}, {self.refused} callback(s) refused or unanswered; "
             f"{self.awaiting_callback} paid checkout(s) awaiting the gateway's callback"
         )
@@ -214,8 +235,9 @@ class CallbackHealth:
                 "(the gateway's attempts are over; confirmed with the gateway)"
             )
         line += "."
-        if self.silence is not None:
-            line = f"{silence_text(self.silence)}\n{line}"
+        silences = self.silences or ((self.silence,) if self.silence is not None else ())
+        if silences:
+            line = "\n".join([*(silence_text(silence) for silence in silences), line])
         return line
 
 
@@ -226,9 +248,10 @@ def silence_text(silence: Silence) -> str:
         if silence.last_callback_at is None
         else f"no verified callback since {silence.last_callback_at:%Y-%m-%d %H:%M:%S} UTC"
     )
+    whose = f" of merchant account {silence.account!r}" if silence.named else ""
     return (
-        f"Gateway callbacks are silent: {since}, while {silence.payments} payment(s) were confirmed another "
-        f"way in the last {describe_age(silence.period)}. Check the callback URL, the "
+        f"Gateway callbacks{whose} are silent: {since}, while {silence.payments} payment(s) were confirmed "
+        f"another way in the last {describe_age(silence.period)}. Check the callback URL, the "
         "stored signing key and what stands in front of /gateway/callback (firewall, login wall, proxy)."
     )
 
@@ -251,44 +274,72 @@ def _age(now: datetime, then: datetime) -> timedelta:
 
 
 @leaves_no_transaction
-def callback_health(*, window: timedelta = DAY, now: datetime | None = None) -> CallbackHealth:
-    """The callback health figures over the last ``window`` (read only; needs an app context)."""
+def callback_health(
+    *, window: timedelta = DAY, now: datetime | None = None, account: str | None = None
+) -> CallbackHealth:
+    """The callback health figures over the last ``window`` (read only; needs an app context): of the
+    merchant ``account``, or with None of the whole shop (its accounts' silences each apart)."""
     state = get_state()
     session = state.session
     now = now or utcnow()
     since = now - window
     with sqlite_read_transactions():  # readers never take SQLite's write lock
-        last = session.execute(
-            select(CallbackLog.id, CallbackLog.received_at, CallbackLog.outcome)
-            .where(CallbackLog.verified.is_(True))
-            .order_by(CallbackLog.id.desc())
-            .limit(1)
-        ).first()
+        accounts = [row[0] for row in session.execute(_ACCOUNTS, {"environment": state.config.environment})]
+        last = _last_verified(session, account)
         callbacks: dict[str, int] = {}
         refused_count = 0
         for outcome, count, refusals in session.execute(
-            select(CallbackLog.outcome, func.count(), func.sum(case((REFUSED, 1), else_=0)))
+            _of_account(
+                select(CallbackLog.outcome, func.count(), func.sum(case((REFUSED, 1), else_=0))),
+                account,
+            )
             .where(CallbackLog.received_at >= since)
             .group_by(CallbackLog.outcome)
         ):
             callbacks[outcome] = int(count)
             refused_count += int(refusals or 0)
         over = _callback_attempts_over()
+        mine = _checkouts_of(account)
         awaiting, oldest = session.execute(
-            select(func.count(), func.min(GatewayCheckout.paid_at)).where(_PENDING_CALLBACK, ~over)
+            select(func.count(), func.min(GatewayCheckout.paid_at)).where(_PENDING_CALLBACK, ~over, *mine)
         ).one()
         never_came = session.scalar(
-            select(func.count()).where(_PENDING_CALLBACK, over, GatewayCheckout.paid_at >= since)
+            select(func.count()).where(_PENDING_CALLBACK, over, GatewayCheckout.paid_at >= since, *mine)
         )
-        silence = _silence(
-            session,
-            now,
-            last_id=last.id if last else None,
-            last_at=last.received_at if last else None,
-            minutes=state.config.callback_silence_minutes,
-            payments=state.config.callback_silence_payments,
-        )
-        confirmations = _confirmations(session, since)
+        minutes = state.config.callback_silence_minutes
+        payments = state.config.callback_silence_payments
+        named = len(accounts) > 1
+        silences: list[Silence] = []
+        if account is not None or not named:
+            # One account watched (the one asked for, or the shop's only one): as it always was.
+            silence = _silence(
+                session,
+                now,
+                last_id=last.id if last else None,
+                last_at=last.received_at if last else None,
+                minutes=minutes,
+                payments=payments,
+                account=account,
+                named=named,
+                label=account if account is not None else (accounts[0] if accounts else None),
+            )
+            silences += [silence] if silence is not None else []
+        else:
+            for each in accounts:  # several: each account's callbacks apart
+                its_last = _last_verified(session, each)
+                silence = _silence(
+                    session,
+                    now,
+                    last_id=its_last.id if its_last else None,
+                    last_at=its_last.received_at if its_last else None,
+                    minutes=minutes,
+                    payments=payments,
+                    account=each,
+                    named=True,
+                    label=each,
+                )
+                silences += [silence] if silence is not None else []
+        confirmations = _confirmations(session, since, account=account)
     return CallbackHealth(
         checked_at=now,
         window=window,
@@ -300,8 +351,47 @@ def callback_health(*, window: timedelta = DAY, now: datetime | None = None) -> 
         awaiting_callback=int(awaiting or 0),
         oldest_awaiting_paid_at=oldest,
         callback_never_came=int(never_came or 0),
-        silence=silence,
+        silence=silences[0] if silences else None,
+        account=account,
+        silences=tuple(silences),
     )
+
+
+#: The accounts installed for an environment, open and retired, oldest first (ids only).
+_ACCOUNTS: Final = (
+    select(Installation.merchant_account_id)
+    .where(Installation.environment == bindparam("environment"))
+    .order_by(Installation.id)
+)
+
+
+def callback_account() -> ColumnElement[str | None]:
+    """The merchant account a callback log row counts for: its checkout's, else the one its
+    ``X-Merchant-Account-ID`` header claimed (a query on ``CallbackLog`` outer-joined to its checkout)."""
+    return func.coalesce(GatewayCheckout.merchant_account_id, CallbackLog.merchant_account_id)
+
+
+def _of_account(query: _SelectT, account: str | None) -> _SelectT:
+    """``query`` on the callback log, kept to the rows that count for ``account`` (None: every row)."""
+    if account is None:
+        return query
+    return query.outerjoin(GatewayCheckout, GatewayCheckout.id == CallbackLog.checkout_id).where(
+        callback_account() == account
+    )
+
+
+def _checkouts_of(account: str | None) -> tuple[ColumnElement[bool], ...]:
+    return () if account is None else (GatewayCheckout.merchant_account_id == account,)
+
+
+def _last_verified(session: Session, account: str | None) -> Row[int, datetime, str] | None:
+    """The newest verified callback (of ``account``): its id, time and outcome."""
+    return session.execute(
+        _of_account(select(CallbackLog.id, CallbackLog.received_at, CallbackLog.outcome), account)
+        .where(CallbackLog.verified.is_(True))
+        .order_by(CallbackLog.id.desc())
+        .limit(1)
+    ).first()
 
 
 _PENDING_CALLBACK: Final = and_(
@@ -344,7 +434,9 @@ def _callback_attempts_over() -> ColumnElement[bool]:
     )
 
 
-def _confirmations(session: Session, since: datetime, *, v2_only: bool = False) -> dict[str, int]:
+def _confirmations(
+    session: Session, since: datetime, *, v2_only: bool = False, account: str | None = None
+) -> dict[str, int]:
     """Payments confirmed since ``since``, by the source of the event that confirmed each one."""
     confirming = (
         select(func.min(CheckoutEvent.id))
@@ -359,6 +451,8 @@ def _confirmations(session: Session, since: datetime, *, v2_only: bool = False) 
     )
     if v2_only:
         confirming = confirming.where(GatewayCheckout.api_version == "v2")
+    if account is not None:
+        confirming = confirming.where(GatewayCheckout.merchant_account_id == account)
     rows = session.execute(
         select(CheckoutEvent.source, func.count())
         .where(CheckoutEvent.id.in_(confirming.scalar_subquery()))
@@ -375,37 +469,60 @@ def _silence(
     last_at: datetime | None,
     minutes: int,
     payments: int,
+    account: str | None,
+    named: bool,
+    label: str | None,
 ) -> Silence | None:
+    """The silence of ``account``'s callbacks (None: the whole shop's), named ``label`` in the signal."""
     since = now - timedelta(minutes=minutes)
     if last_at is not None and last_at >= since:
         return None  # a verified callback came within the minutes: not silent
-    confirmed = _confirmations(session, since, v2_only=True)
+    confirmed = _confirmations(session, since, v2_only=True, account=account)
     other_ways = sum(count for source, count in confirmed.items() if source != "callback")
     if other_ways < payments:
         return None
-    return Silence(minutes=minutes, payments=other_ways, last_callback_at=last_at, last_callback_id=last_id)
+    return Silence(
+        minutes=minutes,
+        payments=other_ways,
+        last_callback_at=last_at,
+        last_callback_id=last_id,
+        account=label,
+        named=named,
+    )
 
 
 # --- the check -----------------------------------------------------------------------------------------
 
 
-def check_callback_health(*, now: datetime | None = None) -> CallbackHealth:
-    """:func:`callback_health` over the last day, and when the callbacks went silent while payments
-    continued: a WARNING log line and ``callbacks_silent``, once per silent spell (module docstring)."""
-    health = callback_health(now=now)
-    if health.silence is not None:
-        _announce(health, health.silence)
+def check_callback_health(*, now: datetime | None = None, account: str | None = None) -> CallbackHealth:
+    """:func:`callback_health` over the last day (of ``account``, or the whole shop's), and when the
+    callbacks (of an account, with several) went silent while payments continued: a WARNING log line and
+    ``callbacks_silent``, once per silent spell (module docstring)."""
+    health = callback_health(now=now, account=account)
+    for silence in health.silences:
+        _announce(health, silence)
     return health
 
 
 def _announce(health: CallbackHealth, silence: Silence) -> None:
     app = signals.sender()
-    if not _first_notice(app, f"{_SPELL_KEY}{silence.last_callback_id or 0}"):
+    # One account: the key it always had. Several: each account's spells apart (two accounts that never
+    # got a callback must not share the "none ever" spell).
+    spell = (
+        f"{silence.account}/{silence.last_callback_id or 0}" if silence.named else silence.last_callback_id
+    )
+    if not _first_notice(app, f"{_SPELL_KEY}{spell or 0}"):
         log.info("gateway callbacks still silent (warned already): %s", silence_text(silence))
         return
     log.warning("%s", silence_text(silence))
+    if silence.named and health.account != silence.account:
+        health = callback_health(now=health.checked_at, account=silence.account)  # that account's figures
     signals.callbacks_silent.send(
-        app, health=health, last_callback_at=silence.last_callback_at, payments=silence.payments
+        app,
+        account=silence.account,
+        health=health,
+        last_callback_at=silence.last_callback_at,
+        payments=silence.payments,
     )
 
 
