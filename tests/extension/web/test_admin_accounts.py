@@ -6,6 +6,7 @@ A shop with one account sees none of it (the first test, and every test of test_
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -269,6 +270,23 @@ def test_the_status_page_shows_each_account_and_what_is_left_on_a_retired_one(tw
     assert rows(text(reopened), "data-account-state") == ["open", "open"]
     with two.shop.test_request_context():
         assert create_checkout(sample_order("B-3"), account=SECOND).merchant_account_id == SECOND
+
+
+def test_the_status_page_names_the_account_whose_callbacks_went_silent(two):
+    state = get_state(two.shop)
+    state.config = dataclasses.replace(state.config, callback_silence_payments=1, callback_silence_minutes=30)
+    paid(two, "A-1", ACCOUNT)  # its callback arrives
+    with two.shop.test_request_context():
+        checkout = create_checkout(sample_order("B-1"), account=SECOND)
+        checkout_id, token = checkout.id, checkout.token
+    assert token and two.emulator.pay(token).status_code == 200  # its callback never comes
+    client = two.client
+    page = client.get(f"{ADMIN}/checkouts/{checkout_id}")
+    client.post(f"{ADMIN}/checkouts/{checkout_id}/refresh", data={"csrf_token": token_of(page)})
+    html = text(client.get(f"{ADMIN}/"))
+    assert rows(html, "data-callbacks-silent") == [SECOND]  # not ACCOUNT, whose callback came
+    assert f"The gateway's callbacks for merchant account {SECOND} are not reaching the shop" in words(html)
+    assert f'href="{ADMIN}/settings?account={SECOND}"' in html
 
 
 def test_retiring_the_last_open_account_says_so_and_the_status_page_does_not_call_it_uninstalled(admin):
