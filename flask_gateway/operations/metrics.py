@@ -10,6 +10,13 @@ own, or the default one):
   ``flask_gateway.operations.health``), refunds by state (failed ones included), the outbox backlog and its
   oldest event's age, and when each background job (deliver, reconcile) last ran, last succeeded and whether
   it is overdue (``flask_gateway.payments.heartbeats``).
+  The checkout and callback figures (callbacks, confirmations, the last callback, silent, awaiting, the
+  oldest awaiting, refunds) carry an ``account`` label: the merchant account id, always present (a shop
+  with one account: its one id on every series; none installed yet: ``""``). With several accounts each
+  account's figures are its own (``flask_gateway.operations.health``), and callbacks that count for no
+  installed account (refused ones naming no checkout of ours) are under ``account=""``: summing over
+  ``account`` gives the shop's figures, as one series did before (docs/operations.md, "Metrics and
+  alerts"). The outbox, the jobs and ``flask_gateway_up`` are the shop's, without the label.
 - the gateway calls: a latency histogram and an error counter per operation, fed by an observer of the
   core's transport (``flask_gateway.core.http.add_observer``). Without ``PROMETHEUS_MULTIPROC_DIR`` in the
   environment they count this process's calls. With it (prometheus_client's multiprocess mode: several
@@ -50,7 +57,7 @@ from flask_gateway.core.http import CallAttempt
 from flask_gateway.core.outages import describe_database_error, is_database_outage
 from flask_gateway.core.sql import sqlite_read_transactions
 from flask_gateway.errors import ConfigurationError
-from flask_gateway.models import CallbackOutcome, RefundRecord, RefundState
+from flask_gateway.models import CallbackOutcome, GatewayCheckout, RefundRecord, RefundState
 from flask_gateway.operations.health import CONFIRMATION_PATHS, CallbackHealth, callback_health
 from flask_gateway.payments import heartbeats
 from flask_gateway.state import get_state
@@ -118,35 +125,45 @@ class _Families:
             ),
             callbacks=GaugeMetricFamily(
                 "flask_gateway_callbacks_recent",
-                f"Callbacks received in the last {seconds} s, by outcome (the callback log)",
-                labels=["outcome"],
+                f"Callbacks received in the last {seconds} s, by outcome (the callback log) and merchant "
+                "account",
+                labels=["outcome", "account"],
             ),
             confirmations=GaugeMetricFamily(
                 "flask_gateway_confirmations_recent",
-                f"Payments confirmed in the last {seconds} s, by the path that confirmed them",
-                labels=["path"],
+                f"Payments confirmed in the last {seconds} s, by the path that confirmed them and merchant "
+                "account",
+                labels=["path", "account"],
             ),
             last_callback=GaugeMetricFamily(
                 "flask_gateway_last_callback_timestamp_seconds",
-                "When the last verified callback was received (Unix time); absent when none ever was",
+                "When the merchant account's last verified callback was received (Unix time); absent when "
+                "none ever was",
+                labels=["account"],
             ),
             silent=GaugeMetricFamily(
                 "flask_gateway_callbacks_silent",
-                "1 while no verified callback came for GATEWAY_CALLBACK_SILENCE_MINUTES although "
-                "GATEWAY_CALLBACK_SILENCE_PAYMENTS payments were confirmed another way",
+                "1 while no verified callback of the merchant account came for "
+                "GATEWAY_CALLBACK_SILENCE_MINUTES although GATEWAY_CALLBACK_SILENCE_PAYMENTS of its payments "
+                "were confirmed another way",
+                labels=["account"],
             ),
             awaiting=GaugeMetricFamily(
                 "flask_gateway_awaiting_callback_checkouts",
-                "Paid v2 checkouts whose callback was not acknowledged yet (PAID_PENDING_CALLBACK)",
+                "Paid v2 checkouts whose callback was not acknowledged yet (PAID_PENDING_CALLBACK), by "
+                "merchant account",
+                labels=["account"],
             ),
             awaiting_age=GaugeMetricFamily(
                 "flask_gateway_awaiting_callback_oldest_age_seconds",
-                "Seconds since the oldest paid checkout awaiting its callback was paid (0: none)",
+                "Seconds since the merchant account's oldest paid checkout awaiting its callback was paid "
+                "(0: none)",
+                labels=["account"],
             ),
             refunds=GaugeMetricFamily(
                 "flask_gateway_refunds",
-                "Refund records by state (FAILED: refused by the gateway)",
-                labels=["state"],
+                "Refund records by state (FAILED: refused by the gateway) and merchant account",
+                labels=["state", "account"],
             ),
             outbox=GaugeMetricFamily(
                 "flask_gateway_outbox_events",
@@ -223,33 +240,64 @@ class GatewayCollector:
         yield from families.all()
 
     def _fill(self, families: _Families) -> None:
-        health = callback_health(window=self.window)
-        _health(families, health)
-        session = get_state().session
+        state = get_state()
+        session = state.session
         with sqlite_read_transactions():
-            refunds = dict(
-                session.execute(select(RefundRecord.state, func.count()).group_by(RefundRecord.state)).all()
-            )
-            for state in [*(s.value for s in RefundState), *sorted(set(refunds) - set(RefundState))]:
-                families.refunds.add_metric([state], int(refunds.get(state, 0)))
+            accounts = [row.merchant_account_id for row in state.installations()]
             session.commit()
+        health = callback_health(window=self.window)
+        if len(accounts) <= 1:  # one account (or none yet): the shop's figures are its
+            _health(families, health, accounts[0] if accounts else "")
+        else:
+            each = {
+                account: callback_health(window=self.window, now=health.checked_at, account=account)
+                for account in accounts
+            }
+            for account, figures in each.items():
+                _health(families, figures, account)
+            _unattributed(families, health, list(each.values()))
+        with sqlite_read_transactions():
+            refunds = session.execute(
+                select(GatewayCheckout.merchant_account_id, RefundRecord.state, func.count())
+                .join(GatewayCheckout, GatewayCheckout.id == RefundRecord.checkout_id)
+                .group_by(GatewayCheckout.merchant_account_id, RefundRecord.state)
+            ).all()
+            session.commit()
+        by_account: dict[str, dict[str, int]] = {account: {} for account in accounts or [""]}
+        for account, refund_state, count in refunds:
+            # One account: every refund is its (whatever an old row says).
+            label = account if len(accounts) > 1 else (accounts[0] if accounts else "")
+            counts = by_account.setdefault(label, {})
+            counts[refund_state] = counts.get(refund_state, 0) + int(count)
+        for account, counts in by_account.items():
+            states = [*(s.value for s in RefundState), *sorted(set(counts) - set(RefundState))]
+            for refund_state in states:
+                families.refunds.add_metric([refund_state, account], counts.get(refund_state, 0))
         _outbox(families, health)
         _heartbeats(families, health)
 
 
-def _health(families: _Families, health: CallbackHealth) -> None:
+def _health(families: _Families, health: CallbackHealth, account: str) -> None:
     outcomes = [o.value for o in CallbackOutcome]
     for outcome in [*outcomes, *sorted(set(health.callbacks) - set(outcomes))]:
-        families.callbacks.add_metric([outcome], health.callbacks.get(outcome, 0))
+        families.callbacks.add_metric([outcome, account], health.callbacks.get(outcome, 0))
     paths = [*CONFIRMATION_PATHS, *sorted(set(health.confirmations) - set(CONFIRMATION_PATHS))]
     for path in paths:
-        families.confirmations.add_metric([path], health.confirmations.get(path, 0))
+        families.confirmations.add_metric([path, account], health.confirmations.get(path, 0))
     if health.last_callback_at is not None:
-        families.last_callback.add_metric([], health.last_callback_at.timestamp())
-    families.silent.add_metric([], 1 if health.silent else 0)
-    families.awaiting.add_metric([], health.awaiting_callback)
+        families.last_callback.add_metric([account], health.last_callback_at.timestamp())
+    families.silent.add_metric([account], 1 if health.silent else 0)
+    families.awaiting.add_metric([account], health.awaiting_callback)
     age = health.oldest_awaiting_age
-    families.awaiting_age.add_metric([], age.total_seconds() if age is not None else 0)
+    families.awaiting_age.add_metric([account], age.total_seconds() if age is not None else 0)
+
+
+def _unattributed(families: _Families, shop: CallbackHealth, each: list[CallbackHealth]) -> None:
+    """The callbacks that count for no installed account (``account=""``): the shop's minus the accounts'."""
+    outcomes = [o.value for o in CallbackOutcome]
+    for outcome in [*outcomes, *sorted(set(shop.callbacks) - set(outcomes))]:
+        rest = shop.callbacks.get(outcome, 0) - sum(figures.callbacks.get(outcome, 0) for figures in each)
+        families.callbacks.add_metric([outcome, ""], max(rest, 0))
 
 
 def _outbox(families: _Families, health: CallbackHealth) -> None:
