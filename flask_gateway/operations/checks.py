@@ -10,11 +10,14 @@ Local checks only (configuration and the stored installation; no request to the 
 ``unreachable-callback``  the callback URL is on localhost or an IP address while the gateway is not on
                           this machine: its callbacks cannot arrive, only polling confirms payments
 ``callback-mismatch``     the gateway was given a callback URL that is not this shop's callback URL
-                          (``GATEWAY_PUBLIC_URL`` + the callback route): its callbacks go elsewhere
+                          (``GATEWAY_PUBLIC_URL`` + the callback route, or the account's own path
+                          ``.../callback/<account>``): its callbacks go elsewhere
 ========================  =============================================================================
 
 The admin screens show them (status, install and settings); a shop can show them on its own pages
-with :func:`setup_warnings`.
+with :func:`setup_warnings`. With several merchant accounts each has its callback URL:
+``setup_warnings(account=...)`` checks that account's (default: the default account's), and the doctor
+checks every account's.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from flask import has_request_context, request
 
 from flask_gateway.core.hosts import local_host_kind
 from flask_gateway.state import get_state, leaves_no_transaction
-from flask_gateway.urls import callback_url
+from flask_gateway.urls import callback_url, external_url
 
 __all__ = ["SetupWarning", "local_kind", "setup_warnings"]
 
@@ -45,6 +48,9 @@ class SetupWarning:
     detail: str
     #: ``firewall``: whether the address comes from ``GATEWAY_PUBLIC_URL`` (else from the request).
     configured: bool = True
+    #: The merchant account whose callback URL it is about, when the caller named one (None: the default
+    #: account's, or not about a callback URL).
+    account: str | None = None
 
     @property
     def summary(self) -> str:
@@ -68,9 +74,10 @@ def _gateway_is_local() -> bool:
 
 
 @leaves_no_transaction
-def setup_warnings(callback: str | None = None) -> list[SetupWarning]:
+def setup_warnings(callback: str | None = None, *, account: str | None = None) -> list[SetupWarning]:
     """The warnings for this shop's setup; ``callback``: the callback URL about to be sent (a form), else
-    the installed one."""
+    the installed one of ``account`` (default: the default account). ``UnknownAccountError`` for an
+    account that is not installed."""
     state = get_state()
     config = state.config
     warnings: list[SetupWarning] = []
@@ -78,16 +85,21 @@ def setup_warnings(callback: str | None = None) -> list[SetupWarning]:
     kind = local_kind(public)
     if public and kind and config.waf == "strict":
         warnings.append(SetupWarning("firewall", public, kind, configured=bool(config.public_url)))
-    installation = state.installation()
+    installation = state.installation() if account is None else state.require_installation(account)
     if callback is None and installation is not None:
         callback = installation.callback_url
     if not callback:
         return warnings
     kind = local_kind(callback)
     if kind and not _gateway_is_local():
-        warnings.append(SetupWarning("unreachable-callback", callback, kind))
+        warnings.append(SetupWarning("unreachable-callback", callback, kind, account=account))
     if config.public_url or has_request_context():
         ours = callback_url()
-        if callback.rstrip("/") != ours.rstrip("/"):
-            warnings.append(SetupWarning("callback-mismatch", callback, ours))
+        own = (
+            external_url("gateway.callback", account=installation.merchant_account_id)
+            if installation is not None
+            else None
+        )
+        if callback.rstrip("/") not in {ours.rstrip("/"), (own or ours).rstrip("/")}:
+            warnings.append(SetupWarning("callback-mismatch", callback, ours, account=account))
     return warnings

@@ -4,7 +4,10 @@ Three named checks, in this order (a later one is not run when an earlier one fa
 
 - ``database``: one round trip (``SELECT 1``) on the extension's engine (the shop's, on PostgreSQL);
 - ``schema``: every ``gateway_*`` table and column exists (``flask gateway init-db`` or the migrations ran);
-- ``installation``: the gateway is installed for the configured ``GATEWAY_ENVIRONMENT``.
+- ``installation``: the gateway is installed for the configured ``GATEWAY_ENVIRONMENT``: at least one
+  merchant account, open or retired. A shop whose every account is retired takes no new checkouts, but
+  its open ones' callbacks, refunds and reconciliation still need the process; the doctor says it
+  (docs/decisions.md, "Several merchant accounts").
 
 When all three pass, the answer also says how the background work goes (``background``: per job of
 :mod:`flask_gateway.payments.heartbeats`, the seconds since its last finished run and whether it is overdue),
@@ -32,12 +35,12 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from flask import Flask
-from sqlalchemy import inspect
+from sqlalchemy import bindparam, inspect, select
 from sqlalchemy.engine import Engine
 
 from flask_gateway.core.outages import describe_database_error, is_database_outage, ping
 from flask_gateway.core.sql import sqlite_read_transactions
-from flask_gateway.models import GatewayBase
+from flask_gateway.models import GatewayBase, Installation
 from flask_gateway.payments.heartbeats import JobStatus, job_status
 from flask_gateway.state import GatewayState, leaves_no_transaction
 
@@ -192,8 +195,14 @@ def _schema(state: GatewayState) -> ProbeCheck:
     return ProbeCheck("schema", False, f"missing {shown}: run the migrations or flask gateway init-db")
 
 
+#: Any account installed for an environment, open or retired (one id, no ORM entity).
+_ANY_ACCOUNT: Final = (
+    select(Installation.id).where(Installation.environment == bindparam("environment")).limit(1)
+)
+
+
 @leaves_no_transaction
 def _installation(state: GatewayState) -> ProbeCheck:
-    if state.installation_key() is not None:
+    if state.session.execute(_ANY_ACCOUNT, {"environment": state.config.environment}).first() is not None:
         return ProbeCheck("installation", True)
     return ProbeCheck("installation", False, f"not installed for the {state.config.environment} environment")

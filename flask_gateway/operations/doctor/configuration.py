@@ -13,7 +13,7 @@ from flask_wtf.csrf import CSRFError
 from werkzeug.exceptions import HTTPException
 
 from flask_gateway.core.hosts import local_host_kind
-from flask_gateway.operations.checks import setup_warnings
+from flask_gateway.operations.checks import SetupWarning, setup_warnings
 from flask_gateway.operations.doctor.report import Finding, Options
 from flask_gateway.operations.doctor.wording import (
     _DOCS_CSRF,
@@ -190,7 +190,9 @@ def check_public_url(_options: Options) -> list[Finding]:
     name = "public-url"
     settings_screen = _admin(state, "settings")
     findings: list[Finding] = []
-    for warning in setup_warnings():
+    rows = state.installations()
+    for warning in _every_accounts_warnings([row.merchant_account_id for row in rows]):
+        whose = f"merchant account {warning.account}: " if warning.account else ""
         if warning.kind == "firewall":
             findings.append(
                 Finding(
@@ -209,7 +211,7 @@ def check_public_url(_options: Options) -> list[Finding]:
                 Finding(
                     name,
                     "problem",
-                    f"{warning.summary} Payments are only found by polling and reconciliation.",
+                    f"{whose}{warning.summary} Payments are only found by polling and reconciliation.",
                     "set GATEWAY_PUBLIC_URL to an address the gateway reaches, then save the settings "
                     f"screen ({settings_screen}) so that the gateway gets the new callback URL "
                     f"({_DOCS_FIREWALL})",
@@ -220,7 +222,7 @@ def check_public_url(_options: Options) -> list[Finding]:
                 Finding(
                     name,
                     "problem",
-                    f"{warning.summary} (a copied database, or a changed address).",
+                    f"{whose}{warning.summary} (a copied database, or a changed address).",
                     f"save the settings screen ({settings_screen}): it sends this shop's callback URL, "
                     f"{warning.detail}, to the gateway ({_DOCS_FIREWALL})",
                 )
@@ -242,9 +244,28 @@ def check_public_url(_options: Options) -> list[Finding]:
                 "EMULATOR_WAF=allow-local)",
             )
         ]
+    if len(rows) > 1:
+        callback = "; every account's installed callback URL is this shop's (" + ", ".join(
+            f"{row.merchant_account_id}: {row.callback_url}" for row in rows
+        )
+        return [Finding(name, "ok", f"{public} has a host name the gateway's firewall accepts{callback})")]
     installed = state.installation()
     callback = f"; the installed callback URL is this shop's ({installed.callback_url})" if installed else ""
     return [Finding(name, "ok", f"{public} has a host name the gateway's firewall accepts{callback}")]
+
+
+def _every_accounts_warnings(accounts: list[str]) -> list[SetupWarning]:
+    """:func:`setup_warnings` as the admin screens show them; with several merchant accounts, about each
+    account's callback URL (each warning names its account; the firewall's, the same for all, once)."""
+    if len(accounts) <= 1:
+        return setup_warnings()
+    warnings: list[SetupWarning] = []
+    for account in accounts:
+        for warning in setup_warnings(account=account):
+            if warning.kind == "firewall" and any(w.kind == "firewall" for w in warnings):
+                continue
+            warnings.append(warning)  # a callback URL's warning names its account
+    return warnings
 
 
 # --- CSRF: does the callback get through the app's own hooks? ----------------------------------------

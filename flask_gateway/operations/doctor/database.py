@@ -1,5 +1,6 @@
 """The checks of what the database holds: ``database`` (every gateway table and column), ``installation``
-(installed for this environment, the stored keys decrypt) and ``readiness`` (what ``GET /gateway/readyz``
+(installed for this environment, each merchant account's stored keys decrypt, the retired ones with what
+is left open on them) and ``readiness`` (what ``GET /gateway/readyz``
 would answer, and the probe URLs).
 """
 
@@ -22,6 +23,7 @@ from flask_gateway.operations.doctor.wording import (
     _first_line,
 )
 from flask_gateway.operations.readiness import missing_schema, readiness
+from flask_gateway.payments.accounts import open_checkouts
 from flask_gateway.secrets import SecretBox
 from flask_gateway.state import GatewayState, get_state
 from flask_gateway.urls import external_url
@@ -70,11 +72,14 @@ def check_database(_options: Options) -> list[Finding]:
 
 
 def check_installation(_options: Options) -> list[Finding]:
+    """Installed for this environment, each account's stored keys decrypt; with several merchant accounts,
+    one finding per account (named), a retired one with the checkouts still open on it, and a problem when
+    every account is retired (no new checkout can be made)."""
     name = "installation"
     state = get_state()
     install_screen = _admin(state, "install")
-    installation = state.installation()
-    if installation is None:
+    rows = state.installations()
+    if not rows:
         others = sorted(
             set(state.session.scalars(select(Installation.environment))) - {state.config.environment}
         )
@@ -94,6 +99,36 @@ def check_installation(_options: Options) -> list[Finding]:
                 "(docs/extension.md#installing-the-gateway)",
             )
         ]
+    several = len(rows) > 1
+    default = state.installation()
+    findings: list[Finding] = []
+    for installation in rows:
+        findings += _account_findings(
+            state, installation, named=several, default=default is not None and default.id == installation.id
+        )
+    if default is None:
+        retired = ", ".join(row.merchant_account_id for row in rows)
+        findings.append(
+            Finding(
+                name,
+                "problem",
+                f"every merchant account installed here is retired ({retired}): no new checkout can be "
+                "made; the open ones' callbacks, refunds and reconciliation go on.",
+                f"reopen an account (flask gateway accounts; the status screen) or install another on "
+                f"{install_screen}",
+            )
+        )
+    return findings
+
+
+def _account_findings(
+    state: GatewayState, installation: Installation, *, named: bool, default: bool
+) -> list[Finding]:
+    """One account's findings; ``named``: the shop has several, each finding names its account."""
+    name = "installation"
+    install_screen = _admin(state, "install")
+    account = installation.merchant_account_id
+    whose = f"merchant account {account}: " if named else ""
     unreadable = []
     for label, token in (
         ("API key", installation.api_key_encrypted),
@@ -108,7 +143,7 @@ def check_installation(_options: Options) -> list[Finding]:
             Finding(
                 name,
                 "problem",
-                f"the stored {' and '.join(unreadable)} cannot be decrypted: SECRET_KEY or "
+                f"{whose}the stored {' and '.join(unreadable)} cannot be decrypted: SECRET_KEY or "
                 "GATEWAY_ENCRYPTION_KEY changed since they were stored. Every call to the gateway fails, "
                 "and so does every callback.",
                 "put the old key back (or list it after the new one in GATEWAY_ENCRYPTION_KEY), or enter "
@@ -116,15 +151,29 @@ def check_installation(_options: Options) -> list[Finding]:
                 f"before?'): {_DOCS_UNREADABLE}",
             )
         ]
-    findings = [
-        Finding(
-            name,
-            "ok",
-            f"installed: merchant account {installation.merchant_account_id}, callback URL "
-            f"{installation.callback_url}, limits {state.money(installation.minimum_cents)} to "
-            f"{state.money(installation.maximum_cents)}; the stored API key and signing key decrypt",
-        )
-    ]
+    if installation.retired:
+        left = open_checkouts(account)
+        since = installation.retired_at.date().isoformat() if installation.retired_at else "?"
+        findings = [
+            Finding(
+                name,
+                "ok",
+                f"merchant account {account} is retired (closed for new checkouts since {since}): "
+                f"{left} open checkout(s) left on it, whose callbacks, refunds and reconciliation go on "
+                "with its keys; the stored API key and signing key decrypt",
+            )
+        ]
+    else:
+        role = " (the default for new checkouts)" if named and default else ""
+        findings = [
+            Finding(
+                name,
+                "ok",
+                f"installed: merchant account {account}{role}, callback URL "
+                f"{installation.callback_url}, limits {state.money(installation.minimum_cents)} to "
+                f"{state.money(installation.maximum_cents)}; the stored API key and signing key decrypt",
+            )
+        ]
     keys = [k.strip() for k in (state.config.encryption_key or "").split(",") if k.strip()]
     if len(keys) > 1:
         current = SecretBox(keys[0], None)
@@ -142,7 +191,7 @@ def check_installation(_options: Options) -> list[Finding]:
                 Finding(
                     name,
                     "warn",
-                    f"the stored {' and '.join(old)} are still encrypted with an older key of "
+                    f"{whose}the stored {' and '.join(old)} are still encrypted with an older key of "
                     "GATEWAY_ENCRYPTION_KEY: dropping it would make them unreadable.",
                     f"enter them again on {install_screen} ('Installed this merchant account before?') "
                     f"before dropping the old key ({_DOCS_UNREADABLE})",

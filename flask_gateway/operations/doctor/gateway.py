@@ -1,11 +1,13 @@
 """The network checks, as the gateway sees the shop: ``settings`` (the gateway's settings are the shop's)
 and ``callback`` (an unsigned POST to the callback's public URL reaches the extension, judged by its
-answer). Skipped with ``--no-network``.
+answer), each for every merchant account installed (named in its findings when there are several).
+Skipped with ``--no-network``.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 import requests
 
@@ -30,27 +32,45 @@ from flask_gateway.operations.doctor.wording import (
 )
 from flask_gateway.operations.drift import check_settings
 from flask_gateway.state import GatewayState, get_state
-from flask_gateway.urls import callback_url
+from flask_gateway.urls import callback_url, external_url
 
 # --- the gateway's settings (network) -----------------------------------------------------------------
 
 
 def check_gateway_settings(_options: Options) -> list[Finding]:
+    """The gateway's settings against the shop's, for every merchant account installed (open and retired:
+    a retired account's callbacks still come), each finding naming its account when there are several."""
     name = "settings"
     state = get_state()
-    try:
-        report = check_settings()
-    except NotInstalledError:
+    accounts = [row.merchant_account_id for row in state.installations()]
+    state.session.commit()  # no transaction while the gateway answers
+    if not accounts:
         return [Finding(name, "unknown", "not installed: nothing to compare (see installation)")]
+    several = len(accounts) > 1
+    findings: list[Finding] = []
+    for account in accounts:
+        findings += _settings_of(state, account, named=several)
+        state.session.rollback()  # one account's failure leaves nothing for the next
+    return findings
+
+
+def _settings_of(state: GatewayState, account: str, *, named: bool) -> list[Finding]:
+    name = "settings"
+    whose = f"merchant account {account}: " if named else ""
+    try:
+        report = check_settings(account)
+    except NotInstalledError:
+        return [Finding(name, "unknown", f"{whose}not installed: nothing to compare (see installation)")]
     except SecretUnreadable:
-        return [Finding(name, "unknown", "the stored secrets cannot be decrypted (see installation)")]
+        return [Finding(name, "unknown", f"{whose}the stored secrets cannot be decrypted (see installation)")]
     except AuthenticationError as error:
         return [
             Finding(
                 name,
                 "problem",
-                f"the gateway refused the shop's signed request with 401 ({error.message}): it holds another "
-                "signing key for this account, or this is another environment than the one installed.",
+                f"{whose}the gateway refused the shop's signed request with 401 ({error.message}): it holds "
+                "another signing key for this account, or this is another environment than the one "
+                "installed.",
                 f"check GATEWAY_ENVIRONMENT and the gateway URLs, then enter the current signing key on "
                 f"{_admin(state, 'install')} ({_DOCS_401})",
             )
@@ -60,17 +80,23 @@ def check_gateway_settings(_options: Options) -> list[Finding]:
             Finding(
                 name,
                 "problem",
-                f"the gateway at {state.config.base_url} could not be asked for its settings: "
+                f"{whose}the gateway at {state.config.base_url} could not be asked for its settings: "
                 f"{_first_line(error)}. Checkouts, polling and refunds fail the same way.",
                 "check GATEWAY_ENVIRONMENT and the three gateway URLs (GATEWAY_BASE_URL, "
                 "GATEWAY_INSTALL_URL, GATEWAY_V1_BASE_URL), and that this machine reaches them",
             )
         ]
     except ValueError as error:
-        return [Finding(name, "problem", f"the gateway's settings cannot be read: {error}", _DOCS_DRIFT)]
+        return [
+            Finding(name, "problem", f"{whose}the gateway's settings cannot be read: {error}", _DOCS_DRIFT)
+        ]
     if report.ok:
         return [
-            Finding(name, "ok", "the gateway's callback URL, e-mail, limits and signing key are the shop's")
+            Finding(
+                name,
+                "ok",
+                f"{whose}the gateway's callback URL, e-mail, limits and signing key are the shop's",
+            )
         ]
     differences = "; ".join(
         f"{d.setting}: the shop has {d.shop}, the gateway {d.gateway}" for d in report.differences
@@ -79,9 +105,10 @@ def check_gateway_settings(_options: Options) -> list[Finding]:
         Finding(
             name,
             "problem",
-            f"the gateway's settings differ from the shop's: {differences}.",
+            f"{whose}the gateway's settings differ from the shop's: {differences}.",
             f"if nobody here changed them, someone else signed a settings update: save the settings "
-            f"screen ({_admin(state, 'settings')}) to put the shop's back, ask the gateway's account "
+            f"screen ({_admin(state, 'settings')}{'' if not named else f', account {account}'}) to put the "
+            "shop's back, ask the gateway's account "
             f"manager about the account, and look at the callback log ({_DOCS_DRIFT})",
         )
     ]
@@ -92,7 +119,9 @@ def check_gateway_settings(_options: Options) -> list[Finding]:
 
 def check_callback_reachable(options: Options) -> list[Finding]:
     """POST an unsigned, empty JSON object to ``GATEWAY_PUBLIC_URL`` + the callback route, as the gateway
-    would reach it: the extension's own 401 ``{"message": ...}`` proves the path leads to it."""
+    would reach it: the extension's own 401 ``{"message": ...}`` proves the path leads to it. With several
+    merchant accounts, each callback URL the accounts were given (the shared path, an account's own
+    ``/callback/<account>``) is probed once, its findings naming the accounts that use it."""
     name = "callback"
     state = get_state()
     config = state.config
@@ -102,7 +131,39 @@ def check_callback_reachable(options: Options) -> list[Finding]:
                 name, "unknown", "GATEWAY_PUBLIC_URL is not set: the callback's public address is unknown"
             )
         ]
-    url = callback_url()
+    rows = state.installations()
+    state.session.commit()  # no transaction while the shop answers
+    if len(rows) <= 1:
+        return _probe(options, state, callback_url())
+    shared = callback_url()
+    by_url: dict[str, list[str]] = {}
+    findings: list[Finding] = []
+    for row in rows:
+        account = row.merchant_account_id
+        own = external_url("gateway.callback", account=account)
+        given = (row.callback_url or shared).rstrip("/")
+        ours = {shared.rstrip("/"): shared, own.rstrip("/"): own}
+        if given not in ours:
+            findings.append(
+                Finding(
+                    name,
+                    "unknown",
+                    f"merchant account {account}: its callback URL {row.callback_url} is not this shop's, "
+                    "not probed (see public-url)",
+                )
+            )
+            continue
+        by_url.setdefault(ours[given], []).append(account)
+    for url, accounts in by_url.items():
+        whose = f"merchant account{'s' if len(accounts) > 1 else ''} {', '.join(accounts)}: "
+        findings += [replace(f, message=whose + f.message) for f in _probe(options, state, url)]
+    return findings
+
+
+def _probe(options: Options, state: GatewayState, url: str) -> list[Finding]:
+    """One probe of the callback ``url`` and what its answer says."""
+    name = "callback"
+    config = state.config
     local_dev = config.environment in ("emulator", "embedded") and local_host_kind(url) is not None
     http = options.http or requests.Session()
     body = b"{}"

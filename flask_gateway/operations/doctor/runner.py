@@ -1,5 +1,8 @@
 """Run every check of ``flask gateway doctor`` (:data:`CHECKS`, in order) and collect their findings.
 
+With several merchant accounts, the per-account findings (``public-url``, ``installation``, ``settings``,
+``callback``) each name their account; a shop with one account gets the findings it always got.
+
 Every check is a small function that returns :class:`Finding` objects (the check's name, ``ok``, ``warn``,
 ``problem`` or ``unknown``, what is true or wrong, and how to fix it, naming the config key or the docs
 page). :func:`run_checks` runs them all, one after the other, and never stops at one that fails.
@@ -14,14 +17,17 @@ page). :func:`run_checks` runs them all, one after the other, and never stops at
 ``csrf``            an unsigned POST to the callback, without a CSRF token, gets through the app's own
                     ``before_request`` hooks (Flask-WTF's ``CSRFProtect``, a login wall) to the extension
 ``database``        every ``gateway_*`` table and column exists (migrations run)
-``installation``    installed for this environment; the stored API key and signing key decrypt
-``settings``        (network) the gateway's settings are the shop's (``drift.check_settings``)
+``installation``    installed for this environment; each account's stored API key and signing key decrypt;
+                    a retired account with its open checkouts; a problem when every account is retired
+``settings``        (network) the gateway's settings are the shop's (``drift.check_settings``), each
+                    account's
 ``callback``        (network) the callback answers at its public URL with the extension's own refusal of an
                     unsigned request (401 ``{"message": ...}``), not a proxy's 404, 502 or login page; the
                     probe is marked (``X-Gateway-Doctor-Probe``, an HMAC with a key derived from
-                    ``SECRET_KEY``) so the shop records it as ``doctor-probe``, not as a refused callback
-``reconcile``       no checkout due for reconciliation has waited more than an hour: something runs
-                    ``flask gateway reconcile``
+                    ``SECRET_KEY``) so the shop records it as ``doctor-probe``, not as a refused callback;
+                    with several accounts, each callback URL they were given (``/callback/<account>``)
+``reconcile``       no checkout (of any account) due for reconciliation has waited more than an hour:
+                    something runs ``flask gateway reconcile``
 ``outbox``          no outbox event overdue by more than 15 minutes (something runs ``flask gateway
                     deliver``) and none dead; ``unknown`` in a version without the outbox
 ``background-work`` each job's heartbeat (:mod:`flask_gateway.payments.heartbeats`): how long ago ``deliver``

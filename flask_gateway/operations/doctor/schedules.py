@@ -9,7 +9,7 @@ from datetime import datetime, timedelta
 from typing import Final
 
 from flask import current_app
-from sqlalchemy import func, select
+from sqlalchemy import func, or_, select
 from sqlalchemy.exc import SQLAlchemyError
 
 from flask_gateway import models
@@ -40,17 +40,23 @@ def check_reconcile_schedule(_options: Options) -> list[Finding]:
     name = "reconcile"
     state = get_state()
     session = state.session
-    installation = state.installation()
-    if installation is None:
+    # Every account, open and retired: reconciliation asks about each one's checkouts.
+    accounts = [row.merchant_account_id for row in state.installations()]
+    if not accounts:
         return [Finding(name, "unknown", "not installed: nothing to reconcile (see installation)")]
     now = utcnow()
     older_than = timedelta(seconds=state.config.reconcile_after_seconds)
     # reconciliation's own definition of "due" (its private ``_due``, reused so that the two never
     # disagree), an hour back: due for more than an hour and still not polled.
-    overdue = _due(
-        installation.merchant_account_id,
-        now - older_than - RECONCILE_MARGIN,
-        now - max(older_than, timedelta(seconds=CLAIM_LEASE_SECONDS)) - RECONCILE_MARGIN,
+    overdue = or_(
+        *(
+            _due(
+                account,
+                now - older_than - RECONCILE_MARGIN,
+                now - max(older_than, timedelta(seconds=CLAIM_LEASE_SECONDS)) - RECONCILE_MARGIN,
+            )
+            for account in accounts
+        )
     )
     count, oldest = session.execute(
         select(func.count(), func.min(GatewayCheckout.updated_at)).where(overdue)
