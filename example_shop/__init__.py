@@ -39,6 +39,7 @@ def create_app(config: Mapping[str, Any] | None = None) -> Flask:
     """The shop app. ``config`` (tests) wins over the environment; see docs/example-shop.md."""
     from example_shop import (
         auth,  # noqa: F401 - registers the extension's admin guard
+        brands,  # noqa: F401 - registers the extension's account resolver
         views,
     )
     from example_shop.extensions import csrf, db, gateway, limiter

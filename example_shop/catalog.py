@@ -5,7 +5,24 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
-__all__ = ["CATEGORIES", "PRODUCTS", "Product", "by_category", "find"]
+__all__ = [
+    "BRANDS",
+    "CATEGORIES",
+    "MAIN_BRAND",
+    "PRODUCTS",
+    "SECOND_BRAND",
+    "Product",
+    "by_category",
+    "by_sku",
+    "find",
+]
+
+#: The shop's own brand: every product unless it says otherwise, sold on ``SHOP_GATEWAY_ACCOUNT``.
+MAIN_BRAND: Final = "Stoep"
+#: The second brand (fire and light), sold on its own merchant account when ``SHOP_SECOND_ACCOUNT`` is set
+#: (docs/example-shop.md, "Two brands, two merchant accounts"); otherwise on the shop's one account.
+SECOND_BRAND: Final = "Vuurhout"
+BRANDS: Final = (MAIN_BRAND, SECOND_BRAND)
 
 
 @dataclass(frozen=True)
@@ -22,6 +39,8 @@ class Product:
     category: str
     #: Also sent to the gateway as the item's search terms.
     tags: tuple[str, ...] = ()
+    #: Whose product it is: with two merchant accounts, the brand chooses the checkout's account.
+    brand: str = MAIN_BRAND
 
     @property
     def image_path(self) -> str:
@@ -113,6 +132,7 @@ PRODUCTS: Final[tuple[Product, ...]] = (
         image="brass-desk-lamp.svg",
         category="Lighting",
         tags=("lamp", "brass", "desk"),
+        brand=SECOND_BRAND,
     ),
     Product(
         slug="potjie-pot",
@@ -127,6 +147,7 @@ PRODUCTS: Final[tuple[Product, ...]] = (
         image="potjie-pot.svg",
         category="Kitchen",
         tags=("potjie", "cast iron", "braai"),
+        brand=SECOND_BRAND,
     ),
     Product(
         slug="woven-rug",
@@ -145,11 +166,16 @@ PRODUCTS: Final[tuple[Product, ...]] = (
 )
 
 _BY_SLUG: Final = {product.slug: product for product in PRODUCTS}
+_BY_SKU: Final = {product.sku: product for product in PRODUCTS}
 CATEGORIES: Final[tuple[str, ...]] = tuple(dict.fromkeys(product.category for product in PRODUCTS))
 
 
 def find(slug: str) -> Product | None:
     return _BY_SLUG.get(slug)
+
+
+def by_sku(sku: str) -> Product | None:
+    return _BY_SKU.get(sku)
 
 
 def by_category(category: str | None) -> tuple[Product, ...]:

@@ -181,6 +181,8 @@ def resolve(
         "SHOP_AUTO_INSTALL": False,
         "SHOP_GATEWAY_ACCOUNT": "demo-merchant",
         "SHOP_GATEWAY_API_KEY": "demo-api-key",
+        #: The second brand's merchant account, ``id:apikey`` (empty: one account sells everything).
+        "SHOP_SECOND_ACCOUNT": "",
         "SHOP_MIN_CENTS": 5000,
         "SHOP_MAX_CENTS": 5000000,
         #: Seconds to wait between auto-install attempts while the gateway is unreachable.
@@ -207,6 +209,7 @@ def resolve(
         "SHOP_ADMIN_PASSWORD_HASH",
         "SHOP_GATEWAY_ACCOUNT",
         "SHOP_GATEWAY_API_KEY",
+        "SHOP_SECOND_ACCOUNT",
         "SHOP_MIN_CENTS",
         "SHOP_MAX_CENTS",
         "SHOP_SECRET_KEY",
@@ -241,6 +244,8 @@ def resolve(
         raise ShopConfigError(
             "SHOP_MIN_CENTS is above SHOP_MAX_CENTS: the minimum must not exceed the maximum."
         )
+
+    _second_account(config)
 
     if not config.get("SECRET_KEY"):
         if config.get("SHOP_SECRET_KEY"):
@@ -286,6 +291,35 @@ def resolve(
     if env == "production":
         config.setdefault("SESSION_COOKIE_SECURE", True)
     return config
+
+
+def _second_account(config: dict[str, Any]) -> None:
+    """``SHOP_SECOND_ACCOUNT=id:apikey``: the second brand's merchant account, as ``SHOP_SECOND_ACCOUNT_ID``
+    and ``SHOP_SECOND_ACCOUNT_API_KEY`` (both None when it is not set: the shop has one account)."""
+    raw = str(config.pop("SHOP_SECOND_ACCOUNT", "") or "").strip()
+    config["SHOP_SECOND_ACCOUNT_ID"] = config["SHOP_SECOND_ACCOUNT_API_KEY"] = None
+    if not raw:
+        return
+    account, sep, api_key = (part.strip() for part in raw.partition(":"))
+    if not sep or not account or not api_key or ":" in api_key or "," in raw:
+        # The value is never repeated: it holds an API key.
+        raise ShopConfigError(
+            "SHOP_SECOND_ACCOUNT is not 'id:apikey': give the second brand's merchant account id and its API "
+            "key, separated by a colon (e.g. SHOP_SECOND_ACCOUNT=demo-vuurhout:demo-vuurhout-key), or leave "
+            "it empty for one account."
+        )
+    if len(account) > 255 or not all(c.isalnum() or c in "-_." for c in account):
+        raise ShopConfigError(
+            f"SHOP_SECOND_ACCOUNT: the account id {account[:40]!r} may hold letters, digits, '-', '_' and "
+            "'.' only (at most 255): it is part of the account's callback path."
+        )
+    if account == str(config["SHOP_GATEWAY_ACCOUNT"]).strip():
+        raise ShopConfigError(
+            f"SHOP_SECOND_ACCOUNT names {account!r}, the account of SHOP_GATEWAY_ACCOUNT: the second brand "
+            "needs a merchant account of its own (or leave SHOP_SECOND_ACCOUNT empty for one account)."
+        )
+    config["SHOP_SECOND_ACCOUNT_ID"] = account
+    config["SHOP_SECOND_ACCOUNT_API_KEY"] = api_key
 
 
 def _database(config: dict[str, Any], environ: Mapping[str, str], instance_path: Path) -> None:

@@ -2,7 +2,8 @@
 
 Ports: ``DEMO_EMULATOR_PORT`` (5050) and ``DEMO_SHOP_PORT`` (5000); ``DEMO_API_VERSION=v1`` runs the v1 flow.
 Ctrl-C stops both. Before the servers start it creates their tables (the emulator's ``init-db`` and the
-shop's ``shop init-db``) and installs the shop with the emulator's demo account (``shop install``).
+shop's ``shop init-db``) and installs the shop with the emulator's two demo accounts (``shop install``):
+``demo-merchant`` for Stoep's products, ``demo-vuurhout`` for the second brand's (docs/example-shop.md).
 
 Data lives in ``var/demo/shop-<shop port>-emulator-<emulator port>/``, one folder per port pair: a second
 run on the same ports reuses it (the shop stays installed, with its callback URL on that port), and two
@@ -24,6 +25,9 @@ ROOT = Path(__file__).resolve().parent.parent
 #: Where the demos keep their data (``DEMO_DATA_DIR`` moves it, e.g. for a test).
 DEMO_DATA = Path(os.environ.get("DEMO_DATA_DIR") or ROOT / "var" / "demo")
 OWNER_PASSWORD = "demo-owner"  # noqa: S105 - the demo's documented owner password (development mode only)
+#: The emulator's accounts: the shop's own (Stoep) and the second brand's (Vuurhout), ``id:apikey``.
+MAIN_ACCOUNT = "demo-merchant:demo-api-key"
+SECOND_ACCOUNT = "demo-vuurhout:demo-vuurhout-key"
 
 
 def data_folder(shop_port: int, emulator_port: int) -> Path:
@@ -46,6 +50,8 @@ def banner(shop_url: str, emulator_url: str, api_version: str, data: Path, contr
         f"  Gateway emulator:   {emulator_url}/_emulator/   (dashboard: checkouts, callbacks, e-mails)\n"
         f"                      sign in with the control token {control_token}\n"
         f"  API version:        {api_version} ({other})\n"
+        f"  Merchant accounts:  {MAIN_ACCOUNT.split(':')[0]} (Stoep), {SECOND_ACCOUNT.split(':')[0]} "
+        "(Vuurhout: the potjie pot and the brass lamp)\n"
         "  NOTE: the emulator runs with EMULATOR_WAF=allow-local so that localhost redirect URLs work;\n"
         "        the real gateway's firewall refuses redirect URLs on localhost or an IP address.\n"
         f"  Data: {data} (kept between runs on these ports). Press Ctrl-C to stop both.\n"
@@ -129,12 +135,15 @@ def main() -> int:
         "EMULATOR_DATABASE_URL": f"sqlite:///{data / 'emulator.sqlite3'}",
         "EMULATOR_PUBLIC_URL": emulator_url,
         "EMULATOR_CONTROL_TOKEN": control_token,
+        "EMULATOR_ACCOUNTS": f"{MAIN_ACCOUNT},{SECOND_ACCOUNT}",
     }
     shop_env = {
         "SHOP_DATABASE_URL": f"sqlite:///{data / 'shop.sqlite3'}",
         "SHOP_ADMIN_PASSWORD": OWNER_PASSWORD,
         # Installed below, before the shop starts; on first use again if that did not work.
         "SHOP_AUTO_INSTALL": "1",
+        # The second brand's merchant account: installed beside the shop's, on its own callback path.
+        "SHOP_SECOND_ACCOUNT": SECOND_ACCOUNT,
         "GATEWAY_ENVIRONMENT": "emulator",
         "GATEWAY_BASE_URL": emulator_url,
         "GATEWAY_INSTALL_URL": f"{emulator_url}/install",

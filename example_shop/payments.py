@@ -5,7 +5,8 @@
   that do not divide evenly, as the gateway charges it) and in cents; None when the option is not offered
   for the amount or the gateway cannot say.
 - :func:`payment_available`: the payment option is shown only when this is True (``operations.is_available``:
-  installed, and the total within the merchant's minimum and maximum).
+  installed, and the total within the merchant's minimum and maximum). Both take the merchant account of
+  the products' brand when the shop has two (example_shop/brands.py).
 - :func:`order_draft`: the ``flask_gateway.payments.orders.OrderDraft`` of a placed order, built only from
   what the order stored, so a second "Pay" for the same order sends the very same draft (the extension then
   hands out the same open checkout instead of creating another).
@@ -27,8 +28,10 @@ __all__ = ["InstalmentHint", "absolute_url", "instalment_hint", "order_draft", "
 log = logging.getLogger("example_shop.payments")
 
 
-def payment_available(total_cents: int) -> bool:
-    return is_available(total_cents)
+def payment_available(total_cents: int, account: str | None = None) -> bool:
+    """``account``: the merchant account of the products' brand (example_shop/brands.py); None for the
+    shop's one account."""
+    return is_available(total_cents, account=account)
 
 
 @dataclass(frozen=True)
@@ -40,9 +43,9 @@ class InstalmentHint:
     amounts: tuple[int, ...]
 
 
-def instalment_hint(total_cents: int) -> InstalmentHint | None:
+def instalment_hint(total_cents: int, account: str | None = None) -> InstalmentHint | None:
     try:
-        plan = payment_plan(total_cents)
+        plan = payment_plan(total_cents, account=account)
     except (GatewayError, RuntimeError) as error:  # RuntimeError: e.g. stored secrets unreadable
         log.warning("no instalment hint for %s cents: %s", total_cents, error)
         return None

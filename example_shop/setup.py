@@ -4,7 +4,9 @@ demo's auto-install (``SHOP_AUTO_INSTALL=1``) on first use.
 Uses ``flask_gateway.install`` as a setup script would. Nothing here runs at import or
 in ``create_app`` (a worker must boot while the database or the gateway is away):
 
-- :func:`auto_install` installs when this shop has no installation yet, and says what happened; the
+- :func:`auto_install` installs when this shop has no installation yet (with ``SHOP_SECOND_ACCOUNT``, each of
+  its two merchant accounts that is not installed yet, the second on its own callback path
+  ``/gateway/callback/<id>``: example_shop/brands.py), and says what happened; the
   ``shop install`` command runs it (and waits for a gateway that is starting: ``SHOP_AUTO_INSTALL_DELAYS``);
 - :func:`install_on_first_use` (``SHOP_AUTO_INSTALL=1``): the first shop request of each process runs it,
   once, without waiting on the gateway. Never fatal: whatever happens is logged with what to do and the
@@ -22,8 +24,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
-from typing import Final
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+from urllib.parse import quote
 
 from flask import Flask, request
 
@@ -56,21 +60,73 @@ RETRY_SECONDS: Final = 10.0
 _GATEWAY_BLUEPRINTS: Final = frozenset({"gateway", "gateway_admin"})
 
 
-def _installed(app: Flask) -> bool:
-    """Whether this shop has an installation (the extension's public ``payment_limits``)."""
-    return payment_limits() is not None
+def _installed(app: Flask, account: str | None = None) -> bool:
+    """Whether this shop has an installation of ``account`` (None: its one account, as the extension's
+    public ``payment_limits`` finds it)."""
+    return payment_limits(account=account) is not None
 
 
-def _installed_by_a_sibling(app: Flask, pause: Callable[[float], None]) -> bool:
+def _installed_by_a_sibling(app: Flask, pause: Callable[[float], None], account: str | None = None) -> bool:
     """The gateway knows the account: True when this shop's installation appears meanwhile (another worker
     process installed it a moment ago and is saving it)."""
     for delay in (0.0, *SIBLING_WAITS):
         if delay:
             pause(delay)
         db.session.rollback()  # a fresh read, and no transaction (SQLite: no write lock) while waiting
-        if _installed(app):
+        if _installed(app, account):
             return True
     return False
+
+
+@dataclass(frozen=True)
+class _Account:
+    """One merchant account the shop installs: its settings, the variables that name it (for messages),
+    and how to find its installation (None: the shop's one account, found as the default)."""
+
+    settings: InstallSettings
+    variables: str
+    lookup: str | None
+
+
+def _accounts(config: Mapping[str, Any], public_url: str) -> list[_Account]:
+    """The shop's account, then the second brand's (``SHOP_SECOND_ACCOUNT``) on its own callback path."""
+    limits = {"minimum_cents": config["SHOP_MIN_CENTS"], "maximum_cents": config["SHOP_MAX_CENTS"]}
+    second = config.get("SHOP_SECOND_ACCOUNT_ID")
+    main = str(config["SHOP_GATEWAY_ACCOUNT"])
+    accounts = [
+        _Account(
+            InstallSettings(
+                merchant_account_id=main,
+                api_key=config["SHOP_GATEWAY_API_KEY"],
+                callback_url=f"{public_url}/gateway/callback",
+                callback_failures_email=None,
+                **limits,
+            ),
+            "SHOP_GATEWAY_ACCOUNT and SHOP_GATEWAY_API_KEY",
+            # With one account, any installation is the shop's (the owner may have installed another id).
+            main if second else None,
+        )
+    ]
+    if second:
+        accounts.append(
+            _Account(
+                InstallSettings(
+                    merchant_account_id=second,
+                    api_key=config["SHOP_SECOND_ACCOUNT_API_KEY"],
+                    callback_url=f"{public_url}/gateway/callback/{quote(second, safe='')}",
+                    callback_failures_email=None,
+                    **limits,
+                ),
+                "SHOP_SECOND_ACCOUNT",
+                second,
+            )
+        )
+    return accounts
+
+
+#: How two accounts' outcomes combine into the one ``auto_install`` answers: the first of these that either
+#: had (a failure to report or to retry wins over success).
+_PRECEDENCE: Final = ("unreachable", "refused", "already-installed", "installed", "already-here")
 
 
 def auto_install(
@@ -83,9 +139,12 @@ def auto_install(
 
     ``installed``, ``already-here`` (this shop has an installation), ``already-installed`` (the gateway
     knows the account: the owner must adopt the signing key), ``unreachable``, ``refused`` or ``skipped``.
-    ``delays``: the pauses between attempts while the gateway does not answer (``SHOP_AUTO_INSTALL_DELAYS``
-    by default). A database error is raised (the caller decides: the command reports it, the first-use
-    hook tries again later); the gateway is never asked while the database is away.
+    With a second account (``SHOP_SECOND_ACCOUNT``) each account is installed in turn, the shop's first,
+    and the answer is the more telling of the two (``unreachable`` before a refusal before ``installed``
+    before ``already-here``). ``delays``: the pauses between attempts while the gateway does not answer
+    (``SHOP_AUTO_INSTALL_DELAYS`` by default). A database error is raised (the caller decides: the command
+    reports it, the first-use hook tries again later); the gateway is never asked while the database is
+    away.
     """
     pause = sleep or time.sleep
     config = app.config
@@ -97,77 +156,90 @@ def auto_install(
             "from /gateway/admin/install. The shop starts without the payment option."
         )
         return "skipped"
-    settings = InstallSettings(
-        merchant_account_id=config["SHOP_GATEWAY_ACCOUNT"],
-        api_key=config["SHOP_GATEWAY_API_KEY"],
-        callback_url=f"{public_url}/gateway/callback",
-        callback_failures_email=None,
-        minimum_cents=config["SHOP_MIN_CENTS"],
-        maximum_cents=config["SHOP_MAX_CENTS"],
-    )
     if delays is None:
         delays = tuple(config.get("SHOP_AUTO_INSTALL_DELAYS") or ())
+    outcomes = []
     with app.app_context():
-        if _installed(app):
-            log.info("The payment gateway is installed already; auto-install has nothing to do.")
-            return "already-here"
-        for attempt in range(len(delays) + 1):
-            try:
-                install(settings)
-            except AlreadyInstalledError:
-                if _installed_by_a_sibling(app, pause):
-                    log.info("Auto-install: another process of this shop installed the payment gateway.")
-                    return "already-here"
-                log.warning(
-                    "Auto-install: the gateway says account %r is already installed, so it will not send "
-                    "the signing key again. Open /gateway/admin/install as the owner and enter the signing "
-                    "key you received the first time to adopt it. (With the demo emulator you can also "
-                    "start from scratch: POST /_emulator/reset on the emulator, then restart the shop.)",
+        for account in _accounts(config, public_url):
+            outcomes.append(_install_one(app, account, delays, pause))
+    return next(outcome for outcome in _PRECEDENCE if outcome in outcomes)
+
+
+def _install_one(
+    app: Flask, account: _Account, delays: Sequence[float], pause: Callable[[float], None]
+) -> str:
+    settings = account.settings
+    config = app.config
+    if _installed(app, account.lookup):
+        log.info(
+            "The payment gateway is installed already for account %r; auto-install has nothing to do.",
+            settings.merchant_account_id,
+        )
+        return "already-here"
+    for attempt in range(len(delays) + 1):
+        try:
+            install(settings)
+        except AlreadyInstalledError:
+            if _installed_by_a_sibling(app, pause, account.lookup):
+                log.info(
+                    "Auto-install: another process of this shop installed the payment gateway for "
+                    "account %r.",
                     settings.merchant_account_id,
                 )
-                return "already-installed"
-            except AuthenticationError as error:
-                log.error(
-                    "Auto-install refused: the gateway does not accept account %r with this API key (%s). "
-                    "Check SHOP_GATEWAY_ACCOUNT and SHOP_GATEWAY_API_KEY.",
-                    settings.merchant_account_id,
-                    error.message,
-                )
-                return "refused"
-            except (GatewayConnectionError, GatewayServerError) as error:
-                if attempt < len(delays):
-                    log.info(
-                        "Auto-install: the gateway is not answering yet (%s); trying again in %.1f s.",
-                        error.message,
-                        delays[attempt],
-                    )
-                    pause(delays[attempt])
-                    continue
-                log.error(
-                    "Auto-install gave up after %d attempt(s): the gateway at %s does not answer (%s). The "
-                    "shop runs without the payment option meanwhile; start the gateway (emulator): the shop "
-                    "tries again on a later request, or install with 'flask --app example_shop shop "
-                    "install' or from /gateway/admin/install.",
-                    attempt + 1,
-                    config.get("GATEWAY_INSTALL_URL") or "the configured install URL",
-                    error.message,
-                )
-                return "unreachable"
-            except GatewayError as error:
-                log.error(
-                    "Auto-install refused by the gateway: %s. Install from /gateway/admin/install instead.",
-                    error.message,
-                )
-                return "refused"
-            log.info(
-                "Auto-install: the payment gateway is installed for account %r (limits %s to %s cents, "
-                "callbacks to %s).",
+                return "already-here"
+            log.warning(
+                "Auto-install: the gateway says account %r is already installed, so it will not send "
+                "the signing key again. Open /gateway/admin/install as the owner and enter the signing "
+                "key you received the first time to adopt it. (With the demo emulator you can also "
+                "start from scratch: POST /_emulator/reset on the emulator, then restart the shop.)",
                 settings.merchant_account_id,
-                settings.minimum_cents,
-                settings.maximum_cents,
-                settings.callback_url,
             )
-            return "installed"
+            return "already-installed"
+        except AuthenticationError as error:
+            log.error(
+                "Auto-install refused: the gateway does not accept account %r with this API key (%s). "
+                "Check %s.",
+                settings.merchant_account_id,
+                error.message,
+                account.variables,
+            )
+            return "refused"
+        except (GatewayConnectionError, GatewayServerError) as error:
+            if attempt < len(delays):
+                log.info(
+                    "Auto-install: the gateway is not answering yet (%s); trying again in %.1f s.",
+                    error.message,
+                    delays[attempt],
+                )
+                pause(delays[attempt])
+                continue
+            log.error(
+                "Auto-install gave up after %d attempt(s): the gateway at %s does not answer (%s). The "
+                "shop runs without the payment option meanwhile; start the gateway (emulator): the shop "
+                "tries again on a later request, or install with 'flask --app example_shop shop "
+                "install' or from /gateway/admin/install.",
+                attempt + 1,
+                config.get("GATEWAY_INSTALL_URL") or "the configured install URL",
+                error.message,
+            )
+            return "unreachable"
+        except GatewayError as error:
+            log.error(
+                "Auto-install refused by the gateway for account %r: %s. Install from "
+                "/gateway/admin/install instead.",
+                settings.merchant_account_id,
+                error.message,
+            )
+            return "refused"
+        log.info(
+            "Auto-install: the payment gateway is installed for account %r (limits %s to %s cents, "
+            "callbacks to %s).",
+            settings.merchant_account_id,
+            settings.minimum_cents,
+            settings.maximum_cents,
+            settings.callback_url,
+        )
+        return "installed"
     return "unreachable"  # pragma: no cover - the loop always returns
 
 

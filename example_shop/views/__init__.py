@@ -101,6 +101,8 @@ def register(app: Flask) -> None:
             "is_owner": _owner_unless_away(),
             "demo_gateway": app.config.get("GATEWAY_ENVIRONMENT", "emulator") == "emulator",
             "OrderStatus": OrderStatus,
+            # The second brand sells on its own merchant account (brands.py): pages name brands and accounts.
+            "two_brands": bool(app.config.get("SHOP_SECOND_ACCOUNT_ID")),
         }
 
     @app.errorhandler(CSRFError)

@@ -6,6 +6,7 @@ from flask import Blueprint, abort, flash, redirect, render_template, url_for
 from flask.typing import ResponseReturnValue
 
 from example_shop import cart as session_cart
+from example_shop.brands import account_for_cart, cart_problem
 from example_shop.catalog import find
 from example_shop.forms import ActionForm, AddToCartForm, QuantityForm
 from example_shop.payments import instalment_hint, payment_available
@@ -18,13 +19,17 @@ bp = Blueprint("cart", __name__, url_prefix="/cart")
 def render_cart(status: int = 200, errors: dict[str, list[str]] | None = None) -> ResponseReturnValue:
     cart = session_cart.load()
     total = cart.total_cents
-    available = bool(cart) and payment_available(total)
+    # A cart of two brands is two merchants' money: it is not paid in one checkout (brands.py).
+    problem = cart_problem(cart) if cart else None
+    account = account_for_cart(cart) if cart and problem is None else None
+    available = bool(cart) and problem is None and payment_available(total, account)
     return (
         render_template(
             "shop/cart.html",
             cart=cart,
             available=available,
-            hint=instalment_hint(total) if available else None,
+            brand_problem=problem,
+            hint=instalment_hint(total, account) if available else None,
             quantity_form=QuantityForm,
             remove_form=ActionForm(),
             line_errors=errors or {},

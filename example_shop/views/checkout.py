@@ -23,6 +23,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
 from example_shop import cart as session_cart
+from example_shop.brands import BrandError, account_for_cart, cart_problem
 from example_shop.cart import Cart
 from example_shop.extensions import db
 from example_shop.forms import CheckoutForm
@@ -36,7 +37,14 @@ from example_shop.models import (
     record,
 )
 from example_shop.payments import instalment_hint, order_draft, payment_available
-from flask_gateway import CheckoutUnavailableError, GatewayError, NotInstalledError, start_checkout, utcnow
+from flask_gateway import (
+    CheckoutUnavailableError,
+    GatewayError,
+    NotInstalledError,
+    UnknownAccountError,
+    start_checkout,
+    utcnow,
+)
 
 __all__ = ["bp"]
 
@@ -188,7 +196,9 @@ def _fill_from_last_order(form: CheckoutForm) -> None:
             form[f"shipping_{key}"].data = ""
 
 
-def _render(form: CheckoutForm, cart: Cart, available: bool, status: int = 200) -> ResponseReturnValue:
+def _render(
+    form: CheckoutForm, cart: Cart, available: bool, status: int = 200, brand_problem: str | None = None
+) -> ResponseReturnValue:
     if _attempt_reference(form.attempt.data) is None:
         form.attempt.data = _attempts().dumps(new_reference())
     return (
@@ -197,7 +207,8 @@ def _render(form: CheckoutForm, cart: Cart, available: bool, status: int = 200) 
             form=form,
             cart=cart,
             available=available,
-            hint=instalment_hint(cart.total_cents) if available else None,
+            brand_problem=brand_problem,
+            hint=instalment_hint(cart.total_cents, account_for_cart(cart)) if available else None,
             errors=form.errors_in_order(),
         ),
         status,
@@ -210,13 +221,18 @@ def checkout() -> ResponseReturnValue:
     if not cart:
         flash("Your cart is empty: add something you like first.", "info")
         return redirect(url_for("cart.view"))
-    available = payment_available(cart.total_cents)
+    # Two brands are two merchants' money: such a cart is not paid in one checkout (brands.py).
+    problem = cart_problem(cart)
+    available = problem is None and payment_available(cart.total_cents, account_for_cart(cart))
     form = CheckoutForm()
     if request.method == "GET":
         _fill_from_last_order(form)
-        return _render(form, cart, available)
+        return _render(form, cart, available, brand_problem=problem)
     if not form.validate_on_submit():
-        return _render(form, cart, available, 400)
+        return _render(form, cart, available, 400, brand_problem=problem)
+    if problem is not None:
+        flash(problem, "error")
+        return _render(form, cart, False, 409, brand_problem=problem)
     if not available:
         flash(
             "Paying in instalments isn't available for this order total. Change your cart and try again.",
@@ -231,6 +247,27 @@ def checkout() -> ResponseReturnValue:
     except (CheckoutUnavailableError, NotInstalledError):
         db.session.rollback()
         flash("Paying in instalments isn't available for this order right now. Nothing was charged.", "error")
+        return _render(form, cart, False, 409)
+    except BrandError as error:
+        # The account resolver could not place the order's products (brands.py): nothing was sent.
+        db.session.rollback()
+        log.warning("order %s: no merchant account for its products: %s", order.reference, error)
+        flash(str(error), "error")
+        return _render(form, cart, False, 409, brand_problem=str(error))
+    except UnknownAccountError as error:
+        # The brand's merchant account is configured but not installed in this shop (yet).
+        db.session.rollback()
+        log.error(
+            "order %s: the merchant account %r is not installed: run 'flask --app example_shop shop "
+            "install' (or install it from /gateway/admin/install)",
+            order.reference,
+            error.account,
+        )
+        flash(
+            "Paying in instalments isn't available for these products right now. Nothing was charged: "
+            "please try again later.",
+            "error",
+        )
         return _render(form, cart, False, 409)
     except (GatewayError, ValueError) as error:
         db.session.rollback()

@@ -6,13 +6,19 @@ from flask import Blueprint, abort, redirect, render_template, request, url_for
 from flask.typing import ResponseReturnValue
 
 from example_shop import cart as session_cart
-from example_shop.catalog import CATEGORIES, by_category, find
+from example_shop.brands import account_for_product
+from example_shop.catalog import CATEGORIES, Product, by_category, find
 from example_shop.forms import AddToCartForm
-from example_shop.payments import instalment_hint
+from example_shop.payments import InstalmentHint, instalment_hint
 
 __all__ = ["bp"]
 
 bp = Blueprint("shop", __name__)
+
+
+def _hint(product: Product) -> InstalmentHint | None:
+    """The product's plan on its brand's merchant account."""
+    return instalment_hint(product.price_cents, account_for_product(product))
 
 
 @bp.get("/")
@@ -26,7 +32,7 @@ def index() -> ResponseReturnValue:
         products=products,
         categories=CATEGORIES,
         category=category,
-        hints={product.slug: instalment_hint(product.price_cents) for product in products},
+        hints={product.slug: _hint(product) for product in products},
     )
 
 
@@ -46,8 +52,8 @@ def product(slug: str) -> ResponseReturnValue:
         "shop/product.html",
         product=found,
         form=AddToCartForm(),
-        hint=instalment_hint(found.price_cents),
+        hint=_hint(found),
         in_cart=session_cart.load().quantity_of(found.slug),
         related=related,
-        related_hints={p.slug: instalment_hint(p.price_cents) for p in related},
+        related_hints={p.slug: _hint(p) for p in related},
     )

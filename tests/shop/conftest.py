@@ -194,10 +194,15 @@ def make_harness(
     *,
     install: bool = True,
     name: str = "shop",
+    emulator_accounts: dict[str, str] | None = None,
     **config: Any,
 ) -> ShopHarness:
-    """The example shop on the database ``name``, the emulator on ``name-emulator`` (same backend)."""
-    emulator_app = make_emulator(databases.url(f"{name}-emulator"), public_url=EMULATOR_URL)
+    """The example shop on the database ``name``, the emulator on ``name-emulator`` (same backend);
+    ``emulator_accounts``: the emulator's accounts (id to API key) instead of its demo account."""
+    emulator_settings: dict[str, Any] = {"public_url": EMULATOR_URL}
+    if emulator_accounts is not None:
+        emulator_settings["accounts"] = emulator_accounts
+    emulator_app = make_emulator(databases.url(f"{name}-emulator"), **emulator_settings)
     app = create_shop(shop_config(databases.url(name), **config))
 
     connect(app, emulator_app)

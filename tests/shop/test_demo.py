@@ -1,5 +1,6 @@
 """``make demo`` (example_shop/demo.py): one data folder per port pair, so two demos never share an
-installation; the banner names the other flow, not the one running."""
+installation; the banner names the other flow, not the one running; both merchant accounts (Stoep's and
+the second brand's) are installed, each on its callback path."""
 
 from __future__ import annotations
 
@@ -32,22 +33,26 @@ def test_the_banner_names_the_flow_running_and_how_to_run_the_other() -> None:
     assert "API version:        v2 (DEMO_API_VERSION=v1 make demo runs the v1 flow)" in v2
     assert "API version:        v1 (make demo without DEMO_API_VERSION runs the v2 flow)" in v1
     assert "DEMO_API_VERSION=v1" not in v1  # the v1 demo does not tell you how to start the v1 demo
+    assert "Merchant accounts:  demo-merchant (Stoep), demo-vuurhout (Vuurhout" in v2
 
 
-def _installed_callback_url(folder: Path, timeout: float = 60.0) -> str:
+def _installed_callback_urls(folder: Path, timeout: float = 60.0) -> dict[str, str]:
+    """Each installed account's callback URL, once both of the demo's accounts are installed."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         database = folder / "shop.sqlite3"
         if database.exists():
             try:
                 with sqlite3.connect(database, timeout=1) as connection:
-                    row = connection.execute("SELECT callback_url FROM gateway_installations").fetchone()
+                    rows = connection.execute(
+                        "SELECT merchant_account_id, callback_url FROM gateway_installations"
+                    ).fetchall()
             except sqlite3.OperationalError:  # the tables are being created
-                row = None
-            if row:
-                return str(row[0])
+                rows = []
+            if len(rows) >= 2:
+                return {str(account): str(url) for account, url in rows}
         time.sleep(0.3)
-    raise AssertionError(f"no installation in {folder} after {timeout} s")
+    raise AssertionError(f"no installation of both accounts in {folder} after {timeout} s")
 
 
 def test_two_demos_on_other_ports_each_install_their_own_shop(tmp_path: Path) -> None:
@@ -70,7 +75,11 @@ def test_two_demos_on_other_ports_each_install_their_own_shop(tmp_path: Path) ->
     try:
         for _process, shop_port, emulator_port, _log in runs:
             folder = tmp_path / demo.data_folder(shop_port, emulator_port).name  # DEMO_DATA_DIR
-            assert _installed_callback_url(folder) == f"http://127.0.0.1:{shop_port}/gateway/callback"
+            # The shop's account on the callback path it always had; the second brand's on its own.
+            assert _installed_callback_urls(folder) == {
+                "demo-merchant": f"http://127.0.0.1:{shop_port}/gateway/callback",
+                "demo-vuurhout": f"http://127.0.0.1:{shop_port}/gateway/callback/demo-vuurhout",
+            }
         for api_version in ("v2", "v1"):  # both running: their banners are printed
             log_path = tmp_path / f"demo-{api_version}.log"
             wait_for(

@@ -258,9 +258,9 @@ def test_a_sibling_process_installing_first_is_not_an_account_installed_elsewher
     real_installed = setup._installed
     looks: list[bool] = []
 
-    def not_there_at_the_first_look(app: Flask) -> bool:
+    def not_there_at_the_first_look(app: Flask, account: str | None = None) -> bool:
         looks.append(True)
-        return len(looks) > 1 and real_installed(app)
+        return len(looks) > 1 and real_installed(app, account)
 
     monkeypatch.setattr(setup, "_installed", not_there_at_the_first_look)
     with caplog.at_level(logging.INFO, logger="example_shop"):
