@@ -151,7 +151,8 @@ _INSTALL_OUTCOMES: dict[str, tuple[int, str]] = {
 @with_appcontext
 def install_gateway() -> None:
     """Install the payment gateway with the shop's settings (SHOP_GATEWAY_ACCOUNT, SHOP_GATEWAY_API_KEY,
-    SHOP_MIN_CENTS, SHOP_MAX_CENTS, GATEWAY_PUBLIC_URL), unless it is installed already."""
+    SHOP_MIN_CENTS, SHOP_MAX_CENTS, GATEWAY_PUBLIC_URL), then the second brand's account of
+    SHOP_SECOND_ACCOUNT when it is set; each account installed already is left as it is."""
     from example_shop.setup import auto_install
 
     try:

@@ -175,6 +175,27 @@ def test_each_brand_is_paid_refunded_and_reconciled_on_its_own_account(shop2: Sh
 
 
 @pytest.mark.backends
+def test_the_v1_flow_pays_each_brand_on_its_account(
+    databases: Databases, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """v1: the signed success URL proves each payment, each checkout made with its account's credentials."""
+    shop = two_brand_shop(databases, monkeypatch, GATEWAY_API_VERSION="v1")
+    for product, account in ((STOEP_PRODUCT, ACCOUNT), (VUURHOUT_PRODUCT, SECOND)):
+        shopper = shop.shopper()
+        shopper.add(product)
+        token = _token(shopper.checkout())
+        reference = shop.latest_reference()
+        outcome = shop.pay_on_gateway(f"/{token}")
+        assert outcome["merchantMessage"] == "OK"
+        assert shop.order(reference).status == "paid"
+        assert _emulator_checkout(shop, token)["merchantAccountId"] == account
+        with shop.app.app_context():
+            checkout = latest_checkout(reference)
+            assert checkout is not None and checkout.api_version == "v1"
+            assert checkout.merchant_account_id == account
+
+
+@pytest.mark.backends
 def test_a_cart_mixing_the_brands_is_refused_with_a_clear_message(shop2: ShopHarness) -> None:
     shopper = shop2.shopper()
     shopper.add(STOEP_PRODUCT)
