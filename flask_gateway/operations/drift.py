@@ -8,6 +8,12 @@ installation's and records the answer on it (``settings_checked_at``, ``settings
 status page shows it (with a "check now" button) and ``flask gateway check-settings`` runs it from cron
 (exit code 1 when something differs).
 
+With several merchant accounts each one has its own settings at the gateway: :func:`check_settings`
+checks one (the default account unless told), with that account's keys, and records the answer on that
+account's row; :func:`check_all_settings` checks every account installed, open and retired (a retired
+account's callbacks still come), one after the other, and an account that cannot be checked never stops
+the others.
+
 The gateway has no operation that only reads its settings. So the check reads the limits with the v1
 configuration (read-only), then sends them back unchanged in a settings update, whose answer carries all
 four settings and the signing key: the update changes nothing, and what it answers is the gateway's view
@@ -28,7 +34,7 @@ from flask_gateway.core.wire import SettingsUpdateRequest
 from flask_gateway.models import Installation
 from flask_gateway.state import get_state, leaves_no_transaction
 
-__all__ = ["Difference", "DriftReport", "check_settings", "last_report"]
+__all__ = ["AccountCheck", "Difference", "DriftReport", "check_all_settings", "check_settings", "last_report"]
 
 _log = logging.getLogger("flask_gateway.drift")
 
@@ -47,6 +53,8 @@ class Difference:
 class DriftReport:
     checked_at: datetime
     differences: list[Difference] = field(default_factory=list)
+    #: The merchant account checked.
+    account: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -69,19 +77,22 @@ def _shown(value: Any) -> str:
 
 
 @leaves_no_transaction
-def check_settings() -> DriftReport:
-    """Ask the gateway for its settings, compare, record the result on the installation and return it.
+def check_settings(account: str | None = None) -> DriftReport:
+    """Ask the gateway for ``account``'s settings (default: the default account), compare, record the
+    result on that account's installation and return it.
 
-    Raises ``NotInstalledError`` before installation and ``GatewayError`` when the gateway cannot be asked.
+    Raises ``NotInstalledError`` before installation, ``UnknownAccountError`` for an account not installed
+    and ``GatewayError`` when the gateway cannot be asked.
     """
     state = get_state()
-    installation = state.require_installation()
+    installation = state.require_installation(account)
+    account = installation.merchant_account_id
     v1 = state.v1_client(installation)
     client = state.client(installation)
     stored_key = state.box.decrypt_cached(installation.signing_key_encrypted)
     state.session.commit()  # no transaction while the gateway answers
     limits = v1.configuration().data
-    report = DriftReport(checked_at=utcnow())
+    report = DriftReport(checked_at=utcnow(), account=account)
     sent: dict[str, int] = {}
     if limits.minimum_amount is not None:
         sent["minimumCheckoutAmountCents"] = limits.minimum_amount
@@ -101,7 +112,7 @@ def check_settings() -> DriftReport:
         if (ours or None) != (gateways or None):
             report.differences.append(Difference(setting, _shown(ours), _shown(gateways)))
     new_key = answer.signingKey.get_secret_value()
-    installation = state.require_installation()
+    installation = state.require_installation(account)
     if not hmac.compare_digest(new_key.encode(), stored_key.encode()):
         installation.signing_key_encrypted = state.box.encrypt(new_key)
         report.differences.append(
@@ -121,6 +132,48 @@ def check_settings() -> DriftReport:
     return report
 
 
+@dataclass
+class AccountCheck:
+    """One account's part of :func:`check_all_settings`: its report, or why it could not be checked."""
+
+    account: str
+    retired: bool
+    report: DriftReport | None = None
+    #: ``"ErrorName: message"`` when the account could not be checked (the gateway, its stored keys).
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.report is not None and self.report.ok
+
+
+@leaves_no_transaction
+def check_all_settings() -> list[AccountCheck]:
+    """:func:`check_settings` for every account installed for this environment, open and retired, oldest
+    first. An account that cannot be checked (the gateway does not answer it, its keys do not decrypt) is
+    reported with its error and the next one is checked all the same. An empty list: nothing installed."""
+    state = get_state()
+    accounts = [(row.merchant_account_id, row.retired) for row in state.installations()]
+    state.session.commit()  # no transaction while the gateway answers
+    checks: list[AccountCheck] = []
+    for account, retired in accounts:
+        try:
+            checks.append(AccountCheck(account, retired, report=check_settings(account)))
+        except Exception as error:
+            state.session.rollback()
+            text = str(error).strip().splitlines()
+            _log.warning(
+                "gateway settings of merchant account %s could not be checked: %s: %s",
+                account,
+                type(error).__name__,
+                text[0] if text else "",
+            )
+            checks.append(
+                AccountCheck(account, retired, error=f"{type(error).__name__}: {text[0] if text else ''}")
+            )
+    return checks
+
+
 def last_report(installation: Installation) -> DriftReport | None:
     """The result of the last check, as recorded on the installation (None: never checked)."""
     if installation.settings_checked_at is None:
@@ -130,4 +183,8 @@ def last_report(installation: Installation) -> DriftReport | None:
         for d in installation.settings_drift or []
         if isinstance(d, dict)
     ]
-    return DriftReport(checked_at=installation.settings_checked_at, differences=differences)
+    return DriftReport(
+        checked_at=installation.settings_checked_at,
+        differences=differences,
+        account=installation.merchant_account_id,
+    )
