@@ -89,7 +89,11 @@ class _Account:
 
 
 def _accounts(config: Mapping[str, Any], public_url: str) -> list[_Account]:
-    """The shop's account, then the second brand's (``SHOP_SECOND_ACCOUNT``) on its own callback path."""
+    """The second brand's account (``SHOP_SECOND_ACCOUNT``, on its own callback path), then the shop's own.
+
+    In that order so that a shop installed from scratch has its own account as the newest open one: the
+    extension's default account (its screens, the ``flask gateway`` commands without ``--account``). The
+    shop's checkouts never depend on it: its account resolver always names the brand's account."""
     limits = {"minimum_cents": config["SHOP_MIN_CENTS"], "maximum_cents": config["SHOP_MAX_CENTS"]}
     second = config.get("SHOP_SECOND_ACCOUNT_ID")
     main = str(config["SHOP_GATEWAY_ACCOUNT"])
@@ -121,7 +125,7 @@ def _accounts(config: Mapping[str, Any], public_url: str) -> list[_Account]:
                 second,
             )
         )
-    return accounts
+    return accounts[::-1]
 
 
 #: How two accounts' outcomes combine into the one ``auto_install`` answers: the first of these that either
@@ -139,12 +143,12 @@ def auto_install(
 
     ``installed``, ``already-here`` (this shop has an installation), ``already-installed`` (the gateway
     knows the account: the owner must adopt the signing key), ``unreachable``, ``refused`` or ``skipped``.
-    With a second account (``SHOP_SECOND_ACCOUNT``) each account is installed in turn, the shop's first,
-    and the answer is the more telling of the two (``unreachable`` before a refusal before ``installed``
-    before ``already-here``). ``delays``: the pauses between attempts while the gateway does not answer
-    (``SHOP_AUTO_INSTALL_DELAYS`` by default). A database error is raised (the caller decides: the command
-    reports it, the first-use hook tries again later); the gateway is never asked while the database is
-    away.
+    With a second account (``SHOP_SECOND_ACCOUNT``) each account is installed in turn (the second brand's
+    first: :func:`_accounts`), and the answer is the more telling of the two (``unreachable`` before a
+    refusal before ``installed`` before ``already-here``). ``delays``: the pauses between attempts while
+    the gateway does not answer (``SHOP_AUTO_INSTALL_DELAYS`` by default). A database error is raised (the
+    caller decides: the command reports it, the first-use hook tries again later); the gateway is never
+    asked while the database is away.
     """
     pause = sleep or time.sleep
     config = app.config

@@ -98,6 +98,10 @@ def test_shop_install_installs_both_accounts_each_on_its_callback_path(shop2: Sh
     assert rows[ACCOUNT].callback_url == f"{SHOP_URL}/gateway/callback"
     assert rows[SECOND].callback_url == f"{SHOP_URL}/gateway/callback/{SECOND}"
     assert not rows[ACCOUNT].retired and not rows[SECOND].retired
+    # The second brand's was installed first: the shop's own account is the extension's default one.
+    with shop2.app.app_context():
+        default = get_state().installation()
+        assert default is not None and default.merchant_account_id == ACCOUNT
     assert shop2.install() == "already-here"  # a second run (every deploy runs it) changes nothing
     result = shop2.app.test_cli_runner().invoke(args=["shop", "install"])
     assert result.exit_code == 0 and "was installed already" in result.output, result.output
