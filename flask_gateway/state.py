@@ -103,6 +103,12 @@ class AccountChoice:
     resolver: Callable[[Any], str | None] | None = None
 
 
+def _storable_account(account: str) -> bool:
+    """Whether ``account`` can be an installed merchant account id: at most 255 characters, no U+0000
+    (which PostgreSQL refuses even in a query's parameter). Any other id is simply not installed."""
+    return len(account) <= 255 and "\x00" not in account
+
+
 def _app_context_id() -> int:
     return id(app_ctx._get_current_object())  # type: ignore[attr-defined]
 
@@ -222,6 +228,8 @@ class GatewayState:
         """The installation of ``account`` for the configured environment (open or retired), or with no
         account the default one: the newest installation still open (a shop with one account: its only
         one). None when there is none."""
+        if account is not None and not _storable_account(account):
+            return None  # no installed account has that id (and PostgreSQL refuses U+0000 in a query)
         query = select(Installation).where(Installation.environment == self.config.environment)
         if account is None:
             query = query.where(Installation.retired_at.is_(None)).order_by(Installation.id.desc()).limit(1)
@@ -235,6 +243,8 @@ class GatewayState:
         Two columns, no ORM entity: what a callback needs to be verified, on its hot path."""
         if account is None:
             row = self.session.execute(_INSTALLATION_KEY, {"environment": self.config.environment}).first()
+        elif not _storable_account(account):
+            row = None  # a callback path or argument no installed account can have: nothing to ask
         else:
             row = self.session.execute(
                 _ACCOUNT_KEY, {"environment": self.config.environment, "account": account}

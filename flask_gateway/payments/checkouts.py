@@ -171,7 +171,7 @@ def create_checkout(order: OrderDraft, *, account: str | None = None) -> Gateway
     _one_create_per_order(session, account, order.reference)
     checkout = _reusable(session, order, version, account)
     if checkout is not None and checkout.status != LocalStatus.CREATING:
-        session.commit()
+        commit_keeping_loaded(session)
         return checkout
     if checkout is None:
         now = utcnow()
@@ -210,11 +210,13 @@ def create_checkout(order: OrderDraft, *, account: str | None = None) -> Gateway
     # stays open while the gateway answers.
     if isinstance(body, CreateCheckoutRequest):
         client = state.client(installation)
-        session.commit()  # the requestId is safe before anything leaves
+        # The requestId is safe before anything leaves. Keeping what the session holds loaded: a checkout
+        # the shop was handed before (another order's, another account's) stays readable.
+        commit_keeping_loaded(session)
         observation = _send_v2_create(client, checkout_id, body)
     else:
         v1_client = state.v1_client(installation)
-        session.commit()
+        commit_keeping_loaded(session)
         observation = _send_v1_checkout(v1_client, checkout_id, body)
     transition = apply(session, checkout_id, observation)
     created = transition.checkout

@@ -22,6 +22,7 @@ from flask_gateway.core.errors import (
     GatewayError,
 )
 from flask_gateway.core.money import format_money
+from flask_gateway.errors import CheckoutUnavailableError, NotInstalledError, UnknownAccountError
 from flask_gateway.payments.accounts import choose_account
 from flask_gateway.payments.availability import is_available
 from flask_gateway.state import get_state, leaves_no_transaction
@@ -102,10 +103,13 @@ def payment_plan(total_cents: int, *, account: str | None = None, draft: Any = N
     be asked: the hint is then left out rather than guessed. Answers are cached per process for
     :data:`PLAN_CACHE_SECONDS` per account and amount, failures for 30 seconds.
     """
-    if not is_available(total_cents, account=account, draft=draft):
+    try:
+        installation = choose_account(draft, account)  # the shop's resolver asked once
+    except (CheckoutUnavailableError, NotInstalledError, UnknownAccountError):
+        return None  # no open account for it: not offered
+    if not is_available(total_cents, account=installation.merchant_account_id):
         return None
     state = get_state()
-    installation = choose_account(draft, account)
     key = (state.config.v1_base_url, installation.merchant_account_id, total_cents)
     with _plan_lock:
         if key in _plan_cache:

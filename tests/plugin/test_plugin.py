@@ -25,6 +25,7 @@ from flask_gateway import (
     checkout_cancelled,
     checkout_expired,
     checkout_flagged,
+    create_checkout,
     payment_confirmed,
     refresh,
 )
@@ -712,3 +713,124 @@ def test_the_control_api_answers_and_refusals_carry_the_emulators_message(gatewa
     assert gateway_emulator.control("emails", method="GET") == {"emails": []}
     with pytest.raises(GatewayEmulatorError, match=r"POST /_emulator/checkouts/v2\.nope/pay: HTTP 404"):
         gateway_emulator.pay("v2.nope")
+
+
+# --- several merchant accounts ---------------------------------------------------------------------------
+
+
+def _section(heading: str) -> str:
+    return DOCS.read_text().split(f"## {heading}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def test_the_docs_example_of_two_accounts_passes(app: Flask, gateway_emulator) -> None:
+    """docs/testing.md, "Several merchant accounts": its test, run on the plugin's shop."""
+    (code,) = re.findall(r"```python\n(.*?)```", _section("Several merchant accounts"), flags=re.DOTALL)
+    namespace: dict[str, Any] = {}
+    exec(compile(code, "docs/testing.md", "exec"), namespace)  # noqa: S102 - our own documentation
+    place_order(app, "K-1", 79_900)
+    place_order(app, "B-1", 79_900)
+    namespace["test_two_brands_pay_side_by_side"](app, gateway_emulator)
+    assert shipments(app, "K-1") == shipments(app, "B-1") == 1
+
+
+def test_install_another_account(app: Flask, gateway_emulator) -> None:
+    gateway_emulator.install(account="brand-b", minimum_cents=5000, maximum_cents=60000)
+    accounts = {
+        a["merchantAccountId"]: a for a in gateway_emulator.control("accounts", method="GET")["accounts"]
+    }
+    assert set(accounts) == {"demo-merchant", "brand-b"}
+    assert accounts["brand-b"]["installed"] is True
+    assert accounts["brand-b"]["checkoutStatusCallbackUrl"] == "https://shop.example/gateway/callback/brand-b"
+    with app.app_context():
+        state = get_state()
+        first, second = state.installations()
+        assert (first.merchant_account_id, second.merchant_account_id) == ("demo-merchant", "brand-b")
+        assert state.box.decrypt(second.api_key_encrypted) == "brand-b-api-key"
+        assert (second.minimum_cents, second.maximum_cents) == (5000, 60000)
+        assert first.callback_url == "https://shop.example/gateway/callback"
+    assert gateway_emulator.account == "demo-merchant"  # the first account's, as before
+
+    # Again: that account's settings change; the first account's stay (and the reverse).
+    gateway_emulator.install(account="brand-b", minimum_cents=7000, maximum_cents=60000)
+    gateway_emulator.install(minimum_cents=300)
+    with app.app_context():
+        first, second = get_state().installations()
+        assert (first.minimum_cents, second.minimum_cents) == (300, 7000)
+    accounts = {
+        a["merchantAccountId"]: a for a in gateway_emulator.control("accounts", method="GET")["accounts"]
+    }
+    assert accounts["brand-b"]["minimumCheckoutAmountCents"] == 7000
+    assert accounts["demo-merchant"]["minimumCheckoutAmountCents"] == 300
+
+
+@pytest.fixture
+def two_account_settings(app: Flask) -> Any:
+    return emulator_settings_for(
+        app, accounts={"demo-merchant": "demo-api-key", "seller-7": "key-of-seller-7"}
+    )
+
+
+def test_an_account_the_emulator_has_keeps_its_key(app: Flask, tmp_path: Path, two_account_settings) -> None:
+    with GatewayEmulator.start(
+        app, database_url=f"sqlite:///{tmp_path / 'e.sqlite3'}", settings=two_account_settings
+    ) as gateway:
+        gateway.install(account="seller-7")
+        with app.app_context():
+            state = get_state()
+            assert (
+                state.box.decrypt(state.require_installation("seller-7").api_key_encrypted)
+                == "key-of-seller-7"
+            )
+        # An account not installed yet takes the key the test gives (the account manager issued another).
+        gateway.control("accounts", {"merchantAccountId": "seller-8", "merchantAccountApiKey": "old-key"})
+        gateway.install(account="seller-8", api_key="new-key")
+        with app.app_context():
+            state = get_state()
+            assert state.box.decrypt(state.require_installation("seller-8").api_key_encrypted) == "new-key"
+        # An id the emulator cannot issue is its refusal, with its message; nothing is installed.
+        with pytest.raises(GatewayEmulatorError, match="HTTP 400"):
+            gateway.install(account="not an id!")
+        with app.app_context():
+            assert [i.merchant_account_id for i in get_state().installations()] == [
+                "demo-merchant",
+                "seller-7",
+                "seller-8",
+            ]
+
+
+def test_every_helper_works_for_a_checkout_of_the_second_account(app: Flask, gateway_emulator) -> None:
+    gateway_emulator.install(account="brand-b")
+    for reference in ("B-1", "B-2", "B-3"):
+        place_order(app, reference)
+    with app.app_context():
+        paid = create_checkout(_draft("B-1"), account="brand-b").token
+        cancelled = create_checkout(_draft("B-2"), account="brand-b").token
+        expired = create_checkout(_draft("B-3"), account="brand-b").token
+    assert paid and cancelled and expired and paid.startswith("v2.brand-b.")
+    gateway_emulator.pay(paid)
+    gateway_emulator.fail_next_callback()
+    assert gateway_emulator.deliver() == 1
+    gateway_emulator.assert_not_fulfilled("B-1")
+    gateway_emulator.advance_clock(2)  # the retry, to the account's own path
+    assert [a["url"] for a in gateway_emulator.callbacks(paid)][-1].endswith("/gateway/callback/brand-b")
+    gateway_emulator.assert_fulfilled_once("B-1")
+    assert gateway_emulator.replay_callback(paid).http_status == 200
+    gateway_emulator.assert_fulfilled_once("B-1")
+    assert shipments(app, "B-1") == 1
+    assert gateway_emulator.cancel_as_consumer(cancelled).status == "CANCELLED_BY_CONSUMER"
+    gateway_emulator.expire(expired)
+    with app.app_context():
+        assert refresh(_shop_row(expired)).after == "EXPIRED"
+    assert gateway_emulator.status(expired) == "EXPIRED"
+
+
+def _draft(reference: str) -> Any:
+    from flask_gateway import Customer, OrderDraft, OrderLine
+
+    line = OrderLine(name="Enamel kettle", sku="K-1", quantity=1, unit_price_cents=49900)
+    customer = Customer(first_name="Thandi", last_name="Mokoena", email="thandi@example.com")
+    return OrderDraft(reference=reference, lines=(line,), customer=customer)
+
+
+def _shop_row(token: str) -> GatewayCheckout:
+    return get_state().session.scalars(select(GatewayCheckout).filter_by(token=token)).one()

@@ -207,6 +207,23 @@ def test_availability_limits_and_the_hint_follow_the_chosen_account(two_accounts
     assert two_accounts.count() == 1
 
 
+def test_the_resolver_is_asked_once_per_call(two_accounts: TwoAccounts) -> None:
+    asked: list[str | None] = []
+
+    @two_accounts.harness.gateway.account_resolver
+    def counting(draft: OrderDraft | None) -> str | None:
+        asked.append(draft.reference if draft is not None else None)
+        return brand_resolver(draft)
+
+    with two_accounts.shop.test_request_context(base_url=SHOP_URL):
+        assert format_instalment_hint(600_000, draft=order("A-1", 600_000)).startswith("or ")
+        assert asked == ["A-1"]
+        assert start_checkout(order("B-1")).status_code == 303
+        assert asked == ["A-1", "B-1"]
+        assert is_available(600_000) is True  # no draft: the resolver is given None
+        assert asked == ["A-1", "B-1", None]
+
+
 # --- retiring an account ---------------------------------------------------------------------------------
 
 
@@ -352,6 +369,10 @@ def test_an_unknown_account_is_refused_naming_the_installed_ones(two_accounts: T
         assert f"installed: {ACCOUNT}, {SECOND}" in str(raised.value)
         with pytest.raises(UnknownAccountError):
             start_checkout(order("X-2"), account="brand-x")
+        for odd in ("brand\x00b", "b" * 300, ""):  # U+0000 (PostgreSQL refuses it), too long, empty
+            with pytest.raises(UnknownAccountError):
+                create_checkout(order("X-6"), account=odd)
+            assert is_available(799_800, account=odd) is False
         with pytest.raises(UnknownAccountError):
             retire_account("brand-x")
         assert is_available(799_800, account="brand-x") is False
