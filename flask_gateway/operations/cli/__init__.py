@@ -36,6 +36,6 @@ exit status 75 (``EX_TEMPFAIL``): a cron job or timer runs it again later.
 from __future__ import annotations
 
 # Importing the command modules registers their commands on the group.
-from flask_gateway.operations.cli import callbacks, checkouts, outbox, setup  # noqa: F401
+from flask_gateway.operations.cli import accounts, callbacks, checkouts, outbox, setup  # noqa: F401
 from flask_gateway.operations.cli.group import *  # noqa: F403
 from flask_gateway.operations.cli.group import __all__ as __all__

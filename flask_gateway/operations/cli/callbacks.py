@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import click
-from sqlalchemy import CursorResult, delete, select
+from sqlalchemy import CursorResult, and_, delete, or_, select
 
 from flask_gateway.core.timestamps import utcnow
 from flask_gateway.errors import CallbackRejected, NotInstalledError
@@ -13,10 +13,14 @@ from flask_gateway.inbound import replay_callback
 from flask_gateway.models import (
     CallbackLog,
     CallbackOutcome,
+    GatewayCheckout,
 )
 from flask_gateway.operations.cli.group import (
+    account_option,
     checked,
     gateway_cli,
+    installed_account,
+    several_accounts,
     when,
 )
 from flask_gateway.operations.health import REFUSED
@@ -36,26 +40,47 @@ from flask_gateway.state import get_state
     help="Only callbacks answered 4xx/5xx or not answered at all (not the doctor's own probe).",
 )
 @click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True)
+@account_option(
+    "Only callbacks for this merchant account's checkouts (a callback naming no checkout: the account its "
+    "header claimed) [default: every account]."
+)
 @checked("callbacks")
-def callbacks_command(outcome: str | None, refused: bool, limit: int) -> None:
+def callbacks_command(outcome: str | None, refused: bool, limit: int, account: str | None) -> None:
     """The newest callbacks received, one line each (the body is in the admin's callback log)."""
-    query = select(CallbackLog).order_by(CallbackLog.id.desc()).limit(limit)
+    account = installed_account(account)
+    query = (
+        select(CallbackLog, GatewayCheckout.merchant_account_id)
+        .outerjoin(GatewayCheckout, GatewayCheckout.id == CallbackLog.checkout_id)
+        .order_by(CallbackLog.id.desc())
+        .limit(limit)
+    )
     if outcome:
         query = query.where(CallbackLog.outcome == outcome)
     if refused:
         query = query.where(REFUSED)
-    rows = get_state().session.scalars(query).all()
+    if account is not None:
+        query = query.where(
+            or_(
+                GatewayCheckout.merchant_account_id == account,
+                and_(CallbackLog.checkout_id.is_(None), CallbackLog.merchant_account_id == account),
+            )
+        )
+    rows = get_state().session.execute(query).all()
     if not rows:
         click.echo("No callbacks match.")
         return
-    for row in rows:
+    named = several_accounts()
+    for row, checkout_account in rows:
         answer = "no answer" if row.http_status == 0 else f"HTTP {row.http_status}"
         checkout = f"checkout #{row.checkout_id}" if row.checkout_id else "no checkout"
         signature = "verified" if row.verified else "NOT verified"
         client = f"from {row.client_address}  " if row.client_address else ""
+        # Several accounts: the checkout's account, else (no checkout) the one the request claimed.
+        of = checkout_account or row.merchant_account_id
+        shown = f"account {of or '-'}  " if named else ""
         click.echo(
             f"#{row.id}  {when(row.received_at)}  {answer:<9}  {row.outcome:<18}  {signature:<12}  "
-            f"{client}{checkout}{': ' + row.detail if row.detail else ''}"
+            f"{client}{shown}{checkout}{': ' + row.detail if row.detail else ''}"
         )
 
 

@@ -12,16 +12,18 @@ from sqlalchemy import select
 from flask_gateway.config import MAX_PAID_WINDOW_HOURS, MAX_RECONCILE_CONCURRENCY
 from flask_gateway.core.errors import GatewayError
 from flask_gateway.core.wire import status_payload_keys
-from flask_gateway.errors import NotInstalledError
+from flask_gateway.errors import NotInstalledError, SecretUnreadable, UnknownAccountError
 from flask_gateway.models import (
     GatewayCheckout,
 )
 from flask_gateway.operations.cli.group import (
+    account_option,
     checked,
     gateway_cli,
+    installed_account,
     when,
 )
-from flask_gateway.operations.drift import check_settings
+from flask_gateway.operations.drift import check_all_settings, check_settings
 from flask_gateway.operations.reconciliation import PAID_RECHECK_SECONDS, reconcile
 from flask_gateway.payments.polling import refresh
 from flask_gateway.state import get_state
@@ -60,6 +62,7 @@ from flask_gateway.state import get_state
     help="Getstatus calls in flight at once; 1: one at a time [default: GATEWAY_RECONCILE_CONCURRENCY].",
 )
 @click.option("--quiet", is_flag=True, help="No progress bar; only the summary.")
+@account_option("Only this merchant account's checkouts [default: every account installed, open or retired].")
 @checked("reconcile")
 def reconcile_command(
     limit: int | None,
@@ -68,8 +71,10 @@ def reconcile_command(
     paid_recheck: float | None,
     concurrency: int | None,
     quiet: bool,
+    account: str | None,
 ) -> None:
     """Ask the gateway about checkouts that are not final, and recently paid ones, and apply the answers."""
+    account = installed_account(account)
     with ExitStack() as stack:
         bar: Any = None
 
@@ -91,6 +96,7 @@ def reconcile_command(
             paid_window_hours=paid_window,
             paid_recheck_seconds=paid_recheck,
             concurrency=concurrency,
+            account=account,
         )
     click.echo(report.summary())
     if report.errors:
@@ -105,12 +111,22 @@ def reconcile_command(
     is_flag=True,
     help="Apply the gateway's answer to the local record (through the state machine).",
 )
+@account_option(
+    "The merchant account to ask about a token with no local checkout [default: the default account]; a "
+    "local checkout is always asked about with its own account."
+)
 @checked("status")
-def status_command(token: str, apply_answer: bool) -> None:
+def status_command(token: str, apply_answer: bool, account: str | None) -> None:
     """Show checkout TOKEN: the local record and what the gateway's getstatus says."""
+    account = installed_account(account)
     state = get_state()
     session = state.session
     checkout = session.scalars(select(GatewayCheckout).where(GatewayCheckout.token == token)).first()
+    if checkout is not None and account is not None and account != checkout.merchant_account_id:
+        raise click.ClickException(
+            f"checkout {token} belongs to the merchant account {checkout.merchant_account_id}, not "
+            f"{account}: a checkout is asked about with its own account (leave --account out)."
+        )
     problems = 0
     if checkout is None:
         click.echo(f"No local checkout has token {token}.")
@@ -155,8 +171,9 @@ def status_command(token: str, apply_answer: bool) -> None:
             transition = refresh(checkout, source="admin")
             verb = "applied" if transition.applied else f"not applied ({transition.reason})"
             click.echo(f"Refreshed: {transition.before} -> {transition.after}, {verb}.")
-        payload = state.client().get_status(token).data.to_wire(state.config.wire_names)
-    except (GatewayError, NotInstalledError) as error:
+        asking = checkout.merchant_account_id if checkout is not None else account
+        payload = state.client(account=asking).get_status(token).data.to_wire(state.config.wire_names)
+    except (GatewayError, NotInstalledError, UnknownAccountError, SecretUnreadable) as error:
         click.echo(f"The gateway could not be asked: {error}", err=True)
         raise SystemExit(1) from None
     click.echo("Gateway (getstatus)")
@@ -167,14 +184,36 @@ def status_command(token: str, apply_answer: bool) -> None:
 
 
 @gateway_cli.command("check-settings")
+@account_option("Only this merchant account [default: every account installed, open or retired].")
 @checked("check-settings")
-def check_settings_command() -> None:
+def check_settings_command(account: str | None) -> None:
     """Compare the gateway's settings with the shop's and say what differs (exit 1 when something does)."""
-    try:
-        report = check_settings()
-    except (GatewayError, NotInstalledError, ValueError) as error:
-        click.echo(f"The gateway's settings could not be checked: {error}", err=True)
-        raise SystemExit(1) from None
-    click.echo(report.summary())
-    if not report.ok:
+    account = installed_account(account)
+    installed = get_state().installations()
+    if account is not None or (len(installed) == 1 and not installed[0].retired):
+        # One account (named, or the shop's only one): its report, as the command always printed it.
+        try:
+            report = check_settings(account)
+        except (GatewayError, NotInstalledError, UnknownAccountError, SecretUnreadable, ValueError) as error:
+            click.echo(f"The gateway's settings could not be checked: {error}", err=True)
+            raise SystemExit(1) from None
+        if len(installed) > 1:
+            click.echo(f"Merchant account {account}:")
+        click.echo(report.summary())
+        if not report.ok:
+            raise SystemExit(1)
+        return
+    # Several accounts: each one checked, one failing never stopping the others.
+    checks = check_all_settings()
+    open_ = [check.account for check in checks if not check.retired]
+    default = open_[-1] if open_ else None
+    for check in checks:
+        mark = " (default)" if check.account == default else " (retired)" if check.retired else ""
+        if check.report is not None:
+            click.echo(f"{check.account}{mark}: {check.report.summary()}")
+        else:
+            click.echo(f"{check.account}{mark}: could not be checked: {check.error}")
+    failing = [check.account for check in checks if not check.ok]
+    if failing:
+        click.echo(f"Not the shop's, or not checked: {', '.join(failing)}.", err=True)
         raise SystemExit(1)

@@ -1,5 +1,6 @@
 """The ``flask gateway`` group and what every command does first: the line saying which database, gateway
-and account it uses, the checks that refuse (exit 78), and one line with exit 75 when the database is away."""
+and account(s) it uses, the checks that refuse (exit 78), and one line with exit 75 when the database is
+away; the ``--account ID`` option of the commands that act on checkouts."""
 
 from __future__ import annotations
 
@@ -12,10 +13,12 @@ from typing import Any, Final, TypeVar
 
 import click
 from flask.cli import AppGroup
-from sqlalchemy import URL
+from sqlalchemy import URL, select
 
 from flask_gateway.core.outages import DATABASE_ERRORS, describe_database_error, is_database_outage
 from flask_gateway.core.sql import sqlite_read_transactions
+from flask_gateway.errors import UnknownAccountError
+from flask_gateway.models import Installation
 from flask_gateway.operations.readiness import missing_schema
 from flask_gateway.state import GatewayState, get_state, leaves_no_transaction
 
@@ -28,9 +31,13 @@ __all__ = [
     "ConfigurationFault",
     "DatabaseAway",
     "GatewayCommands",
+    "account_option",
     "checked",
+    "describe_accounts",
     "describe_database",
     "gateway_cli",
+    "installed_account",
+    "several_accounts",
     "when",
 ]
 
@@ -101,12 +108,17 @@ class Checks:
 
 
 #: Each command's checks (docs/extension.md's "Command line" shows the same table; a test compares them).
-#: ``init-db`` makes the tables and ``doctor`` reports them (and the installation) itself; ``callbacks``
-#: and ``outbox`` list local rows, for which "not installed" is a normal answer (a failed install's
-#: refused callbacks); every command that calls the gateway, delivers, or is scheduled needs both.
+#: ``init-db`` makes the tables and ``doctor`` reports them (and the installation) itself; ``callbacks``,
+#: ``outbox`` and ``accounts`` list local rows, for which "not installed" is a normal answer (a failed
+#: install's refused callbacks); ``install`` installs; every command that calls the gateway, delivers, or is
+#: scheduled needs both. A sub-command is named with its group: ``accounts retire``.
 COMMAND_CHECKS: Final[dict[str, Checks]] = {
     "init-db": Checks(tables=False, installed=False),
     "doctor": Checks(tables=False, installed=False, database=False),
+    "install": Checks(tables=True, installed=False),
+    "accounts": Checks(tables=True, installed=False),
+    "accounts retire": Checks(),
+    "accounts reopen": Checks(),
     "callbacks": Checks(tables=True, installed=False),
     "outbox": Checks(tables=True, installed=False),
     "reconcile": Checks(),
@@ -143,12 +155,17 @@ def describe_database(url: URL) -> str:
 
 
 def checked(name: str) -> Callable[[_F], _F]:
-    """Run ``name``'s :data:`COMMAND_CHECKS` (after one line saying what the command uses) before it."""
+    """Run ``name``'s :data:`COMMAND_CHECKS` (after one line saying what the command uses) before it. On a
+    group's callback they run only when the group itself is the command (``flask gateway accounts``); a
+    sub-command (``accounts retire``) runs its own."""
     checks = COMMAND_CHECKS[name]
 
     def decorate(command: _F) -> _F:
         @functools.wraps(command)
         def run(*args: Any, **kwargs: Any) -> Any:
+            context = click.get_current_context(silent=True)
+            if context is not None and context.invoked_subcommand is not None:
+                return command(*args, **kwargs)
             # A service (`deliver --every`) waits for the database instead of exiting 75: started while it
             # is away, systemd would restart it in a loop, and give up after five tries in ten seconds.
             every = kwargs.get("every")
@@ -208,7 +225,7 @@ def _preflight(checks: Checks, *, wait_every: float | None = None) -> None:
     if missing and account is None:
         say("installation not read (tables missing)")
     else:
-        say(f"account {account}" if account else "not installed")
+        say(account or "not installed")
     if missing and checks.tables:
         shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
         raise ConfigurationFault(
@@ -226,13 +243,61 @@ def _preflight(checks: Checks, *, wait_every: float | None = None) -> None:
 
 @leaves_no_transaction
 def _read_setup(state: GatewayState) -> tuple[list[str], str | None]:
-    """The missing tables and columns, and the installed account (None: not installed, or no table)."""
+    """The missing tables and columns, and the installed accounts in words (None: not installed, or no
+    table): ``account a`` for one, ``accounts a, b (default), c (retired)`` for several."""
     with sqlite_read_transactions():  # nothing here writes: no SQLite write lock
         missing = missing_schema(state.engine)
         if any(name.split(".")[0] == "gateway_installations" for name in missing):
             return missing, None
-        key = state.installation_key()
-    return missing, None if key is None else key[0]
+        rows = state.session.execute(
+            select(Installation.merchant_account_id, Installation.retired_at)
+            .where(Installation.environment == state.config.environment)
+            .order_by(Installation.id)
+        ).all()
+    return missing, describe_accounts([(row[0], row[1] is not None) for row in rows]) if rows else None
+
+
+def describe_accounts(accounts: list[tuple[str, bool]]) -> str:
+    """``account a`` (one open account: the line as before several existed), else ``accounts a, b
+    (default), c (retired)``: ``accounts`` are (id, retired) pairs, oldest first; the default account is
+    the newest one still open."""
+    if len(accounts) == 1 and not accounts[0][1]:
+        return f"account {accounts[0][0]}"
+    open_ = [name for name, retired in accounts if not retired]
+    default = open_[-1] if open_ else None
+    labels = [
+        name + (" (retired)" if retired else " (default)" if name == default else "")
+        for name, retired in accounts
+    ]
+    return ("account " if len(accounts) == 1 else "accounts ") + ", ".join(labels)
+
+
+def account_option(text: str) -> Callable[[_F], _F]:
+    """``--account ID``: the merchant account a command acts on (checked by :func:`installed_account`)."""
+    return click.option("--account", "account", metavar="ID", default=None, help=text)
+
+
+def installed_account(account: str | None) -> str | None:
+    """``account`` when it is installed for the environment (open or retired); None stays None. An
+    account not installed stops the command with one line naming the installed ones, exit status 1."""
+    if account is None:
+        return None
+    state = get_state()
+    # An id no account can have (U+0000, which PostgreSQL refuses even as a parameter; over 255 characters)
+    # is not looked up: it is simply not installed.
+    storable = "\x00" not in account and len(account) <= 255
+    if not storable or state.installation_key(account) is None:
+        error: UnknownAccountError = state.unknown_account(account.replace("\x00", "\ufffd"))
+        state.session.rollback()
+        raise click.ClickException(str(error))
+    return account
+
+
+def several_accounts() -> bool:
+    """Whether more than one account is installed for the environment (the commands then name each
+    row's account; with one, their lines are as they always were)."""
+    state = get_state()
+    return len(state.installations()) > 1
 
 
 def when(value: Any) -> str:

@@ -15,8 +15,11 @@ from flask_gateway.models import (
     OutboxState,
 )
 from flask_gateway.operations.cli.group import (
+    account_option,
     checked,
     gateway_cli,
+    installed_account,
+    several_accounts,
     when,
 )
 from flask_gateway.payments.outbox import DeliveryReport, backlog, deliver_due, redeliver
@@ -102,29 +105,33 @@ def _deliver_rounds(state: GatewayState, limit: int, every: float, stop: threadi
     help="Only events in this state (repeatable). Default: pending and dead.",
 )
 @click.option("--limit", default=20, show_default=True, type=click.IntRange(1, 10_000))
+@account_option("Only the events of this merchant account's checkouts [default: every account].")
 @checked("outbox")
-def outbox_command(states: tuple[str, ...], limit: int) -> None:
+def outbox_command(states: tuple[str, ...], limit: int, account: str | None) -> None:
     """The outbox's events waiting or dead (paid, not yet fulfilled, ...), newest first, one line each."""
+    account = installed_account(account)
     wanted = states or (OutboxState.PENDING.value, OutboxState.DEAD.value)
-    rows = (
-        get_state()
-        .session.execute(
-            select(OutboxEvent, GatewayCheckout.order_reference)
-            .join(GatewayCheckout, GatewayCheckout.id == OutboxEvent.checkout_id)
-            .where(OutboxEvent.state.in_(wanted))
-            .order_by(OutboxEvent.id.desc())
-            .limit(limit)
-        )
-        .all()
+    query = (
+        select(OutboxEvent, GatewayCheckout.order_reference, GatewayCheckout.merchant_account_id)
+        .join(GatewayCheckout, GatewayCheckout.id == OutboxEvent.checkout_id)
+        .where(OutboxEvent.state.in_(wanted))
+        .order_by(OutboxEvent.id.desc())
+        .limit(limit)
     )
+    if account is not None:
+        query = query.where(GatewayCheckout.merchant_account_id == account)
+    rows = get_state().session.execute(query).all()
     if not rows:
-        click.echo(f"No outbox events {' or '.join(wanted)}.")
+        of = f" of account {account}" if account is not None else ""
+        click.echo(f"No outbox events {' or '.join(wanted)}{of}.")
         return
-    for event, reference in rows:
+    named = several_accounts()
+    for event, reference, checkout_account in rows:
         due = f"  due {when(event.next_attempt_at)}" if event.state == OutboxState.PENDING else ""
         error = f"  last error: {event.last_error}" if event.last_error else ""
+        shown = f"account {checkout_account}  " if named else ""
         click.echo(
-            f"#{event.id}  {event.kind:<19}  {event.state:<9}  order {reference}  "
+            f"#{event.id}  {event.kind:<19}  {event.state:<9}  {shown}order {reference}  "
             f"{event.attempts} attempt(s)  written {when(event.created_at)}{due}{error}"
         )
 
