@@ -7,13 +7,13 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from flask import flash, redirect, render_template, url_for
+from flask import flash, redirect, render_template, request, url_for
 from flask.typing import ResponseReturnValue
 from sqlalchemy import func, select
 from sqlalchemy.exc import SQLAlchemyError
 
 from flask_gateway.core.outages import describe_database_error, is_database_outage
-from flask_gateway.errors import SecretUnreadable
+from flask_gateway.errors import SecretUnreadable, UnknownAccountError
 from flask_gateway.models import GatewayCheckout, Installation
 from flask_gateway.operations.checks import setup_warnings
 from flask_gateway.operations.drift import DriftReport, check_settings, last_report
@@ -108,17 +108,23 @@ def _background_work() -> list[JobStatus] | None:
 
 @bp.post("/check-settings")
 def check_settings_now() -> ResponseReturnValue:
-    """Compare the gateway's settings with the shop's now; the status page shows the answer."""
+    """Compare the gateway's settings with the shop's now (``?account=ID``: that account's, else the default
+    account's); the status page shows the answer."""
+    account = request.args.get("account") or None
+    named = f" of {account}" if account else ""
     try:
-        report = check_settings()
+        report = check_settings(account) if account else check_settings()
+    except UnknownAccountError as error:
+        get_state().session.rollback()
+        flash(str(error), "error")
     except _EXPECTED as error:
         get_state().session.rollback()
-        flash(f"The gateway's settings could not be checked: {_problem(error)}", "error")
+        flash(f"The gateway's settings{named} could not be checked: {_problem(error)}", "error")
     else:
         if report.ok:
-            flash("The gateway's settings are the shop's.", "success")
+            flash(f"The gateway's settings{named} are the shop's.", "success")
         else:
-            flash("The gateway's settings differ from the shop's: see below.", "error")
+            flash(f"The gateway's settings{named} differ from the shop's: see below.", "error")
     return redirect(url_for(".index"))
 
 

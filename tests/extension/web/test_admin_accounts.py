@@ -289,6 +289,41 @@ def test_the_status_page_names_the_account_whose_callbacks_went_silent(two):
     assert f'href="{ADMIN}/settings?account={SECOND}"' in html
 
 
+@pytest.mark.backends
+def test_each_accounts_settings_are_compared_with_the_gateway_apart(two):
+    def checked_at() -> dict[str, Any]:
+        with two.shop.app_context():
+            return {row.merchant_account_id: row.settings_checked_at for row in get_state().installations()}
+
+    with two.shop.app_context():  # the shop's record of SECOND no longer says what the gateway has
+        state = get_state()
+        state.require_installation(SECOND).maximum_cents = 4_000_000
+        state.session.commit()
+    before = checked_at()
+    client = two.client
+    status = client.get(f"{ADMIN}/")
+    assert rows(text(status), "data-account-drift") == ["none", "none"]  # as installed
+    token = token_of(status)
+    compared = client.post(
+        f"{ADMIN}/check-settings?account={SECOND}", data={"csrf_token": token}, follow_redirects=True
+    )
+    html = text(compared)
+    assert f"The gateway's settings of {SECOND} differ from the shop's" in words(html)
+    assert rows(html, "data-account-drift") == ["none", "found"]
+    assert "maximum amount (cents)" in html
+    after = checked_at()
+    assert after[ACCOUNT] == before[ACCOUNT] and after[SECOND] != before[SECOND]  # only SECOND was asked
+    compared = client.post(
+        f"{ADMIN}/check-settings?account={ACCOUNT}", data={"csrf_token": token}, follow_redirects=True
+    )
+    assert f"The gateway's settings of {ACCOUNT} are the shop's." in words(text(compared))
+    assert checked_at()[ACCOUNT] != before[ACCOUNT]
+    unknown = client.post(
+        f"{ADMIN}/check-settings?account=nobody", data={"csrf_token": token}, follow_redirects=True
+    )
+    assert unknown.status_code == 200 and "&#39;nobody&#39; is not installed" in text(unknown)
+
+
 def test_retiring_the_last_open_account_says_so_and_the_status_page_does_not_call_it_uninstalled(admin):
     admin.install()
     client = admin.client
