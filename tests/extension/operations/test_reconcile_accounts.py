@@ -4,6 +4,8 @@ account's gateway failing (its key refused, its key unreadable) without stopping
 
 from __future__ import annotations
 
+import json
+import threading
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -14,15 +16,18 @@ import pytest
 from sqlalchemy import select, update
 
 from flask_gateway import signals
+from flask_gateway.core.auth import ACCOUNT_HEADER
 from flask_gateway.core.timestamps import utcnow
 from flask_gateway.errors import UnknownAccountError
 from flask_gateway.models import GatewayCheckout, JobRun
 from flask_gateway.operations.reconciliation import ReconcileReport, reconcile
 from flask_gateway.payments.accounts import retire_account
 from flask_gateway.state import get_state
-from tests.extension.conftest import ACCOUNT, Harness
+from tests.extension.conftest import ACCOUNT, EMULATOR_URL, Harness
 from tests.extension.operations.cli_support import SECOND, break_signing_key, checkout_of, install_account
 from tests.extension.operations.operations_support import load, spy
+from tests.extension.operations.test_reconcile_concurrency import StubGateway
+from tests.extension.payments.test_statement_counts import seed
 
 # Claims of several accounts in one IN (...) under SKIP LOCKED / BEGIN IMMEDIATE.
 pytestmark = pytest.mark.backends
@@ -270,3 +275,63 @@ def test_one_account_reads_as_before(harness: Harness) -> None:
         "Statuses now: PENDING_ORDER 1",
         "Checked 0 of 0 paid checkout(s) due from the last 72 hour(s): 0 changed, 0 failed.",
     ]
+
+
+class AccountsSeen(StubGateway):
+    """The stub gateway of the concurrency tests, also recording which account signed each question."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.signed_as: dict[str, list[str]] = {}
+
+    def send(self, request: Any, *args: Any, **kwargs: Any) -> Any:
+        token = json.loads(request.body)["checkoutToken"]
+        with self.lock:
+            self.signed_as.setdefault(token, []).append(request.headers[ACCOUNT_HEADER])
+        return super().send(request, *args, **kwargs)
+
+
+@pytest.mark.parametrize("concurrency", [4, 1])
+def test_two_runs_at_once_split_every_accounts_work(two: Harness, concurrency: int) -> None:
+    """80 checkouts, half of each account: two runs started together (one pool each) ask about each one
+    once, signed as its own account, and both runs do some of the work."""
+    seed(two, 80)
+    with two.shop.app_context():
+        session = get_state().session
+        ids = list(session.scalars(select(GatewayCheckout.id).order_by(GatewayCheckout.id)))
+        for checkout_id in ids[1::2]:
+            session.execute(
+                update(GatewayCheckout)
+                .where(GatewayCheckout.id == checkout_id)
+                .values(merchant_account_id=SECOND, token=f"v2.{SECOND}.seed-{checkout_id}")
+            )
+        session.commit()
+        rows = session.execute(select(GatewayCheckout.token, GatewayCheckout.merchant_account_id))
+        owner = {str(row[0]): str(row[1]) for row in rows}
+    gateway = AccountsSeen(delay=0.05)  # each run lasts a second or more: both get some of the work
+    get_state(two.shop).client_options["session"].mount(EMULATOR_URL, gateway)
+    start = threading.Barrier(2)
+    reports: list[ReconcileReport] = []
+    failures: list[BaseException] = []
+
+    def one_run() -> None:
+        try:
+            with two.shop.app_context():
+                start.wait(timeout=20)
+                reports.append(reconcile(older_than_seconds=0, paid_window_hours=0, concurrency=concurrency))
+        except BaseException as error:
+            failures.append(error)
+
+    runs = [threading.Thread(target=one_run) for _ in range(2)]
+    for thread in runs:
+        thread.start()
+    for thread in runs:
+        thread.join(timeout=120)
+    assert not failures
+    first, second = reports
+    assert first.polled + second.polled == 80 and first.polled > 0 and second.polled > 0
+    assert not first.errors and not second.errors
+    assert Counter(gateway.asked) == Counter(list(owner))  # each asked once, by one of the runs
+    assert gateway.signed_as == {token: [account] for token, account in owner.items()}
+    for account in (ACCOUNT, SECOND):
+        assert first.accounts[account].polled + second.accounts[account].polled == 40
