@@ -20,6 +20,9 @@ from tests import secret_watch
 #: The ports the tests' servers listen on: below the kernel's ephemeral range (Linux: 32768-60999), so
 #: that no port handed out for an outgoing connection or a ``bind(0)`` is ever one of them.
 PORTS = range(10_000, 32_000)
+#: The ports this process handed out: never twice, so two servers started one after the other in a test
+#: cannot both be given a port that neither listens on yet.
+_HANDED_OUT: set[int] = set()
 
 
 def free_port() -> int:
@@ -37,11 +40,14 @@ def free_port() -> int:
     start = PORTS.start + share * (index % max(count, 1))
     for _ in range(200):
         port = random.randrange(start, start + share)
+        if port in _HANDED_OUT:
+            continue  # handed out already: its server may not be listening yet
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             try:
                 sock.bind(("127.0.0.1", port))
             except OSError:
                 continue  # in use (or in TIME_WAIT): draw another
+            _HANDED_OUT.add(port)
             return port
     raise RuntimeError(f"no free port in {start}-{start + share - 1} after 200 draws")
 
