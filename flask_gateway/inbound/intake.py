@@ -91,6 +91,7 @@ def _send_rejected(checkout: GatewayCheckout | None, reason: str, log: CallbackL
     signals.callback_rejected.send(
         current_app._get_current_object(),  # type: ignore[attr-defined]
         checkout=checkout,
+        account=None if checkout is None else checkout.merchant_account_id,
         reason=reason,
         log=log,
     )

@@ -227,7 +227,7 @@ def create_checkout(order: OrderDraft, *, account: str | None = None) -> Gateway
             operation="create",
         )
     if transition.applied and transition.before == LocalStatus.CREATING:
-        signals.checkout_created.send(sender(), checkout=created)
+        signals.checkout_created.send(sender(), checkout=created, account=created.merchant_account_id)
     return created
 
 

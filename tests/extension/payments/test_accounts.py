@@ -432,3 +432,49 @@ def test_the_documented_example_runs(gateway_emulator: GatewayEmulator, plugin_h
     assert gateway_emulator.deliver() == 2
     gateway_emulator.assert_fulfilled_once("KITCHEN-1")
     gateway_emulator.assert_fulfilled_once("B-1")
+
+
+def test_the_signals_say_which_account_they_are_about(two_accounts: TwoAccounts) -> None:
+    """``checkout_created``, ``payment_confirmed`` and ``callback_rejected`` carry ``account``: the checkout's."""
+    shop, emulator = two_accounts.shop, two_accounts.emulator
+    heard: list[tuple[str, str | None, str | None]] = []
+
+    def listener(name: str) -> Any:
+        def receive(sender: Any, checkout: Any = None, account: str | None = None, **extra: Any) -> None:
+            heard.append((name, account, None if checkout is None else checkout.merchant_account_id))
+
+        return receive
+
+    receivers = {
+        signal: listener(signal.name)
+        for signal in (
+            flask_gateway.checkout_created,
+            flask_gateway.payment_confirmed,
+            flask_gateway.callback_rejected,
+        )
+    }
+    for signal, receiver in receivers.items():
+        signal.connect(receiver)
+    try:
+        with shop.app_context():
+            b = create_checkout(order("B-9"), account=SECOND)
+        emulator.pay(b)
+        assert emulator.deliver() == 1
+        # A claim about B's checkout signed with the first account's key: refused, about account B.
+        with shop.app_context():
+            first_key = get_state().box.decrypt(get_state().installation(ACCOUNT).signing_key_encrypted)
+        body = b'{"checkoutToken": "%s", "checkoutPaymentStatus": "PAID"}' % token_of(b).encode()
+        answer = shop.test_client().post(
+            "/gateway/callback",
+            data=body,
+            headers={"X-Signature": flask_gateway.sign(body, first_key), "Content-Type": "application/json"},
+        )
+        assert answer.status_code == 401
+    finally:
+        for signal, receiver in receivers.items():
+            signal.disconnect(receiver)
+    assert heard == [
+        ("gateway-checkout-created", SECOND, SECOND),
+        ("gateway-payment-confirmed", SECOND, SECOND),
+        ("gateway-callback-rejected", None, None),  # refused before its checkout was trusted: no checkout
+    ]
