@@ -115,6 +115,7 @@ if TYPE_CHECKING:
         refund_succeeded,
     )
     from flask_gateway.state import GatewayState, get_state
+    from flask_gateway.web.admin.blueprint import viewed_account
 
 #: The extension's names, by module: loaded on first use (they import Flask).
 _LAZY: dict[str, tuple[str, ...]] = {
@@ -136,6 +137,7 @@ _LAZY: dict[str, tuple[str, ...]] = {
     ),
     "flask_gateway.payments.availability": ("PaymentLimits", "is_available", "payment_limits"),
     "flask_gateway.payments.accounts": ("open_checkouts", "reopen_account", "retire_account"),
+    "flask_gateway.web.admin.blueprint": ("viewed_account",),
     "flask_gateway.payments.plans": (
         "PaymentPlan",
         "clear_payment_plan_cache",
@@ -296,6 +298,7 @@ __all__ = [
     "update_checkout",
     "utcnow",
     "verify",
+    "viewed_account",
 ]
 
 
