@@ -106,7 +106,7 @@ nitpick_ignore = [
 nitpick_ignore_regex = [
     (r"py:.*", rf"({'|'.join(_OTHER_PROJECTS)})(\..*)?"),
     # Type variables (Gateway.admin_guard returns the guard it was given; ApiResponse[T]), not classes.
-    (r"py:class", r"flask_gateway\.extension\.GuardT"),
+    (r"py:class", r"flask_gateway\.extension\.(GuardT|ResolverT)"),
     (r"py:class", r"flask_gateway\.core\.http\.T_co"),
 ]
 

@@ -26,7 +26,7 @@ class ReconcileError:
 
 @dataclass
 class AccountReport:
-    """What one run did for one merchant account (:attr:`ReconcileReport.accounts`)."""
+    """What one run did for one merchant account (``ReconcileReport.accounts``)."""
 
     account: str
     #: The account is retired (closed for new checkouts): its checkouts are reconciled all the same.

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -417,7 +418,7 @@ def _section(heading: str) -> str:
 def test_the_documented_example_runs(gateway_emulator: GatewayEmulator, plugin_harness: Harness) -> None:
     """The section's code block, run on the shop: a second account installed (the test kit does what the
     owner's install screen does), a resolver by brand, each order paid on its account."""
-    (code,) = re.findall(r"```python\n(.*?)```", _section("Several merchant accounts"), flags=re.DOTALL)
+    code = re.findall(r"```python\n(.*?)```", _section("Several merchant accounts"), flags=re.DOTALL)[0]
     gateway_emulator.install(account="brand-b")
     shop, gateway = plugin_harness.shop, plugin_harness.gateway
     namespace: dict[str, Any] = {"gateway": gateway, "app": shop}
@@ -478,3 +479,24 @@ def test_the_signals_say_which_account_they_are_about(two_accounts: TwoAccounts)
         ("gateway-payment-confirmed", SECOND, SECOND),
         ("gateway-callback-rejected", None, None),  # refused before its checkout was trusted: no checkout
     ]
+
+
+def test_the_documented_brand_manager_guard_sees_only_its_brand(two_accounts: TwoAccounts) -> None:
+    """The section's second block, the guard with ``viewed_account()``: a manager of the first account sees
+    its checkout's page, not the second account's, nor the views of every account."""
+    blocks = re.findall(r"```python\n(.*?)```", _section("Several merchant accounts"), flags=re.DOTALL)
+    guard_code = next(block for block in blocks if "viewed_account" in block)
+    shop = two_accounts.shop
+    with shop.app_context():
+        mine = create_checkout(order("A-7"), account=ACCOUNT).id
+        theirs = create_checkout(order("B-7"), account=SECOND).id
+    manager = SimpleNamespace(is_owner=False, brand_account=ACCOUNT)
+    namespace: dict[str, Any] = {"gateway": two_accounts.harness.gateway, "current_user": manager}
+    exec(compile(guard_code, "docs/extension.md", "exec"), namespace)  # noqa: S102 - our own documentation
+    client = shop.test_client()
+    assert client.get(f"/gateway/admin/checkouts/{mine}").status_code == 200
+    assert client.get(f"/gateway/admin/checkouts/{theirs}").status_code == 403
+    assert client.get(f"/gateway/admin/checkouts?account={ACCOUNT}").status_code == 200
+    assert client.get("/gateway/admin/checkouts").status_code == 403  # every account's view
+    manager.is_owner = True
+    assert client.get(f"/gateway/admin/checkouts/{theirs}").status_code == 200
