@@ -450,7 +450,7 @@ def test_the_settings_screen_edits_one_account(two):
 
 
 @pytest.mark.backends
-def test_a_guard_can_let_a_brand_manager_see_only_their_brand(two):
+def test_a_guard_can_let_a_brand_manager_see_only_their_brand(two: Harness) -> None:
     seen: list[str | None] = []
 
     @two.gateway.admin_guard
