@@ -10,12 +10,13 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
+from tests import secret_watch
 from tests.processes import Server, free_port, start_flask
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts" / "e2e"
@@ -41,7 +42,15 @@ class Stack:
     shop_env: dict[str, str] = field(default_factory=dict)
 
 
-def start_stack(tmp_path: Path, *, api_version: str = "v2", **shop_env: str) -> Stack:
+def start_stack(
+    tmp_path: Path,
+    *,
+    api_version: str = "v2",
+    emulator_env: Mapping[str, str] | None = None,
+    **shop_env: str,
+) -> Stack:
+    """The emulator, then the shop (tables, ``shop install``, server). ``emulator_env`` adds to the
+    emulator's environment (e.g. ``EMULATOR_ACCOUNTS``); ``shop_env`` to the shop's."""
     emulator = start_flask(
         "emulator",
         "flask_gateway.emulator",
@@ -50,6 +59,7 @@ def start_stack(tmp_path: Path, *, api_version: str = "v2", **shop_env: str) -> 
             "EMULATOR_WAF": "allow-local",
             "EMULATOR_CALLBACK_RETRY_DELAYS": "0.5,0.5",
             "EMULATOR_SECRET_KEY": "emulator-secret-for-tests",
+            **(emulator_env or {}),
         },
         tmp_path,
         ready_path="/_emulator/clock",
@@ -104,6 +114,27 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
 @pytest.fixture
 def stack_v1(tmp_path: Path) -> Iterator[Stack]:
     running = start_stack(tmp_path, api_version="v1")
+    yield running
+    running.shop.stop()
+    running.emulator.stop()
+
+
+#: The second brand's (Vuurhout's) merchant account in ``stack_two_accounts``: ``id:apikey``, known to the
+#: emulator beside the shop's own (``demo-merchant:demo-api-key``, the shop's default settings).
+SECOND_ACCOUNT = "e2e-vuurhout:e2e-vuurhout-api-key"
+
+
+@pytest.fixture
+def stack_two_accounts(tmp_path: Path) -> Iterator[Stack]:
+    """The shop selling its second brand on a merchant account of its own (docs/example-shop.md, "Two
+    brands, two merchant accounts"): the emulator knows both accounts, ``shop install`` installs both."""
+    if secret_watch.active is not None:  # its API key must never show in the servers' logs either
+        secret_watch.active.record_secret(SECOND_ACCOUNT.split(":", 1)[1])
+    running = start_stack(
+        tmp_path,
+        emulator_env={"EMULATOR_ACCOUNTS": f"demo-merchant:demo-api-key,{SECOND_ACCOUNT}"},
+        SHOP_SECOND_ACCOUNT=SECOND_ACCOUNT,
+    )
     yield running
     running.shop.stop()
     running.emulator.stop()
