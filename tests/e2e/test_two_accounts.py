@@ -105,12 +105,12 @@ def test_each_brand_is_paid_and_refunded_on_its_own_account(
         expect(row.locator(STATUS)).to_have_attribute("data-payment-status", "partially-refunded")
 
     # Each refund landed on its own account at the gateway.
-    for token, account, refunded in ((stoep_token, MAIN, 5000), (vuurhout_token, SECOND, 25050)):
+    for token, account, refunded_cents in ((stoep_token, MAIN, 5000), (vuurhout_token, SECOND, 25050)):
         checkout = emulator_get(stack, f"checkouts/{token}")
         assert checkout["merchantAccountId"] == account
         assert checkout["checkoutPaymentStatus"] == "PARTIALLY_REFUNDED"
-        assert checkout["refundedCents"] == refunded
-        assert [r["amountCents"] for r in checkout["refunds"]] == [refunded]
+        assert checkout["refundedCents"] == refunded_cents
+        assert [r["amountCents"] for r in checkout["refunds"]] == [refunded_cents]
 
     # The gateway's screens: both accounts on the status page, the shop's own the default.
     owner_bar = page.get_by_role("navigation", name="Admin", exact=True)
