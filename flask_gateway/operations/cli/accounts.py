@@ -171,13 +171,20 @@ def _api_key(account: str) -> str:
     if key:
         return key
     try:
-        typed = click.prompt(f"API key of {account} (input hidden)", hide_input=True, err=True)
+        # default="": an empty answer (or the end of the input) returns at once; without a default, Click
+        # before 8.2 asks again forever when its input has ended.
+        typed = click.prompt(
+            f"API key of {account} (input hidden)", hide_input=True, err=True, default="", show_default=False
+        )
     except click.Abort:
+        typed = ""
+    key = str(typed).strip()
+    if not key:
         raise click.ClickException(
             f"no API key given: type it at the prompt, or set {API_KEY_VARIABLE} in the environment (never "
             "as an option: it would stay in the shell's history)."
-        ) from None
-    return str(typed).strip()
+        )
+    return key
 
 
 def _callback_url(account: str, first: bool) -> str:
