@@ -431,6 +431,10 @@ def broker_unreachable(url: str, *, timeout: float = 3.0) -> str | None:
     except ImportError:  # the transport's client library is missing here: the network can still tell
         return _socket_unreachable(url, timeout)
     except Exception as error:
+        if type(error).__name__ == "VersionMismatch":
+            # kombu's transport refuses this machine's client library (redis-py older than it needs): a
+            # fault of the doctor's environment, not of the broker; the network can still tell.
+            return _socket_unreachable(url, timeout)
         return _masked(f"{type(error).__name__}: {_first_line(error)}", url)
     return None
 

@@ -145,8 +145,8 @@ def test_status_command(installed):
 def test_status_command_unknown_token(installed):
     result = invoke(installed, "status", "v2.demo-merchant.nope")
     assert result.exit_code == 1
-    assert "No local checkout has token v2.demo-merchant.nope" in result.output
-    assert "HTTP 404" in result.output
+    assert "No local checkout has token v2.demo-merchant.nope" in result.stdout + result.stderr
+    assert "HTTP 404" in result.stdout + result.stderr  # the error line: stderr
 
 
 def _received_callbacks(installed: Harness) -> int:

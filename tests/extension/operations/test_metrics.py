@@ -9,6 +9,7 @@ import sys
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 import requests
@@ -570,6 +571,24 @@ def test_multiprocess_mode_registers_the_files_collector(
         assert list(tmp_path.glob("*.db"))  # written to this process's files
     finally:
         handle.unregister()
-        values.ValueClass.close_all_files()  # type: ignore[attr-defined]
+        _close_multiprocess_files(values.ValueClass)
     assert handle.calls not in http._observers
     assert generate_latest(registry) == b""
+
+
+def _close_multiprocess_files(value_class: Any) -> None:
+    """Close the files prometheus_client's multiprocess values opened in this process (the test's folder
+    goes away): ``close_all_files`` where it exists (0.21 and later); before it, the files are held in the
+    value class's closure, as a dict of ``MmapedDict``."""
+    close_all = getattr(value_class, "close_all_files", None)
+    if close_all is not None:
+        close_all()
+        return
+    for attribute in vars(value_class).values():
+        for cell in getattr(attribute, "__closure__", None) or ():
+            held = cell.cell_contents
+            if isinstance(held, dict):
+                for opened in held.values():
+                    if hasattr(opened, "close"):
+                        opened.close()
+                held.clear()
