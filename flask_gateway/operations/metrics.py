@@ -41,7 +41,9 @@ from __future__ import annotations
 
 import logging
 import os
+import struct
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -70,6 +72,21 @@ except ImportError:  # the metrics extra is not installed: register_metrics says
     PROMETHEUS = False
 else:
     PROMETHEUS = True
+
+    class _FilesCollector(MultiProcessCollector):
+        """The files of every process, read again when a scrape met one a worker is just creating (still
+        empty: prometheus_client reads its header and raises ``struct.error``), instead of answering 500."""
+
+        def collect(self) -> Any:
+            for attempt in range(3):
+                try:
+                    return list(super().collect())  # type: ignore[no-untyped-call]
+                except struct.error:
+                    if attempt == 2:
+                        raise
+                    time.sleep(0.05)
+            return []  # pragma: no cover - the loop returns or raises
+
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
@@ -462,7 +479,7 @@ def register_metrics(
     processes = None
     try:
         if directory is not None:
-            files = MultiProcessCollector(None, path=directory)  # type: ignore[no-untyped-call]
+            files = _FilesCollector(None, path=directory)  # type: ignore[no-untyped-call]
             target.register(cast("Collector", files))
             processes = files
         key = None if directory is not None else target
