@@ -9,7 +9,10 @@ from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 from urllib.parse import urlsplit
+from zoneinfo import ZoneInfo
 
+from flask_gateway.clock import DEFAULT_ZONE
+from flask_gateway.clock import zone as _zone
 from flask_gateway.core.wire.names import OPERATOR, WireNames, wire_names
 from flask_gateway.errors import ConfigurationError
 
@@ -88,6 +91,7 @@ DEFAULTS: Final[Mapping[str, Any]] = {
     "GATEWAY_CALLBACK_SILENCE_PAYMENTS": 3,
     "GATEWAY_DELIVER_STALE_SECONDS": 300,
     "GATEWAY_RECONCILE_STALE_SECONDS": 1800,
+    "GATEWAY_TIMEZONE": DEFAULT_ZONE,
 }
 
 
@@ -145,6 +149,13 @@ class GatewayConfig:
     #: is older than this many seconds: ``flask gateway deliver`` and ``flask gateway reconcile``.
     deliver_stale_seconds: int = 300
     reconcile_stale_seconds: int = 1800
+    #: The IANA zone every time a person reads is shown in (``flask_gateway.clock``); stored times stay UTC.
+    timezone: str = DEFAULT_ZONE
+
+    @property
+    def zone(self) -> ZoneInfo:
+        """``timezone`` as a ``ZoneInfo``."""
+        return _zone(self.timezone)
 
     def __repr__(self) -> str:  # the encryption key never appears in a repr or a log line
         return (
@@ -266,6 +277,8 @@ class GatewayConfig:
                 "firewall always refuses redirect URLs on localhost or an IP address. Remove GATEWAY_WAF "
                 "(only an emulator started with EMULATOR_WAF=allow-local accepts them)."
             )
+        timezone = config["GATEWAY_TIMEZONE"]
+        _zone(timezone)  # the ConfigurationError that names the key, at init_app
         return cls(
             environment=environment,
             base_url=urls["GATEWAY_BASE_URL"].rstrip("/"),
@@ -317,6 +330,7 @@ class GatewayConfig:
             reconcile_stale_seconds=_whole(
                 "GATEWAY_RECONCILE_STALE_SECONDS", config["GATEWAY_RECONCILE_STALE_SECONDS"], 10, 604_800
             ),
+            timezone=timezone,
         )
 
 
