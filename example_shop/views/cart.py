@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from flask import Blueprint, abort, flash, redirect, render_template, url_for
+from dataclasses import dataclass
+
+from flask import Blueprint, abort, current_app, flash, redirect, render_template, url_for
 from flask.typing import ResponseReturnValue
 
 from example_shop import cart as session_cart
@@ -10,10 +12,57 @@ from example_shop.brands import account_for_cart, cart_problem
 from example_shop.catalog import find
 from example_shop.forms import ActionForm, AddToCartForm, QuantityForm
 from example_shop.payments import instalment_hint, payment_available
+from flask_gateway import PaymentLimits, format_money, payment_limits
 
-__all__ = ["bp"]
+__all__ = ["Unavailable", "bp", "unavailable"]
 
 bp = Blueprint("cart", __name__, url_prefix="/cart")
+
+
+@dataclass(frozen=True)
+class Unavailable:
+    """Why Pay in 3 is not offered for a total, in words (the cart's and the checkout's notice)."""
+
+    title: str
+    detail: str
+    #: The merchant's minimum and maximum, or None when the shop does not know them (not installed: the
+    #: gateway did not answer the installation, or the account is not open): then no number is shown.
+    limits: PaymentLimits | None
+
+
+def unavailable(total_cents: int, account: str | None = None) -> Unavailable:
+    """The notice for a total the payment option is not offered for: the range it is offered for
+    ("Pay in 3 is available from R 50.00 to R 50 000.00") and how far the total is from it; that the
+    limits are unknown when the shop has none (``flask_gateway.payment_limits`` of the cart's account)."""
+    limits = payment_limits(account=account)
+    if limits is None:
+        return Unavailable(
+            title="Pay in 3 isn't available right now.",
+            detail=(
+                "We couldn't get our payment provider's minimum and maximum order totals yet, so we can't "
+                "offer instalments at the moment. Please try again later."
+            ),
+            limits=None,
+        )
+    symbol = str(current_app.config.get("GATEWAY_CURRENCY_SYMBOL", "R"))
+
+    def money(cents: int) -> str:
+        return format_money(cents, symbol)
+
+    title = f"Pay in 3 is available from {money(limits.minimum_cents)} to {money(limits.maximum_cents)}."
+    if total_cents < limits.minimum_cents:
+        detail = (
+            f"Your total is {money(total_cents)}: add {money(limits.minimum_cents - total_cents)} or more "
+            "to pay in 3 interest-free instalments."
+        )
+    elif total_cents > limits.maximum_cents:
+        detail = (
+            f"Your total is {money(total_cents)}: remove {money(total_cents - limits.maximum_cents)} or more "
+            "to pay in 3 interest-free instalments."
+        )
+    else:
+        detail = "It isn't available for this order right now. Please try again later."
+    return Unavailable(title=title, detail=detail, limits=limits)
 
 
 def render_cart(status: int = 200, errors: dict[str, list[str]] | None = None) -> ResponseReturnValue:
@@ -30,6 +79,7 @@ def render_cart(status: int = 200, errors: dict[str, list[str]] | None = None) -
             available=available,
             brand_problem=problem,
             hint=instalment_hint(total, account) if available else None,
+            unavailable=unavailable(total, account) if cart and problem is None and not available else None,
             quantity_form=QuantityForm,
             remove_form=ActionForm(),
             line_errors=errors or {},

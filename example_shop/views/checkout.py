@@ -37,6 +37,7 @@ from example_shop.models import (
     record,
 )
 from example_shop.payments import instalment_hint, order_draft, payment_available
+from example_shop.views.cart import unavailable
 from flask_gateway import (
     CheckoutUnavailableError,
     GatewayError,
@@ -209,6 +210,9 @@ def _render(
             available=available,
             brand_problem=brand_problem,
             hint=instalment_hint(cart.total_cents, account_for_cart(cart)) if available else None,
+            unavailable=None
+            if available or brand_problem
+            else unavailable(cart.total_cents, account_for_cart(cart)),
             errors=form.errors_in_order(),
         ),
         status,
