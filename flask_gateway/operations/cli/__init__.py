@@ -5,10 +5,14 @@
   [--concurrency N]``: poll the checkouts whose outcome the shop may have missed, then the recently paid
   ones for refunds made at the gateway (see :mod:`flask_gateway.operations.reconciliation`); exits 1 when a
   checkout could not be polled, so a cron job reports it.
-- ``flask gateway status TOKEN [--refresh]``: the local record and the gateway's getstatus answer.
+- ``flask gateway status ORDER_OR_TOKEN [--refresh]``: the local record and the gateway's getstatus answer
+  (a checkout given by its order reference or its token, found in the shop's database; see
+  :mod:`~flask_gateway.operations.cli.lookup`).
+- ``flask gateway checkouts [--status S] [--account ID] [--limit N] [--json]``: the recent checkouts.
 - ``flask gateway check-settings``: compare the gateway's settings (callback URL, e-mail, limits) with the
   shop's (see :mod:`flask_gateway.operations.drift`); exits 1 when they differ or the gateway cannot be asked.
-- ``flask gateway callbacks [--outcome O] [--refused] [--limit N]``: the newest callbacks received.
+- ``flask gateway callbacks [--outcome O] [--refused] [--limit N] [--checkout ORDER_OR_TOKEN]``: the newest
+  callbacks received.
 - ``flask gateway doctor [--no-network] [--timeout S]``: check what breaks integrations (configuration, the
   firewall, CSRF, the tables, the stored keys, the gateway's settings, the callback at its public URL, the
   schedules) and say how to fix each (see :mod:`flask_gateway.operations.doctor`); exits 1 on a problem.
@@ -36,6 +40,6 @@ exit status 75 (``EX_TEMPFAIL``): a cron job or timer runs it again later.
 from __future__ import annotations
 
 # Importing the command modules registers their commands on the group.
-from flask_gateway.operations.cli import accounts, callbacks, checkouts, outbox, setup  # noqa: F401
+from flask_gateway.operations.cli import accounts, callbacks, checkouts, listing, outbox, setup  # noqa: F401
 from flask_gateway.operations.cli.group import *  # noqa: F403
 from flask_gateway.operations.cli.group import __all__ as __all__

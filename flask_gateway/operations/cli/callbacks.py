@@ -23,6 +23,7 @@ from flask_gateway.operations.cli.group import (
     several_accounts,
     when,
 )
+from flask_gateway.operations.cli.lookup import find_checkout
 from flask_gateway.operations.health import REFUSED
 from flask_gateway.state import get_state
 
@@ -40,20 +41,37 @@ from flask_gateway.state import get_state
     help="Only callbacks answered 4xx/5xx or not answered at all (not the doctor's own probe).",
 )
 @click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True)
+@click.option(
+    "--checkout",
+    "checkout_given",
+    metavar="ORDER_OR_TOKEN",
+    default=None,
+    help="Only the callbacks of this checkout, given by its order reference or its token (an order with "
+    "several checkouts: its most recent).",
+)
 @account_option(
     "Only callbacks for this merchant account's checkouts (a callback naming no checkout: the account its "
     "header claimed) [default: every account]."
 )
 @checked("callbacks")
-def callbacks_command(outcome: str | None, refused: bool, limit: int, account: str | None) -> None:
-    """The newest callbacks received, one line each (the body is in the admin's callback log)."""
+def callbacks_command(
+    outcome: str | None, refused: bool, limit: int, checkout_given: str | None, account: str | None
+) -> None:
+    """The newest callbacks received, one line each, naming the order they were about (the body is in the
+    admin's callback log)."""
     account = installed_account(account)
     query = (
-        select(CallbackLog, GatewayCheckout.merchant_account_id)
+        select(CallbackLog, GatewayCheckout.merchant_account_id, GatewayCheckout.order_reference)
         .outerjoin(GatewayCheckout, GatewayCheckout.id == CallbackLog.checkout_id)
         .order_by(CallbackLog.id.desc())
         .limit(limit)
     )
+    if checkout_given is not None:
+        found = find_checkout(checkout_given, account)
+        note = found.note()
+        if note:
+            click.echo(note, err=True)
+        query = query.where(CallbackLog.checkout_id == found.checkout.id)
     if outcome:
         query = query.where(CallbackLog.outcome == outcome)
     if refused:
@@ -70,9 +88,9 @@ def callbacks_command(outcome: str | None, refused: bool, limit: int, account: s
         click.echo("No callbacks match.")
         return
     named = several_accounts()
-    for row, checkout_account in rows:
+    for row, checkout_account, reference in rows:
         answer = "no answer" if row.http_status == 0 else f"HTTP {row.http_status}"
-        checkout = f"checkout #{row.checkout_id}" if row.checkout_id else "no checkout"
+        checkout = f"order {reference}" if row.checkout_id else "no checkout"
         signature = "verified" if row.verified else "NOT verified"
         client = f"from {row.client_address}  " if row.client_address else ""
         # Several accounts: the checkout's account, else (no checkout) the one the request claimed.

@@ -1,5 +1,5 @@
-"""``flask gateway reconcile``, ``status TOKEN`` and ``check-settings``: the checkouts and settings as the
-gateway sees them."""
+"""``flask gateway reconcile``, ``status ORDER_OR_TOKEN`` and ``check-settings``: the checkouts and settings
+as the gateway sees them."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ from contextlib import ExitStack
 from typing import Any
 
 import click
-from sqlalchemy import select
 
 from flask_gateway.config import MAX_PAID_WINDOW_HOURS, MAX_RECONCILE_CONCURRENCY
 from flask_gateway.core.errors import GatewayError
 from flask_gateway.core.wire import status_payload_keys
 from flask_gateway.errors import NotInstalledError, SecretUnreadable, UnknownAccountError
+from flask_gateway.labels import status_label
 from flask_gateway.models import (
     GatewayCheckout,
 )
@@ -23,7 +23,8 @@ from flask_gateway.operations.cli.group import (
     installed_account,
     when,
 )
-from flask_gateway.operations.drift import check_all_settings, check_settings
+from flask_gateway.operations.cli.lookup import CheckoutNotFound, find_checkout, payment_page
+from flask_gateway.operations.drift import AccountCheck, check_all_settings, check_settings, scheduled_check
 from flask_gateway.operations.reconciliation import PAID_RECHECK_SECONDS, reconcile
 from flask_gateway.payments.polling import refresh
 from flask_gateway.state import get_state
@@ -104,7 +105,7 @@ def reconcile_command(
 
 
 @gateway_cli.command("status")
-@click.argument("token")
+@click.argument("checkout_given", metavar="ORDER_OR_TOKEN")
 @click.option(
     "--refresh",
     "apply_answer",
@@ -112,37 +113,51 @@ def reconcile_command(
     help="Apply the gateway's answer to the local record (through the state machine).",
 )
 @account_option(
-    "The merchant account to ask about a token with no local checkout [default: the default account]; a "
-    "local checkout is always asked about with its own account."
+    "Only this merchant account's checkouts (an order reference used on several accounts); a checkout is "
+    "always asked about with its own account. With --gateway-only: the account to ask [default: the "
+    "default account]."
+)
+@click.option(
+    "--gateway-only",
+    "gateway_only",
+    is_flag=True,
+    help="A token this shop's database does not have: ask the gateway about it anyway (exit status 1).",
 )
 @checked("status")
-def status_command(token: str, apply_answer: bool, account: str | None) -> None:
-    """Show checkout TOKEN: the local record and what the gateway's getstatus says."""
+def status_command(checkout_given: str, apply_answer: bool, account: str | None, gateway_only: bool) -> None:
+    """Show one checkout, given by its order reference or its token: the local record and what the
+    gateway's getstatus says (an order with several checkouts: its most recent)."""
     account = installed_account(account)
     state = get_state()
-    session = state.session
-    checkout = session.scalars(select(GatewayCheckout).where(GatewayCheckout.token == token)).first()
-    if checkout is not None and account is not None and account != checkout.merchant_account_id:
-        raise click.ClickException(
-            f"checkout {token} belongs to the merchant account {checkout.merchant_account_id}, not "
-            f"{account}: a checkout is asked about with its own account (leave --account out)."
-        )
-    problems = 0
-    if checkout is None:
-        click.echo(f"No local checkout has token {token}.")
-        problems += 1
+    checkout: GatewayCheckout | None = None
+    token = checkout_given
+    try:
+        found = find_checkout(checkout_given, account)
+    except CheckoutNotFound:
+        if not gateway_only:
+            raise
+        click.echo(f"No local checkout has token {checkout_given}.")
     else:
+        checkout = found.checkout
+        token = checkout.token or ""
+        note = found.note()
+        if note:
+            click.echo(note)
+    if checkout is not None:
+        label = status_label(checkout.status)
         rows = [
-            ("checkout", f"#{checkout.id} ({checkout.api_version})"),
             ("order", checkout.order_reference),
+            ("token", checkout.token or "- (the gateway gave none)"),
             (
                 "status",
-                checkout.status
+                f"{label.text} ({checkout.status})"
                 + ("  [FLAGGED: " + (checkout.flag_reason or "") + "]" if checkout.flagged else ""),
             ),
-            ("total", f"{checkout.total_cents} cents"),
-            ("paid", f"{checkout.paid_cents} cents"),
-            ("refunded", f"{checkout.refunded_cents} cents"),
+            ("total", state.money(checkout.total_cents)),
+            ("paid", state.money(checkout.paid_cents)),
+            ("refunded", state.money(checkout.refunded_cents)),
+            ("payment page", payment_page(checkout.payment_url)),
+            ("checkout", f"#{checkout.id} ({checkout.api_version})"),
             ("merchant account", checkout.merchant_account_id),
             ("request id", checkout.request_id),
             ("created", when(checkout.created_at)),
@@ -153,8 +168,8 @@ def status_command(token: str, apply_answer: bool, account: str | None) -> None:
             ("last polled", when(checkout.last_polled_at)),
         ]
         click.echo("Local record")
-        for label, value in rows:
-            click.echo(f"  {label:<17}{value}")
+        for name, value in rows:
+            click.echo(f"  {name:<17}{value}")
         if checkout.events:
             click.echo("  recent events")
             for event in checkout.events[-5:]:
@@ -166,6 +181,9 @@ def status_command(token: str, apply_answer: bool, account: str | None) -> None:
         if checkout.api_version != "v2":
             click.echo("The v1 API has no status query: the outcome arrives on the success/fail URLs.")
             return
+        if not checkout.token:
+            click.echo("The gateway gave this checkout no token: there is nothing to ask it about.")
+            raise SystemExit(1)
     try:
         if apply_answer and checkout is not None:
             transition = refresh(checkout, source="admin")
@@ -178,22 +196,42 @@ def status_command(token: str, apply_answer: bool, account: str | None) -> None:
         raise SystemExit(1) from None
     click.echo("Gateway (getstatus)")
     for key in status_payload_keys(state.config.wire_names):
-        click.echo(f"  {key:<33}{'-' if payload.get(key) is None else payload[key]}")
-    if problems:
+        answer = payload.get(key)
+        shown = "-" if answer is None else payment_page(str(answer)) if key == "paymentUrl" else str(answer)
+        click.echo(f"  {key:<33}{shown}")
+    if checkout is None:
         raise SystemExit(1)
 
 
 @gateway_cli.command("check-settings")
 @account_option("Only this merchant account [default: every account installed, open or retired].")
+@click.option(
+    "--no-repair",
+    "no_repair",
+    is_flag=True,
+    help="Only compare: put nothing back and record no incident.",
+)
 @checked("check-settings")
-def check_settings_command(account: str | None) -> None:
-    """Compare the gateway's settings with the shop's and say what differs (exit 1 when something does)."""
+def check_settings_command(account: str | None, no_repair: bool) -> None:
+    """Compare the gateway's settings with the shop's, put the shop's callback URL, e-mail and limits back
+    where they differ (not with --no-repair), and say what differed (exit 1 when something did). For cron:
+    it checks whenever it runs, whatever GATEWAY_SETTINGS_CHECK_SECONDS says (the schedules' bound)."""
     account = installed_account(account)
     installed = get_state().installations()
+    # Every account with repairs: the schedules' check, recorded as theirs (the doctor reads it).
+    every: list[AccountCheck] | None = (
+        scheduled_check(force=True).checks if account is None and not no_repair else None
+    )
     if account is not None or (len(installed) == 1 and not installed[0].retired):
         # One account (named, or the shop's only one): its report, as the command always printed it.
         try:
-            report = check_settings(account)
+            if every is not None:
+                (check,) = every
+                if check.report is None:
+                    raise ValueError(check.error)
+                report = check.report
+            else:
+                report = check_settings(account, repair=not no_repair)
         except (GatewayError, NotInstalledError, UnknownAccountError, SecretUnreadable, ValueError) as error:
             click.echo(f"The gateway's settings could not be checked: {error}", err=True)
             raise SystemExit(1) from None
@@ -204,7 +242,7 @@ def check_settings_command(account: str | None) -> None:
             raise SystemExit(1)
         return
     # Several accounts: each one checked, one failing never stopping the others.
-    checks = check_all_settings()
+    checks = every if every is not None else check_all_settings()
     open_ = [check.account for check in checks if not check.retired]
     default = open_[-1] if open_ else None
     for check in checks:

@@ -9,12 +9,14 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Final, TypeVar
 
 import click
 from flask.cli import AppGroup
 from sqlalchemy import URL, select
 
+from flask_gateway.clock import format_time
 from flask_gateway.core.outages import DATABASE_ERRORS, describe_database_error, is_database_outage
 from flask_gateway.core.sql import sqlite_read_transactions
 from flask_gateway.errors import UnknownAccountError
@@ -109,9 +111,9 @@ class Checks:
 
 #: Each command's checks (docs/extension.md's "Command line" shows the same table; a test compares them).
 #: ``init-db`` makes the tables and ``doctor`` reports them (and the installation) itself; ``callbacks``,
-#: ``outbox`` and ``accounts`` list local rows, for which "not installed" is a normal answer (a failed
-#: install's refused callbacks); ``install`` installs; every command that calls the gateway, delivers, or is
-#: scheduled needs both. A sub-command is named with its group: ``accounts retire``.
+#: ``checkouts``, ``outbox`` and ``accounts`` list local rows, for which "not installed" is a normal answer
+#: (a failed install's refused callbacks); ``install`` installs; every command that calls the gateway,
+#: delivers, or is scheduled needs both. A sub-command is named with its group: ``accounts retire``.
 COMMAND_CHECKS: Final[dict[str, Checks]] = {
     "init-db": Checks(tables=False, installed=False),
     "doctor": Checks(tables=False, installed=False, database=False),
@@ -120,6 +122,7 @@ COMMAND_CHECKS: Final[dict[str, Checks]] = {
     "accounts retire": Checks(),
     "accounts reopen": Checks(),
     "callbacks": Checks(tables=True, installed=False),
+    "checkouts": Checks(tables=True, installed=False),
     "outbox": Checks(tables=True, installed=False),
     "reconcile": Checks(),
     "deliver": Checks(),
@@ -300,6 +303,8 @@ def several_accounts() -> bool:
     return len(state.installations()) > 1
 
 
-def when(value: Any) -> str:
-    """A stored time as every command prints it (``-`` for none)."""
-    return value.isoformat(timespec="seconds") if value is not None else "-"
+def when(value: datetime | None) -> str:
+    """A stored time as every command prints it for a person: in ``GATEWAY_TIMEZONE`` with the zone's name
+    (``2026-11-27 13:51:09 SAST``, :func:`flask_gateway.clock.format_time`; ``-`` for none). ``--json``
+    keeps ISO 8601 in UTC."""
+    return format_time(value, get_state().config.zone)

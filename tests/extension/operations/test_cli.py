@@ -128,8 +128,8 @@ def test_status_command(installed):
     assert result.exit_code == 0, result.output
     out = result.output
     assert "Local record" in out and f"#{checkout_id} (v2)" in out
-    assert "ORD-1" in out and "79800 cents" in out
-    assert "PENDING_ORDER" in out  # the shop has not heard yet
+    assert "ORD-1" in out and "R 798.00" in out  # the total with the configured symbol, not cents
+    assert "Awaiting payment (PENDING_ORDER)" in out  # the shop has not heard yet
     assert "Gateway (getstatus)" in out
     assert "checkoutPaymentStatus            PAID_PENDING_CALLBACK" in out
     with installed.shop.app_context():
@@ -143,10 +143,20 @@ def test_status_command(installed):
 
 
 def test_status_command_unknown_token(installed):
+    """Nothing local by that token or order reference: one line, exit 1, the gateway not asked (issue 28:
+    it was asked anyway, and answered 404)."""
     result = invoke(installed, "status", "v2.demo-merchant.nope")
     assert result.exit_code == 1
-    assert "No local checkout has token v2.demo-merchant.nope" in result.stdout + result.stderr
-    assert "HTTP 404" in result.stdout + result.stderr  # the error line: stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        "Error: no checkout has the token or order reference 'v2.demo-merchant.nope' in this shop's database "
+        "(`flask gateway checkouts` lists the recent ones); the gateway was not asked."
+    )
+    assert result.stdout == ""
+    # --gateway-only asks the gateway about a token the shop does not have (it answers 404 here).
+    asked = invoke(installed, "status", "v2.demo-merchant.nope", "--gateway-only")
+    assert asked.exit_code == 1
+    assert "No local checkout has token v2.demo-merchant.nope" in asked.stdout
+    assert "HTTP 404" in asked.stderr
 
 
 def _received_callbacks(installed: Harness) -> int:
@@ -171,7 +181,8 @@ def test_callbacks_command_lists_the_newest_first_and_filters(installed):
     assert len(lines) == 2
     assert "HTTP 401" in lines[0] and "rejected-signature" in lines[0] and "NOT verified" in lines[0]
     assert "no checkout" in lines[0]  # nothing of an unverified body is trusted, not even its token
-    assert "HTTP 200" in lines[1] and "accepted" in lines[1] and f"checkout #{checkout_id}" in lines[1]
+    assert "HTTP 200" in lines[1] and "accepted" in lines[1] and "  order ORD-1: " in lines[1]
+    assert f"checkout #{checkout_id}" not in lines[1]  # the order, not the row id (issue 28)
 
     refused = invoke(installed, "callbacks", "--refused").stdout.strip().splitlines()
     assert len(refused) == 1 and "rejected-signature" in refused[0]

@@ -389,12 +389,14 @@ def test_status_asks_with_the_checkouts_own_account(two: Harness) -> None:
             .values(token="elsewhere")
         )
         get_state().session.commit()
-    named = invoke(two, "status", token, "--account", ACCOUNT)
+    named = invoke(two, "status", token, "--account", ACCOUNT, "--gateway-only")
     assert named.exit_code == 1  # no local checkout
     assert f"No local checkout has token {token}." in named.stdout
     assert "checkoutPaymentStatus            PENDING_ORDER" in named.stdout  # the gateway answered
-    default = invoke(two, "status", token)  # asked as the default account: not its checkout
+    default = invoke(two, "status", token, "--gateway-only")  # asked as the default account: not its own
     assert default.exit_code == 1 and "The gateway could not be asked: getstatus: HTTP " in default.stderr
+    unasked = invoke(two, "status", token)  # without --gateway-only: not asked at all (issue 28)
+    assert unasked.exit_code == 1 and "getstatus" not in unasked.output
 
 
 @pytest.mark.backends
@@ -442,7 +444,7 @@ def test_callbacks_and_outbox_by_account(two: Harness) -> None:
     assert len(lines) == 2
     assert {line.split("account ")[1].split()[0] for line in lines} == {ACCOUNT, SECOND}
     mine = invoke(two, "callbacks", "--account", SECOND).stdout.strip().splitlines()
-    assert len(mine) == 1 and f"account {SECOND}" in mine[0] and f"checkout #{second_id}" in mine[0]
+    assert len(mine) == 1 and f"account {SECOND}" in mine[0] and "  order B-1: " in mine[0]
     refused_one_line(invoke(two, "callbacks", "--account", "nope"))
 
     outbox = invoke(two, "outbox", "--state", "delivered", "--account", ACCOUNT)
