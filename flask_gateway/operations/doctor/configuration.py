@@ -36,6 +36,12 @@ _PLACEHOLDER: Final = re.compile(
 )
 #: Shorter than this, a ``SECRET_KEY`` is guessable whatever it says.
 _MIN_SECRET_LENGTH: Final = 16
+#: The fix of a check that needs the shop's public address.
+_SET_PUBLIC_URL: Final = (
+    "set GATEWAY_PUBLIC_URL to the address the gateway and shoppers reach the shop at, e.g. "
+    'GATEWAY_PUBLIC_URL = "https://shop.example" (a tunnel\'s address while developing against the sandbox; '
+    "docs/configuration.md#keys); for local development with the emulator it may stay unset"
+)
 
 
 # --- configuration ------------------------------------------------------------------------------------
@@ -232,7 +238,13 @@ def check_public_url(_options: Options) -> list[Finding]:
     public = config.public_url
     if public is None:
         return [
-            Finding(name, "unknown", "GATEWAY_PUBLIC_URL is not set: nothing to compare (see configuration)")
+            Finding(
+                name,
+                "unknown",
+                "GATEWAY_PUBLIC_URL is not set: nothing to compare with the gateway's firewall and the "
+                "installed callback URL.",
+                _SET_PUBLIC_URL,
+            )
         ]
     kind = local_host_kind(public)
     if kind:

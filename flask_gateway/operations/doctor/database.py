@@ -48,6 +48,19 @@ def check_database(_options: Options) -> list[Finding]:
         ]
     missing_tables = [name for name in missing if "." not in name]
     missing_columns = [name for name in missing if "." in name]
+    if missing_tables and len(missing_tables) == len(tables):
+        return [
+            Finding(
+                name,
+                "problem",
+                f"the database has none of the gateway's {len(tables)} tables: neither flask gateway init-db "
+                "nor the migrations have run on it, so every payment request fails ('no such table') and "
+                "readiness answers 503.",
+                "run flask gateway init-db, or your migrations: flask db upgrade (after flask db migrate "
+                "wrote their script: docs/migrations.md#setting-it-up); one or the other, not both "
+                "(docs/extension.md#database-tables-and-flask-migrate)",
+            )
+        ]
     if missing:
         what = []
         if missing_tables:
@@ -59,7 +72,7 @@ def check_database(_options: Options) -> list[Finding]:
                 name,
                 "problem",
                 f"the database lacks the gateway's {' and '.join(what)}: the requests that use them fail "
-                "('no such table', 'no such column').",
+                "('no such table', 'no such column') and readiness answers 503.",
                 "run your migrations (flask db migrate, read the script, flask db upgrade: "
                 "docs/migrations.md#upgrading-flask-gateway); without Flask-Migrate, flask gateway init-db "
                 "creates missing tables (not missing columns)",

@@ -26,6 +26,7 @@ from flask_gateway.operations.doctor.wording import (
     _DOCS_CSRF,
     _DOCS_DRIFT,
     _DOCS_MISSED,
+    _DOCS_UNREADABLE,
     USER_AGENT,
     _admin,
     _first_line,
@@ -45,7 +46,7 @@ def check_gateway_settings(_options: Options) -> list[Finding]:
     accounts = [row.merchant_account_id for row in state.installations()]
     state.session.commit()  # no transaction while the gateway answers
     if not accounts:
-        return [Finding(name, "unknown", "not installed: nothing to compare (see installation)")]
+        return [Finding(name, "unknown", "not installed: nothing to compare", _install(state))]
     several = len(accounts) > 1
     findings: list[Finding] = []
     for account in accounts:
@@ -60,9 +61,17 @@ def _settings_of(state: GatewayState, account: str, *, named: bool) -> list[Find
     try:
         report = check_settings(account)
     except NotInstalledError:
-        return [Finding(name, "unknown", f"{whose}not installed: nothing to compare (see installation)")]
+        return [Finding(name, "unknown", f"{whose}not installed: nothing to compare", _install(state))]
     except SecretUnreadable:
-        return [Finding(name, "unknown", f"{whose}the stored secrets cannot be decrypted (see installation)")]
+        return [
+            Finding(
+                name,
+                "unknown",
+                f"{whose}the stored API key and signing key cannot be decrypted: nothing to compare.",
+                f"put the old SECRET_KEY or GATEWAY_ENCRYPTION_KEY back, or enter the keys again on "
+                f"{_admin(state, 'install')} (the installation finding; {_DOCS_UNREADABLE})",
+            )
+        ]
     except AuthenticationError as error:
         return [
             Finding(
@@ -114,6 +123,13 @@ def _settings_of(state: GatewayState, account: str, *, named: bool) -> list[Find
     ]
 
 
+def _install(state: GatewayState) -> str:
+    return (
+        f"an administrator opens {_admin(state, 'install')} and enters the merchant account id and API key "
+        "(docs/extension.md#installing-the-gateway)"
+    )
+
+
 # --- the callback at its public URL (network) ---------------------------------------------------------
 
 
@@ -128,7 +144,12 @@ def check_callback_reachable(options: Options) -> list[Finding]:
     if config.public_url is None:
         return [
             Finding(
-                name, "unknown", "GATEWAY_PUBLIC_URL is not set: the callback's public address is unknown"
+                name,
+                "unknown",
+                "GATEWAY_PUBLIC_URL is not set: the callback's public address is unknown",
+                "to have the callback probed, set GATEWAY_PUBLIC_URL to the shop's public address, e.g. "
+                'GATEWAY_PUBLIC_URL = "https://shop.example" (docs/configuration.md#keys); for local '
+                "development with the emulator it may stay unset",
             )
         ]
     rows = state.installations()
@@ -149,7 +170,9 @@ def check_callback_reachable(options: Options) -> list[Finding]:
                     name,
                     "unknown",
                     f"merchant account {account}: its callback URL {row.callback_url} is not this shop's, "
-                    "not probed (see public-url)",
+                    "not probed",
+                    f"save the settings screen ({_admin(state, 'settings')}, account {account}): it gives "
+                    f"the gateway this shop's callback URL, {own} (the public-url finding; {_DOCS_MISSED})",
                 )
             )
             continue

@@ -5,7 +5,12 @@ With several merchant accounts, the per-account findings (``public-url``, ``inst
 
 Every check is a small function that returns :class:`Finding` objects (the check's name, ``ok``, ``warn``,
 ``problem`` or ``unknown``, what is true or wrong, and how to fix it, naming the config key or the docs
-page). :func:`run_checks` runs them all, one after the other, and never stops at one that fails.
+page). :func:`run_checks` runs them all, one after the other, and never stops at one that fails. Every
+finding that is not ``ok`` has a fix (a finding that names none gets its check's :attr:`Check.fix`).
+
+A database without the gateway's tables (or some of them, or their columns; or a database that cannot be
+read) is one finding, ``database``'s, with its fix: the checks that read the tables (``Check.tables``) are
+not run, and that finding names them, instead of each failing on "no such table".
 
 ==================  =======================================================================================
 ``configuration``   the environment and its URLs, ``GATEWAY_PUBLIC_URL`` (set, https), ``SECRET_KEY`` (set,
@@ -52,7 +57,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import nullcontext, suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final
 
 import requests
@@ -71,6 +76,7 @@ from flask_gateway.operations.doctor.schedules import (
     check_reconcile_schedule,
 )
 from flask_gateway.operations.doctor.wording import _first_line
+from flask_gateway.operations.readiness import missing_schema
 from flask_gateway.state import GatewayState, get_state
 
 
@@ -82,6 +88,11 @@ class Check:
     network: bool = False
     #: Only reads the database (SQLite: read transactions, no write lock).
     reads: bool = True
+    #: Reads the gateway's tables: not run while the ``database`` check finds them missing (its finding
+    #: names the checks it skipped).
+    tables: bool = True
+    #: The fix of a finding of this check that names none of its own.
+    fix: str = ""
 
 
 def run_checks(
@@ -92,10 +103,22 @@ def run_checks(
     options = Options(timeout=timeout, http=http)
     report = DoctorReport()
     state = get_state()
+    waiting = _tables_waiting(state)
+    _end_transaction(state)
+    skipped: list[str] = []
     for check in CHECKS:
+        if check.tables and waiting:
+            skipped.append(check.name)
+            continue
         if check.network and not network:
             report.findings.append(
-                Finding(check.name, "unknown", "skipped (--no-network): run without it to check")
+                Finding(
+                    check.name,
+                    "unknown",
+                    "skipped (--no-network): run without it to check",
+                    "run flask gateway doctor without --no-network on a machine that reaches the gateway "
+                    "and the shop's public URL (GATEWAY_PUBLIC_URL)",
+                )
             )
             continue
         try:
@@ -112,8 +135,31 @@ def run_checks(
             ]
         finally:
             _end_transaction(state)
-        report.findings.extend(found)
+        report.findings.extend(_with_fix(check, finding) for finding in found)
+    if waiting:
+        report.findings = [_naming_skipped(finding, skipped, waiting) for finding in report.findings]
     return report
+
+
+def _tables_waiting(state: GatewayState) -> str:
+    """What the checks that read the gateway's tables wait for ("" when every table and column exists)."""
+    try:
+        return "the tables exist" if missing_schema(state.db.engine) else ""
+    except SQLAlchemyError:
+        return "the database can be read"
+
+
+def _with_fix(check: Check, finding: Finding) -> Finding:
+    if finding.level == "ok" or finding.fix.strip() or not check.fix:
+        return finding
+    return replace(finding, fix=check.fix)
+
+
+def _naming_skipped(finding: Finding, skipped: list[str], waiting: str) -> Finding:
+    """The ``database`` problem says which checks it kept from running."""
+    if finding.check != "database" or finding.level != "problem":
+        return finding
+    return replace(finding, message=f"{finding.message} Skipped until {waiting}: {', '.join(skipped)}.")
 
 
 def _end_transaction(state: GatewayState) -> None:
@@ -124,17 +170,38 @@ def _end_transaction(state: GatewayState) -> None:
 
 #: Every check, in the order the command prints them.
 CHECKS: Final[tuple[Check, ...]] = (
-    Check("configuration", check_configuration),
+    Check("configuration", check_configuration, tables=False),
     Check("public-url", check_public_url),
-    Check("csrf", check_csrf, reads=False),
-    Check("database", check_database),
+    Check("csrf", check_csrf, reads=False, tables=False),
+    Check("database", check_database, tables=False),
     Check("installation", check_installation),
     Check("settings", check_gateway_settings, network=True, reads=False),
     Check("callback", check_callback_reachable, network=True, reads=False),
-    Check("reconcile", check_reconcile_schedule),
-    Check("outbox", check_outbox_schedule),
-    Check("background-work", check_background_work),
-    Check("broker", check_broker, reads=False),
+    Check(
+        "reconcile",
+        check_reconcile_schedule,
+        fix="once the gateway is installed (see installation), schedule flask gateway reconcile every 5 "
+        "minutes (docs/operations.md#scheduling-reconciliation)",
+    ),
+    Check(
+        "outbox",
+        check_outbox_schedule,
+        fix="once the gateway's tables exist (see database), schedule flask gateway deliver every minute "
+        "(docs/operations.md#the-outbox-events-for-the-shops-code)",
+    ),
+    Check(
+        "background-work",
+        check_background_work,
+        fix="schedule flask gateway deliver and reconcile, or start the Celery worker and beat "
+        "(docs/operations.md#is-the-background-work-running)",
+    ),
+    Check(
+        "broker",
+        check_broker,
+        reads=False,
+        tables=False,
+        fix="start the broker or fix CELERY broker_url (docs/operations.md#is-the-background-work-running)",
+    ),
     Check("readiness", check_readiness),
-    Check("package", check_package, reads=False),
+    Check("package", check_package, reads=False, tables=False),
 )
