@@ -183,6 +183,8 @@ def resolve(
         "SHOP_GATEWAY_API_KEY": "demo-api-key",
         #: The second brand's merchant account, ``id:apikey`` (empty: one account sells everything).
         "SHOP_SECOND_ACCOUNT": "",
+        #: The shop sells in South Africa: every time on its pages and the gateway's screens is in SAST.
+        "GATEWAY_TIMEZONE": "Africa/Johannesburg",
         "SHOP_MIN_CENTS": 5000,
         "SHOP_MAX_CENTS": 5000000,
         #: Seconds to wait between auto-install attempts while the gateway is unreachable.

@@ -10,10 +10,12 @@ shown as its own code, never a crash.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final, Literal
 
+from flask_gateway.core.money import format_money
 from flask_gateway.models import CallbackOutcome, LocalStatus, RefundState
 
 __all__ = [
@@ -21,7 +23,9 @@ __all__ = [
     "STATUS_LABELS",
     "Label",
     "Tone",
+    "api_label",
     "callback_outcome_label",
+    "describe_detail",
     "refund_state_label",
     "source_label",
     "status_label",
@@ -182,10 +186,10 @@ _SOURCE_LABELS: Final[Mapping[str, str]] = {
     "refund": "Refund",
     "callback": "Gateway callback",
     "return": "Shopper came back",
-    "v1": "Gateway outcome (v1)",
+    "v1": "Classic checkout's outcome",
     "poll": "Status check",
     "reconcile": "Reconciliation",
-    "admin": "Admin",
+    "admin": "Admin screens",
 }
 
 _REFUND_STATE_LABELS: Final = _labels(
@@ -221,3 +225,82 @@ def source_label(source: str | None) -> str:
     """Where a timeline event came from (``CheckoutEvent.source``), in words."""
     code = str(source or "")
     return _SOURCE_LABELS.get(code, code)
+
+
+_API_LABELS: Final[Mapping[str, str]] = {"v2": "Standard checkout", "v1": "Classic checkout"}
+
+
+def api_label(version: str | None) -> str:
+    """The gateway API a checkout was made with, in words: ``v2`` the standard checkout (callbacks), ``v1``
+    the classic one (its outcome comes back with the shopper); an unknown version as it is."""
+    code = str(version or "")
+    return _API_LABELS.get(code, code)
+
+
+#: Words of the stored details that are the gateway's or the code's, not the owner's.
+_PHRASES: Final[Mapping[str, str]] = {
+    "getstatus": "status check",
+    "expiresAt": "its expiry time",
+    "REFUSED": "Refused",
+    "NOT CONFIRMED": "not confirmed",
+    "NOT verified": "not verified",
+    "v1 success URL": "classic checkout's success address",
+    "v1 fail URL": "classic checkout's failure address",
+    "v2 checkout": "standard checkout",
+    "v1 checkout": "classic checkout",
+    "ABANDONED": "left without paying",
+    "CANCELLED": "cancelled",
+    "->": "→",
+}
+_CODES: Final = {
+    **{code: label.text for code, label in _REFUND_STATE_LABELS.items()},
+    **{code: label.text for code, label in STATUS_LABELS.items()},
+    **_PHRASES,
+}
+_WORD: Final = re.compile(
+    "|".join(
+        rf"(?<![\w-]){re.escape(code)}(?![\w-])" if code[0].isalnum() else re.escape(code)
+        for code in sorted(_CODES, key=len, reverse=True)
+    )
+)
+_CENTS: Final = re.compile(r"(?<![\w.,])(-?\d+) cents\b|(?<=the checkout's )(-?\d+)\b")
+_SOURCE: Final = re.compile(
+    r"\((" + "|".join(map(re.escape, [*_SOURCE_LABELS, "v2"])) + r")\)|(?<=seen by )(\w+)"
+)
+_REPEATED: Final = re.compile(r"([\w -]+?) \(([^()]+)\)")
+
+
+def describe_detail(text: str | None, symbol: str = "R") -> str:
+    """A stored detail line (``CheckoutEvent.detail``, a callback's detail, a flag's reason) as a person
+    reads it: every status code as its label, every amount in cents as money, every event source and API
+    version in words. ``getstatus: PAID_PENDING_CALLBACK`` -> ``status check: Paid - confirming``;
+    ``refund #1: 10050 cents`` -> ``refund #1: R 100.50``; ``payment confirmed (return)`` -> ``payment
+    confirmed (Shopper came back)``. What is stored stays as it is (show it in a tooltip); a text this
+    version does not know keeps its unknown parts."""
+    if not text:
+        return ""
+
+    def money(match: re.Match[str]) -> str:
+        return format_money(int(match.group(1) or match.group(2)), symbol)
+
+    def source(match: re.Match[str]) -> str:
+        code = match.group(1) or match.group(2)
+        if code in _API_LABELS:
+            words = api_label(code)
+        elif code in _SOURCE_LABELS:
+            words = source_label(code)
+        else:
+            return match.group(0)
+        words = words[:1].lower() + words[1:]
+        return f"({words})" if match.group(1) else words
+
+    shown = _CENTS.sub(money, text)
+    shown = _SOURCE.sub(source, shown)
+    shown = _WORD.sub(lambda match: _CODES[match.group(0)], shown)
+
+    def once(match: re.Match[str]) -> str:
+        # "the gateway says cancelled by the shopper (Cancelled by the shopper)": said once is enough.
+        before, inside = match.group(1), match.group(2)
+        return before if before.lower().endswith(inside.lower()) else match.group(0)
+
+    return _REPEATED.sub(once, shown)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import datetime
 from typing import Any, Final
 
 from flask import Flask, render_template, request
@@ -14,7 +14,8 @@ from werkzeug.wrappers import Response
 from example_shop import auth, outages
 from example_shop import cart as session_cart
 from example_shop.models import OrderStatus
-from flask_gateway import DATABASE_ERRORS, format_money, is_database_outage
+from flask_gateway import DATABASE_ERRORS, format_money, get_state, is_database_outage
+from flask_gateway.clock import format_time
 
 __all__ = ["register"]
 
@@ -35,15 +36,30 @@ SECURE_COOKIE_OVER_HTTP: Final = (
     "to the number of proxies in front of the shop, so it believes their X-Forwarded-Proto: https."
 )
 
-#: South Africa keeps UTC+2 all year (no daylight saving time).
-SAST: Final = timezone(timedelta(hours=2), "SAST")
+
+def when(moment: datetime | None, seconds: bool = True) -> str:
+    """``2026-11-27 13:51:09 SAST``: the gateway's one clock (``GATEWAY_TIMEZONE``, which the shop sets to
+    ``Africa/Johannesburg``), so the shop's pages and the gateway's screens show an event at the same time
+    in the same zone; ``-`` for None."""
+    return format_time(moment, get_state().config.zone, seconds=seconds)
 
 
-def when(moment: datetime | None) -> str:
-    """``12 Mar 2025, 14:05 SAST``; ``-`` for None."""
-    if moment is None:
-        return "-"
-    return moment.astimezone(SAST).strftime("%d %b %Y, %H:%M SAST")
+#: ``OrderEvent.kind`` as the owner reads it in the order's history.
+EVENT_KINDS: Final = {
+    "placed": "Placed",
+    "checkout": "Sent to pay",
+    "paid": "Paid",
+    "cancelled": "Cancelled",
+    "expired": "Expired",
+    "refund": "Refund",
+    "refunded": "Refunded",
+    "note": "Note",
+}
+
+
+def event_kind(kind: str) -> str:
+    """An order event's kind in words (an unknown kind as it is)."""
+    return EVENT_KINDS.get(kind, kind)
 
 
 def _ours() -> bool:
@@ -96,6 +112,7 @@ def register(app: Flask) -> None:
         return {
             "money": money,
             "when": when,
+            "event_kind": event_kind,
             "shop_name": app.config["SHOP_NAME"],
             "cart_count": session_cart.load().count,
             "is_owner": _owner_unless_away(),

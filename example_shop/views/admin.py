@@ -33,6 +33,7 @@ from flask_gateway import (
     refund,
     setup_warnings,
 )
+from flask_gateway.labels import describe_detail, refund_state_label
 
 __all__ = ["bp"]
 
@@ -240,8 +241,11 @@ def refund_order(reference: str) -> ResponseReturnValue:
         if result.state == "SUCCEEDED":
             flash(f"Refunded {shown}.", "success")
         else:
-            detail = result.error or "see the gateway record"
-            flash(f"The refund of {shown} is {result.state.lower()}: {detail}.", "error")
+            detail = describe_detail(result.error) or "see the gateway record"
+            flash(
+                f"The refund of {shown} is {refund_state_label(result.state).text.lower()}: {detail}.",
+                "error",
+            )
     return redirect(url_for(".order", reference=reference), 303)
 
 

@@ -275,7 +275,7 @@ def test_v1_orders_are_refunded_and_cannot_be_cancelled(databases, monkeypatch: 
 
     html = owner.get(f"/admin/orders/{waiting}").get_data(as_text=True)
     assert 'data-action="cancel"' not in html
-    assert "v1 checkouts cannot be cancelled by the shop" in html
+    assert "A classic checkout cannot be cancelled by the shop" in html
 
     page = f"/admin/orders/{reference}"
     _refund(owner, page, {"amount": "1850"})

@@ -2,8 +2,9 @@
 
 The app's admin guard (``@gateway.admin_guard``; without one every screen answers 403), a valid CSRF token on
 every POST (whether or not the app uses ``CSRFProtect``), headers that forbid framing and caching, the
-database-outage page, and the template helpers (labels, ``money``, ``when``). :func:`viewed_account` tells a
-guard which merchant account a request looks at. Imports nothing of the package's screens.
+database-outage page, and the template helpers (labels, ``money``, ``when`` in ``GATEWAY_TIMEZONE``).
+:func:`viewed_account` tells a guard which merchant account a request looks at. Imports nothing of the
+package's screens.
 """
 
 from __future__ import annotations
@@ -19,8 +20,11 @@ from sqlalchemy import select
 from werkzeug.wrappers import Response
 from wtforms import ValidationError as FormValidationError
 
+from flask_gateway.clock import format_time
 from flask_gateway.labels import (
+    api_label,
     callback_outcome_label,
+    describe_detail,
     refund_state_label,
     source_label,
     status_label,
@@ -182,6 +186,19 @@ bp.add_app_template_global(status_label, "gateway_status_label")
 bp.add_app_template_global(callback_outcome_label, "gateway_outcome_label")
 bp.add_app_template_global(source_label, "gateway_source_label")
 bp.add_app_template_global(refund_state_label, "gateway_refund_state_label")
+bp.add_app_template_global(api_label, "gateway_api_label")
+
+
+@bp.app_template_global("gateway_detail")
+def _detail(text: str | None) -> str:
+    """A stored detail line in words and money (``labels.describe_detail``), in the configured currency."""
+    return describe_detail(text, get_state().config.currency_symbol)
+
+
+@bp.app_template_global("gateway_time")
+def _when(value: datetime | None, seconds: bool = True) -> str:
+    """A stored (UTC) time in ``GATEWAY_TIMEZONE`` with the zone's name: ``2026-11-27 13:51:09 SAST``."""
+    return format_time(value, get_state().config.zone, seconds=seconds)
 
 
 @bp.context_processor
@@ -192,7 +209,3 @@ def _helpers() -> dict[str, Any]:
         return format_money(cents, symbol)
 
     return {"money": money, "when": _when, "gateway_config": get_state().config}
-
-
-def _when(value: datetime | None) -> str:
-    return value.strftime("%Y-%m-%d %H:%M:%S UTC") if value else "-"

@@ -743,7 +743,9 @@ def test_checkout_detail_shows_the_timeline_and_the_callbacks(admin):
     assert 'title="CANCELLED_BY_CONSUMER: The shopper cancelled' in timeline
     assert "does not move back" in timeline
     facts = visible(body.split('<dl class="facts">')[1].split("</dl>")[0])
-    assert facts.startswith("Status Awaiting payment Created; the shopper has not paid yet. PENDING_ORDER")
+    # The code in the status's tooltip and data-status-code, not in the text (issue 28).
+    assert facts.startswith("Status Awaiting payment Created; the shopper has not paid yet. Total R 798.00")
+    assert 'data-status-code="PENDING_ORDER"' in body and "PENDING_ORDER" not in facts
     callbacks = body.split('id="gateway-callbacks"')[1]
     assert "Recorded" in visible(callbacks) and 'title="accepted: Verified and recorded."' in callbacks
     assert "HTTP 200" in callbacks and "verified" in callbacks
@@ -969,11 +971,13 @@ def test_the_callback_log_lists_refused_callbacks_too(admin):
     html = text(page)
     assert 'data-callback-outcome="rejected-signature"' in html
     # Newest first. The real callback said PAID_PENDING_CALLBACK; the shop knew the payment (the refresh)
-    # and recorded PAID with its 200: "Recorded", with the codes on the detail line.
+    # and recorded PAID with its 200: "Recorded", the statuses in words on the detail line (issue 28), the
+    # stored detail with the codes in its tooltip.
     assert html.index("rejected-signature") < html.index('data-callback-outcome="accepted"')
     shown = visible(html)
     assert "Refused: not signed by the gateway" in shown
-    assert "Recorded verified HTTP 200 PAID_PENDING_CALLBACK -> PAID" in shown
+    assert "Recorded verified HTTP 200 Paid - confirming → Paid" in shown
+    assert 'title="PAID_PENDING_CALLBACK -&gt; PAID"' in html
     assert f'href="{ADMIN}/checkouts/{checkout_id}"' in html
     assert "2 callbacks" in html
 
