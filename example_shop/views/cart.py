@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from flask import Blueprint, abort, current_app, flash, redirect, render_template, url_for
 from flask.typing import ResponseReturnValue
+from markupsafe import Markup
 
 from example_shop import cart as session_cart
 from example_shop.brands import account_for_cart, cart_problem
@@ -23,8 +24,9 @@ bp = Blueprint("cart", __name__, url_prefix="/cart")
 class Unavailable:
     """Why Pay in 3 is not offered for a total, in words (the cart's and the checkout's notice)."""
 
-    title: str
-    detail: str
+    #: Markup: each amount in ``<span class="money">`` (it never breaks between the symbol and the number).
+    title: Markup
+    detail: Markup
     #: The merchant's minimum and maximum, or None when the shop does not know them (not installed: the
     #: gateway did not answer the installation, or the account is not open): then no number is shown.
     limits: PaymentLimits | None
@@ -37,8 +39,8 @@ def unavailable(total_cents: int, account: str | None = None) -> Unavailable:
     limits = payment_limits(account=account)
     if limits is None:
         return Unavailable(
-            title="Pay in 3 isn't available right now.",
-            detail=(
+            title=Markup("Pay in 3 isn't available right now."),
+            detail=Markup(
                 "We couldn't get our payment provider's minimum and maximum order totals yet, so we can't "
                 "offer instalments at the moment. Please try again later."
             ),
@@ -46,22 +48,22 @@ def unavailable(total_cents: int, account: str | None = None) -> Unavailable:
         )
     symbol = str(current_app.config.get("GATEWAY_CURRENCY_SYMBOL", "R"))
 
-    def money(cents: int) -> str:
-        return format_money(cents, symbol)
+    def money(cents: int) -> Markup:
+        return Markup('<span class="money">{}</span>').format(format_money(cents, symbol))
 
-    title = f"Pay in 3 is available from {money(limits.minimum_cents)} to {money(limits.maximum_cents)}."
+    title = Markup("Pay in 3 is available from {} to {}.").format(
+        money(limits.minimum_cents), money(limits.maximum_cents)
+    )
     if total_cents < limits.minimum_cents:
-        detail = (
-            f"Your total is {money(total_cents)}: add {money(limits.minimum_cents - total_cents)} or more "
-            "to pay in 3 interest-free instalments."
+        detail = Markup("Your total is {}: add {} or more to pay in 3 interest-free instalments.").format(
+            money(total_cents), money(limits.minimum_cents - total_cents)
         )
     elif total_cents > limits.maximum_cents:
-        detail = (
-            f"Your total is {money(total_cents)}: remove {money(total_cents - limits.maximum_cents)} or more "
-            "to pay in 3 interest-free instalments."
+        detail = Markup("Your total is {}: remove {} or more to pay in 3 interest-free instalments.").format(
+            money(total_cents), money(total_cents - limits.maximum_cents)
         )
     else:
-        detail = "It isn't available for this order right now. Please try again later."
+        detail = Markup("It isn't available for this order right now. Please try again later.")
     return Unavailable(title=title, detail=detail, limits=limits)
 
 

@@ -24,7 +24,7 @@ def _notice(html: str) -> str:
     """The text of the payment-unavailable notice, tags stripped and spaces collapsed."""
     match = re.search(r"<div[^>]*data-payment-unavailable[^>]*>(.*?)</div>", html, re.S)
     assert match, "no payment-unavailable notice on the page"
-    return " ".join(unescape(re.sub(r"<[^>]+>", " ", match.group(1))).split())
+    return " ".join(unescape(re.sub(r"<[^>]+>", "", match.group(1))).split())
 
 
 def test_below_the_minimum_the_cart_and_the_checkout_say_the_range(shopper: Shopper) -> None:
