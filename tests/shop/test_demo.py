@@ -36,10 +36,18 @@ def test_the_banner_names_the_flow_running_and_how_to_run_the_other() -> None:
     assert "Merchant accounts:  demo-merchant (Stoep), demo-vuurhout (Vuurhout" in v2
 
 
-def _installed_callback_urls(folder: Path, timeout: float = 60.0) -> dict[str, str]:
-    """Each installed account's callback URL, once both of the demo's accounts are installed."""
+def _installed_callback_urls(
+    folder: Path, process: subprocess.Popen[bytes], log_path: Path, timeout: float = 150.0
+) -> dict[str, str]:
+    """Each installed account's callback URL, once both of the demo's accounts are installed (the demo
+    still running; on a machine busy with other tests, starting two demos at once takes a while)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise AssertionError(
+                f"the demo exited with {process.returncode} before installing both accounts:\n"
+                + log_path.read_text(errors="replace")[-3000:]
+            )
         database = folder / "shop.sqlite3"
         if database.exists():
             try:
@@ -52,7 +60,10 @@ def _installed_callback_urls(folder: Path, timeout: float = 60.0) -> dict[str, s
             if len(rows) >= 2:
                 return {str(account): str(url) for account, url in rows}
         time.sleep(0.3)
-    raise AssertionError(f"no installation of both accounts in {folder} after {timeout} s")
+    raise AssertionError(
+        f"no installation of both accounts in {folder} after {timeout} s; the demo's log:\n"
+        + log_path.read_text(errors="replace")[-3000:]
+    )
 
 
 def test_two_demos_on_other_ports_each_install_their_own_shop(tmp_path: Path) -> None:
@@ -73,10 +84,11 @@ def test_two_demos_on_other_ports_each_install_their_own_shop(tmp_path: Path) ->
         )
         runs.append((process, shop_port, emulator_port, log))
     try:
-        for _process, shop_port, emulator_port, _log in runs:
+        for (process, shop_port, emulator_port, _log), api_version in zip(runs, ("v2", "v1"), strict=True):
             folder = tmp_path / demo.data_folder(shop_port, emulator_port).name  # DEMO_DATA_DIR
             # The shop's account on the callback path it always had; the second brand's on its own.
-            assert _installed_callback_urls(folder) == {
+            log_path = tmp_path / f"demo-{api_version}.log"
+            assert _installed_callback_urls(folder, process, log_path) == {
                 "demo-merchant": f"http://127.0.0.1:{shop_port}/gateway/callback",
                 "demo-vuurhout": f"http://127.0.0.1:{shop_port}/gateway/callback/demo-vuurhout",
             }
