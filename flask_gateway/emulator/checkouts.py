@@ -412,8 +412,11 @@ def refund(account: Account, request: RefundRequest) -> RefundResponse:
         request.refundDescription,
         request.requestId,
     )
-    # As the gateway's latest example answers: no requestId echo, the description "OK".
+    # The description "OK" as the gateway's latest example answers; the request's requestId echoed as the
+    # spec's common fields say (docs/decisions.md: the documented examples print none; a request without one
+    # gets an answer without one).
     return RefundResponse(
+        requestId=request.requestId,
         refundedAmountCents=request.refundAmountCents,
         refundStatus="SUCCESS",
         refundStatusAt=checkout.updated_at,

@@ -216,7 +216,8 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
         summary="Refund a paid checkout",
         description=(
             "Synchronous. `PARTIALLY_REFUNDED` while the refunds total less than `checkoutTotalCents`, "
-            "`FULLY_REFUNDED` when they reach it. Idempotent by `requestId` like create."
+            "`FULLY_REFUNDED` when they reach it. Idempotent by `requestId` like create; the answer echoes "
+            "the request's `requestId` (none when the request had none)."
         ),
         request=RefundRequest,
         response=RefundResponse,

@@ -447,6 +447,23 @@ def test_refund_sends_signed_body(rsps, client):
     assert result.data.refundStatusAt == datetime(2024, 5, 2, 9, 0, 0, 250000, tzinfo=UTC)
 
 
+@pytest.mark.parametrize("echoed", [True, False], ids=["with-requestId", "without-requestId"])
+def test_refund_answer_is_read_with_or_without_its_request_id(rsps, client, echoed):
+    """The spec says the answer echoes ``requestId`` (the emulator does); the documented examples print
+    none: both are read, the echo kept when present (docs/decisions.md, issue 29)."""
+    answer: dict[str, Any] = {"refundedAmountCents": 500, "refundStatus": "SUCCESS"}
+    if echoed:
+        answer = {"requestId": "refund-key-2", **answer}
+    rsps.add("POST", f"{BASE}/v2/refund", json=answer)
+
+    result = client.refund(refund_request("refund-key-2"))
+
+    assert result.request_id == "refund-key-2"
+    assert result.data.requestId == ("refund-key-2" if echoed else None)
+    assert result.data.refundedAmountCents == 500
+    assert result.data.to_wire() == answer  # written back as read: no requestId invented, none dropped
+
+
 def test_refund_generates_request_id_when_none_given(rsps, client):
     rsps.add("POST", f"{BASE}/v2/refund", json={"refundedAmountCents": 500, "refundStatus": "SUCCESS"})
 

@@ -440,8 +440,10 @@ def test_partial_then_full_refund(installed):
     assert first.status_code == 200
     assert first.json["refundedAmountCents"] == 30_000
     assert first.json["refundStatus"] == "SUCCESS"
-    # As the gateway's examples answer: no requestId echo, "OK", microseconds.
+    # The requestId echoed (the spec's common fields, issue 29); "OK" and microseconds as the gateway's
+    # examples answer.
     assert set(first.json) == {
+        "requestId",
         "refundedAmountCents",
         "refundStatus",
         "refundStatusAt",

@@ -248,8 +248,9 @@ class RefundRequest(WireModel):
 
 
 class RefundResponse(WireModel):
-    """The refund answer. The gateway's examples carry no ``requestId`` (also when one was sent) and
-    write ``refundStatusAt`` with microseconds."""
+    """The refund answer, ``refundStatusAt`` written with microseconds. ``requestId`` echoes the request's
+    (the spec's common fields; a real integration requires it) and is read when absent too: the gateway's
+    documented examples print none (docs/decisions.md)."""
 
     requestId: str | None = None
     refundedAmountCents: Cents
