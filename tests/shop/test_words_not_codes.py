@@ -26,13 +26,17 @@ import pytest
 from werkzeug.test import TestResponse
 
 from example_shop.extensions import db
-from example_shop.models import OrderStatus
+from example_shop.models import OrderStatus, latest_checkout
 from flask_gateway import GatewayCheckout
+from flask_gateway.clock import format_time, zone
 from flask_gateway.core.wire.common import CheckoutStatus
+from flask_gateway.labels import api_label, describe_detail
 from flask_gateway.models import CallbackOutcome, LocalStatus, RefundState
 from flask_gateway.testing import GatewayEmulator
-from tests.shop.conftest import ShopHarness, Shopper
+from tests.conftest import Databases
+from tests.shop.conftest import ShopHarness, Shopper, make_harness
 
+_SAST = zone("Africa/Johannesburg")
 _SKIPPED = frozenset({"script", "style", "template"})
 _VOID = frozenset(
     {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track", "wbr"}
@@ -77,6 +81,10 @@ def visible_text(html: str) -> str:
     parser.feed(html)
     parser.close()
     return " ".join("".join(parser.parts).split(" "))
+
+
+def _words(html: str) -> str:
+    return " ".join(visible_text(html).split())
 
 
 _CODES = sorted(
@@ -184,10 +192,50 @@ def test_every_page_of_every_kind_of_order_reads_as_words_money_and_local_time(
     }
     assert {reference: shop.order(reference).state for reference in references} == expected
 
+    pages = _walk(shop, owner, shopper, references, refunded={1050})
+
+    # One clock: the same moment reads the same on the shop's order page and the gateway's checkout page.
     with shop.app.app_context():
-        checkouts = {c.order_reference: c.id for c in db.session.scalars(db.select(GatewayCheckout))}
-        cents = {o.total_cents for o in (shop.order(r) for r in references)} | {1050}
-        cents |= {c.total_cents for c in db.session.scalars(db.select(GatewayCheckout))}
+        checkout = latest_checkout(paid)
+        assert checkout is not None and checkout.paid_at is not None
+        gateway_paid = format_time(checkout.paid_at, _SAST)
+        shop_placed = format_time(shop.order(paid).created_at, _SAST)
+        shop_paid = format_time(shop.order(paid).paid_at, _SAST)
+        checkout_id = checkout.id
+    assert gateway_paid.endswith(" SAST") and shop_paid.endswith(" SAST")
+    assert f"Paid at {gateway_paid}" in _words(pages[f"/gateway/admin/checkouts/{checkout_id}"])
+    assert f"Placed {shop_placed}" in _words(pages[f"/admin/orders/{paid}"])
+    assert f"paid {shop_paid}" in _words(pages[f"/admin/orders/{paid}"])
+
+
+@pytest.mark.backends
+def test_the_pages_of_classic_v1_orders_read_as_words_too(
+    databases: Databases, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shop = make_harness(databases, monkeypatch, GATEWAY_API_VERSION="v1")
+    shopper, owner = shop.shopper(), shop.shopper()
+    owner.log_in()
+    paid, payment_page = _order(shop, shopper, "brass-desk-lamp")
+    shopper.follow(shopper.get(shop.pay_on_gateway(payment_page)["redirectUrl"]))
+    _refund(owner, paid, {"amount": "10.50"})
+    cancelled, payment_page = _order(shop, shopper, "brass-desk-lamp")
+    shopper.follow(shopper.get(shop.cancel_on_gateway(payment_page)["redirectUrl"]))
+    waiting, _ = _order(shop, shopper, "enamel-kettle")
+    states = [shop.order(reference).state for reference in (paid, cancelled, waiting)]
+    assert states == [OrderStatus.PARTIALLY_REFUNDED, OrderStatus.CANCELLED, OrderStatus.PROCESSING]
+
+    pages = _walk(shop, owner, shopper, [paid, cancelled, waiting], refunded={1050})
+    assert "Classic checkout" in _words(pages[f"/admin/orders/{paid}"])
+
+
+def _walk(
+    shop: ShopHarness, owner: Shopper, shopper: Shopper, references: list[str], refunded: set[int]
+) -> dict[str, str]:
+    """Every owner page and each order's shopper page, checked: their HTML by name."""
+    with shop.app.app_context():
+        found = db.session.scalars(db.select(GatewayCheckout).order_by(GatewayCheckout.id)).all()
+        checkouts = {c.order_reference: c.id for c in found}
+        cents = {shop.order(r).total_cents for r in references} | refunded | {c.total_cents for c in found}
     # Amounts shorter than four digits could be anything on a page (a year, a count): the test's are longer.
     assert all(amount >= 1000 for amount in cents)
 
@@ -210,20 +258,75 @@ def test_every_page_of_every_kind_of_order_reads_as_words_money_and_local_time(
     problems = {}
     for name, html in pages.items():
         text = visible_text(html)
-        found = _problems(text, cents)
-        if found:
-            problems[name] = sorted(set(found))
+        found_here = _problems(text, cents)
+        if found_here:
+            problems[name] = sorted(set(found_here))
     assert not problems, "\n".join(f"{name}: {found}" for name, found in problems.items())
 
     # One clock: the shop's and the gateway's pages show their times in SAST, the same way.
     for name in (
         "/gateway/admin/checkouts",
-        "/gateway/admin/callbacks",
         *(f"/admin/orders/{reference}" for reference in references),
         *(f"/gateway/admin/checkouts/{checkouts[reference]}" for reference in references),
         *(f"shopper's page of {reference}" for reference in references),
     ):
         assert _ZONE_TIME.search(visible_text(pages[name])), name
+    return pages
+
+
+@pytest.mark.parametrize(
+    ("stored", "shown"),
+    [
+        ("getstatus: PAID_PENDING_CALLBACK", "status check: Paid - confirming"),
+        ("refund #1: 10050 cents", "refund #1: R 100.50"),
+        ("updated: total 10050 cents", "updated: total R 100.50"),
+        ("PAID_PENDING_CALLBACK -> PAID", "Paid - confirming → Paid"),
+        ("already PAID", "already Paid"),
+        ("refunded 123400 cents in all", "refunded R 1 234.00 in all"),
+        (
+            "REFUSED: total 10050 cents does not match the checkout's 10000",
+            "Refused: total R 100.50 does not match the checkout's R 100.00",
+        ),
+        (
+            "payment confirmed (return); sent to packing",
+            "payment confirmed (shopper came back); sent to packing",
+        ),
+        ("cancelled by the shopper (callback)", "cancelled by the shopper (gateway callback)"),
+        ("3 item(s), v2 checkout", "3 item(s), standard checkout"),
+        ("sent to the payment page (v1)", "sent to the payment page (classic checkout)"),
+        (
+            "the gateway says cancelled by the shop (CANCELLED_BY_MERCHANT)",
+            "the gateway says cancelled by the shop",
+        ),
+        (
+            "v1 fail URL: ABANDONED (expired)",
+            "classic checkout's failure address: left without paying (expired)",
+        ),
+        (
+            "refunded at the gateway, not through the shop (seen by poll)",
+            "refunded at the gateway, not through the shop (seen by status check)",
+        ),
+        (
+            "status PENDING_ORDER is not acted on from a callback",
+            "status Awaiting payment is not acted on from a callback",
+        ),
+        ("Statuses now: EXPIRED 1", "Statuses now: Expired 1"),
+        ("a NEW_STATUS this version does not know", "a NEW_STATUS this version does not know"),
+        ("", ""),
+        (None, ""),
+    ],
+)
+def test_a_stored_detail_reads_as_words_and_money(stored: str | None, shown: str) -> None:
+    assert describe_detail(stored) == shown
+
+
+def test_a_detail_shows_the_configured_currency_and_the_api_in_words() -> None:
+    assert describe_detail("refund #2: 5000 cents", "$") == "refund #2: $ 50.00"
+    assert (api_label("v2"), api_label("v1"), api_label("v9")) == (
+        "Standard checkout",
+        "Classic checkout",
+        "v9",
+    )
 
 
 def test_the_visible_text_leaves_out_attributes_scripts_and_details_bodies() -> None:
