@@ -76,8 +76,9 @@ if TYPE_CHECKING:
     )
     from flask_gateway.extension import Gateway
     from flask_gateway.labels import Label, callback_outcome_label, refund_state_label, status_label
-    from flask_gateway.models import GatewayCheckout, LocalStatus, RefundRecord, RefundState
+    from flask_gateway.models import GatewayCheckout, LocalStatus, RefundRecord, RefundState, SettingsIncident
     from flask_gateway.operations.checks import SetupWarning, setup_warnings
+    from flask_gateway.operations.drift import ScheduledCheck, scheduled_check
     from flask_gateway.operations.health import CallbackHealth, callback_health, check_callback_health
     from flask_gateway.operations.metrics import register_metrics
     from flask_gateway.operations.outages import DATABASE_ERRORS, database_unavailable, is_database_outage
@@ -113,6 +114,8 @@ if TYPE_CHECKING:
         payment_after_close,
         payment_confirmed,
         refund_succeeded,
+        settings_drift_repaired,
+        settings_under_attack,
     )
     from flask_gateway.state import GatewayState, get_state
     from flask_gateway.web.admin.blueprint import viewed_account
@@ -128,7 +131,13 @@ _LAZY: dict[str, tuple[str, ...]] = {
     ),
     "flask_gateway.extension": ("Gateway",),
     "flask_gateway.payments.orders": ("Address", "Customer", "OrderDraft", "OrderLine"),
-    "flask_gateway.models": ("GatewayCheckout", "LocalStatus", "RefundRecord", "RefundState"),
+    "flask_gateway.models": (
+        "GatewayCheckout",
+        "LocalStatus",
+        "RefundRecord",
+        "RefundState",
+        "SettingsIncident",
+    ),
     "flask_gateway.payments.checkouts": (
         "cancel_checkout",
         "create_checkout",
@@ -149,6 +158,7 @@ _LAZY: dict[str, tuple[str, ...]] = {
     "flask_gateway.operations.reconciliation": ("ReconcileReport", "reconcile"),
     "flask_gateway.payments.installation": ("InstallSettings", "install"),
     "flask_gateway.operations.checks": ("SetupWarning", "setup_warnings"),
+    "flask_gateway.operations.drift": ("ScheduledCheck", "scheduled_check"),
     "flask_gateway.operations.health": ("CallbackHealth", "callback_health", "check_callback_health"),
     "flask_gateway.operations.metrics": ("register_metrics",),
     "flask_gateway.labels": ("Label", "callback_outcome_label", "refund_state_label", "status_label"),
@@ -165,6 +175,8 @@ _LAZY: dict[str, tuple[str, ...]] = {
         "payment_after_close",
         "payment_confirmed",
         "refund_succeeded",
+        "settings_drift_repaired",
+        "settings_under_attack",
     ),
     "flask_gateway.payments.outbox": ("DeliveryReport", "deliver_due", "redeliver"),
     "flask_gateway.operations.outages": ("DATABASE_ERRORS", "database_unavailable", "is_database_outage"),
@@ -242,7 +254,9 @@ __all__ = [
     "RefundNotAllowedError",
     "RefundRecord",
     "RefundState",
+    "ScheduledCheck",
     "SecretUnreadable",
+    "SettingsIncident",
     "SetupWarning",
     "UTCDateTime",
     "UnknownAccountError",
@@ -291,6 +305,9 @@ __all__ = [
     "reopen_account",
     "retire_account",
     "retry_refund",
+    "scheduled_check",
+    "settings_drift_repaired",
+    "settings_under_attack",
     "setup_warnings",
     "sign",
     "start_checkout",

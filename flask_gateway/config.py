@@ -91,6 +91,7 @@ DEFAULTS: Final[Mapping[str, Any]] = {
     "GATEWAY_CALLBACK_SILENCE_PAYMENTS": 3,
     "GATEWAY_DELIVER_STALE_SECONDS": 300,
     "GATEWAY_RECONCILE_STALE_SECONDS": 1800,
+    "GATEWAY_SETTINGS_CHECK_SECONDS": 300,
     "GATEWAY_TIMEZONE": DEFAULT_ZONE,
 }
 
@@ -149,6 +150,10 @@ class GatewayConfig:
     #: is older than this many seconds: ``flask gateway deliver`` and ``flask gateway reconcile``.
     deliver_stale_seconds: int = 300
     reconcile_stale_seconds: int = 1800
+    #: The gateway's settings are compared with the shop's (and put back) at most once per this many
+    #: seconds by the scheduled runs: Celery beat, ``reconcile``, ``flask gateway check-settings``
+    #: (``flask_gateway.operations.drift``).
+    settings_check_seconds: int = 300
     #: The IANA zone every time a person reads is shown in (``flask_gateway.clock``); stored times stay UTC.
     timezone: str = DEFAULT_ZONE
 
@@ -329,6 +334,9 @@ class GatewayConfig:
             ),
             reconcile_stale_seconds=_whole(
                 "GATEWAY_RECONCILE_STALE_SECONDS", config["GATEWAY_RECONCILE_STALE_SECONDS"], 10, 604_800
+            ),
+            settings_check_seconds=_whole(
+                "GATEWAY_SETTINGS_CHECK_SECONDS", config["GATEWAY_SETTINGS_CHECK_SECONDS"], 60, 86_400
             ),
             timezone=timezone,
         )

@@ -31,6 +31,7 @@ __all__ = [
     "RateLimitCounter",
     "RefundRecord",
     "RefundState",
+    "SettingsIncident",
 ]
 
 
@@ -302,3 +303,38 @@ class JobRun(GatewayBase):
     #: Finished runs, and those of them that failed, since the row was written.
     runs: Mapped[int] = mapped_column(BigInteger, default=0)
     failures: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
+class SettingsIncident(GatewayBase):
+    """One setting of a merchant account found changed at the gateway behind the shop's back
+    (``flask_gateway.operations.drift``): what the gateway had, what the shop has, when it was found, whether
+    the shop put its own back, and whether a person has acknowledged it (until then every admin page shows
+    it)."""
+
+    __tablename__ = "gateway_settings_incidents"
+    __table_args__ = (
+        Index("ix_gateway_settings_incidents_open", "environment", "acknowledged_at"),
+        Index("ix_gateway_settings_incidents_setting", "merchant_account_id", "setting", "found_at"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    environment: Mapped[str] = mapped_column(String(20))
+    merchant_account_id: Mapped[str] = mapped_column(String(255))
+    #: Which setting: ``callback URL``, ``failure e-mail``, ``minimum amount (cents)``, ``maximum amount
+    #: (cents)``.
+    setting: Mapped[str] = mapped_column(String(40))
+    #: The gateway's value when found (someone else's: shown escaped, never trusted), and the shop's.
+    foreign_value: Mapped[str | None] = mapped_column(Text)
+    our_value: Mapped[str | None] = mapped_column(Text)
+    #: ``repaired`` (the shop's value put back), ``repair-failed`` (the gateway refused or could not be
+    #: reached: tried again at the next check), ``attack`` (diverted again after a repair: not repaired
+    #: until a person acknowledges).
+    outcome: Mapped[str] = mapped_column(String(20))
+    found_at: Mapped[datetime]
+    #: The last check that still found the foreign value (an attack is not repaired: it stays diverted).
+    last_seen_at: Mapped[datetime]
+    repaired_at: Mapped[datetime | None]
+    #: Why the repair failed (the gateway's error, one line).
+    detail: Mapped[str | None] = mapped_column(Text)
+    acknowledged_at: Mapped[datetime | None]
+    acknowledged_by: Mapped[str | None] = mapped_column(String(255))

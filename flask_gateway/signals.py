@@ -28,6 +28,8 @@ __all__ = [
     "payment_after_close",
     "payment_confirmed",
     "refund_succeeded",
+    "settings_drift_repaired",
+    "settings_under_attack",
 ]
 
 _signals = Namespace()
@@ -79,6 +81,20 @@ payment_after_close = _signals.signal("gateway-payment-after-close")
 #: shop's policy (refund it, tell a person). Sends ``checkout``, ``account``, ``event_id`` and ``error``
 #: (what the last attempt raised). Sent directly, not through the outbox; a receiver that raises is logged.
 fulfilment_failed = _signals.signal("gateway-fulfilment-failed")
+
+
+#: The scheduled settings check (``flask_gateway.operations.drift``) found a merchant account's callback URL,
+#: e-mail or limits changed at the gateway behind the shop's back and sent the shop's own back. Sent once per
+#: check that found something, with no ``checkout``: ``account`` and ``incidents`` (the
+#: ``SettingsIncident`` rows: each setting's foreign value, the shop's, when found, and whether the repair
+#: worked; ``outcome`` ``repair-failed``: the gateway refused it, the next check tries again).
+settings_drift_repaired = _signals.signal("gateway-settings-drift-repaired")
+
+#: A setting the shop had put back was changed again (someone fights the repair, ``flask_gateway.operations.
+#: drift``): it is not repaired again until a person acknowledges the admin's banner. Sent once when found,
+#: with no ``checkout``: ``account`` and ``incidents`` (the ``SettingsIncident`` rows, ``outcome``
+#: ``attack``). Tell a person now: the account's callbacks (and so its orders' details) go elsewhere.
+settings_under_attack = _signals.signal("gateway-settings-under-attack")
 
 
 def sender() -> Flask:

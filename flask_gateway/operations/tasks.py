@@ -13,6 +13,11 @@ Two tasks, named for the beat schedule and for ``send_task`` from anywhere:
   run's summary, when a checkout could not be polled (the next run tries again). Beat's run asks about the
   checkouts due (``GATEWAY_RECONCILE_AFTER_SECONDS``); ``send_task(RECONCILE, kwargs={"older_than_seconds":
   0})`` asks about every open checkout now (those not polled in the last minute).
+- ``flask_gateway.check_settings`` (:data:`CHECK_SETTINGS`): the gateway's settings compared with the shop's
+  and put back (:func:`flask_gateway.operations.drift.scheduled_check`), at most once per
+  ``GATEWAY_SETTINGS_CHECK_SECONDS`` whichever worker runs it; beat sends it every
+  ``GATEWAY_SETTINGS_CHECK_SECONDS`` (:func:`celery_init_app` reads the app's value). It fails when an
+  account could not be checked or a repair failed.
 
 Flask's own pattern ("Background Tasks with Celery" in Flask's documentation): every task runs inside
 ``app.app_context()``, through a ``Task`` subclass. :func:`celery_init_app` is that pattern with the
@@ -44,6 +49,8 @@ from typing import Any, Final
 
 from flask import Flask, current_app, has_app_context
 
+from flask_gateway.errors import ConfigurationError
+from flask_gateway.operations.drift import scheduled_check
 from flask_gateway.operations.reconciliation import reconcile
 from flask_gateway.payments.heartbeats import record_run
 from flask_gateway.payments.outbox import DeliveryReport, deliver_due
@@ -62,6 +69,7 @@ except ImportError as exc:  # pragma: no cover - the optional extra is missing
 __all__ = [
     "BEAT_SCHEDULE",
     "BEAT_SCHEDULE_FILE",
+    "CHECK_SETTINGS",
     "DELIVER_EVERY",
     "DELIVER_LIMIT",
     "DELIVER_OUTBOX",
@@ -77,6 +85,8 @@ __all__ = [
 DELIVER_OUTBOX: Final = "flask_gateway.deliver_outbox"
 #: The task that runs reconciliation once.
 RECONCILE: Final = "flask_gateway.reconcile"
+#: The task that compares the gateway's settings with the shop's and puts the shop's back.
+CHECK_SETTINGS: Final = "flask_gateway.check_settings"
 #: Events one ``deliver_outbox`` task delivers at most; the next tick takes the rest.
 DELIVER_LIMIT: Final = 100
 
@@ -84,8 +94,9 @@ DELIVER_LIMIT: Final = 100
 #: worker died is delivered within 15 s of the death. Cheap when nothing is due: one indexed query.
 DELIVER_EVERY: Final = 5.0
 
-#: Beat's schedule for the two tasks: delivery every :data:`DELIVER_EVERY` s, reconciliation every 5
-#: minutes. A tick that waited longer than its interval in the queue (the workers were busy or down) is
+#: Beat's schedule for the three tasks: delivery every :data:`DELIVER_EVERY` s, reconciliation every 5
+#: minutes, the settings check every 5 minutes (``celery_init_app``: every ``GATEWAY_SETTINGS_CHECK_SECONDS``
+#: of the app). A tick that waited longer than its interval in the queue (the workers were busy or down) is
 #: dropped (``expires``): the next one does the same work, so ticks never pile up behind a slow run.
 BEAT_SCHEDULE: Final[Mapping[str, Mapping[str, Any]]] = {
     "flask-gateway-deliver-outbox": {
@@ -94,6 +105,11 @@ BEAT_SCHEDULE: Final[Mapping[str, Mapping[str, Any]]] = {
         "options": {"expires": DELIVER_EVERY},
     },
     "flask-gateway-reconcile": {"task": RECONCILE, "schedule": 300.0, "options": {"expires": 300.0}},
+    "flask-gateway-check-settings": {
+        "task": CHECK_SETTINGS,
+        "schedule": 300.0,
+        "options": {"expires": 300.0},
+    },
 }
 
 #: The Celery settings a worker needs to lose nothing when it is killed (docs/operations.md explains each).
@@ -135,10 +151,11 @@ class InstanceFolderScheduler(PersistentScheduler):  # type: ignore[misc]  # cel
 
 @dataclass(frozen=True)
 class GatewayTasks:
-    """The two tasks as registered on one Celery app (``.delay()``, ``.apply_async()``, ``.apply()``)."""
+    """The tasks as registered on one Celery app (``.delay()``, ``.apply_async()``, ``.apply()``)."""
 
     deliver_outbox: Any
     reconcile: Any
+    check_settings: Any = None
 
 
 def celery_init_app(app: Flask) -> Any:
@@ -150,12 +167,13 @@ def celery_init_app(app: Flask) -> Any:
     (``beat_schedule_filename``) in the app's instance folder, :data:`BEAT_SCHEDULE_FILE`, made when beat
     starts (:class:`InstanceFolderScheduler`), unless ``CELERY`` names one (or ``beat --schedule`` does).
     Every task of it, the shop's own too, runs in ``app.app_context()``. It becomes Celery's default app
-    and ``app.extensions["celery"]``; the gateway's tasks are ``celery.tasks[DELIVER_OUTBOX]`` and
-    ``celery.tasks[RECONCILE]``.
+    and ``app.extensions["celery"]``; the gateway's tasks are ``celery.tasks[DELIVER_OUTBOX]``,
+    ``celery.tasks[RECONCILE]`` and ``celery.tasks[CHECK_SETTINGS]`` (sent every
+    ``GATEWAY_SETTINGS_CHECK_SECONDS``).
     """
     celery = Celery(app.name, task_cls=_flask_task(app, Task))
     own: dict[str, Any] = dict(app.config.get("CELERY") or {})
-    schedule = {**BEAT_SCHEDULE, **own.pop("beat_schedule", {})}
+    schedule = {**BEAT_SCHEDULE, **_settings_entry(app), **own.pop("beat_schedule", {})}
     beat_files = {
         # Beat's record of the last runs: in the app's instance folder, not the working directory
         # (made when beat starts, not here: nothing at init touches the disk).
@@ -170,8 +188,20 @@ def celery_init_app(app: Flask) -> Any:
     return celery
 
 
+def _settings_entry(app: Flask) -> dict[str, Mapping[str, Any]]:
+    """Beat's settings check entry, every ``GATEWAY_SETTINGS_CHECK_SECONDS`` of ``app`` (the default when
+    the extension is not set up on it yet: its tasks then say so when they run)."""
+    try:
+        every = float(get_state(app).config.settings_check_seconds)
+    except ConfigurationError:
+        return {}
+    entry = BEAT_SCHEDULE["flask-gateway-check-settings"]
+    return {"flask-gateway-check-settings": {**entry, "schedule": every, "options": {"expires": every}}}
+
+
 def register_tasks(celery: Any, app: Flask | None = None) -> GatewayTasks:
-    """Define ``flask_gateway.deliver_outbox`` and ``flask_gateway.reconcile`` on the Celery app ``celery``.
+    """Define ``flask_gateway.deliver_outbox``, ``flask_gateway.reconcile`` and
+    ``flask_gateway.check_settings`` on the Celery app ``celery``.
 
     With ``app`` the tasks run in its app context, and each worker process forked by Celery's pool starts
     with fresh database connections (never one inherited from the parent). Without it they run in the app
@@ -198,6 +228,7 @@ def _define(celery: Any, base: type[Any] | None) -> GatewayTasks:
     return GatewayTasks(
         deliver_outbox=celery.task(name=DELIVER_OUTBOX, **options)(_deliver_outbox),
         reconcile=celery.task(name=RECONCILE, **options)(_reconcile),
+        check_settings=celery.task(name=CHECK_SETTINGS, **options)(_check_settings),
     )
 
 
@@ -231,6 +262,17 @@ def _reconcile(**options: Any) -> str:
     report = reconcile(**options)
     summary = report.summary()
     if report.errors:  # the task is recorded as failed (and logged); the next run tries again
+        raise RuntimeError(summary)
+    return summary
+
+
+def _check_settings(force: bool = False) -> str:
+    """The scheduled settings check (:func:`~flask_gateway.operations.drift.scheduled_check`): nothing when
+    another run checked within ``GATEWAY_SETTINGS_CHECK_SECONDS``; its summary for the worker's log."""
+    _require_app_context(CHECK_SETTINGS)
+    result = scheduled_check(force=force)
+    summary = result.summary()
+    if result.failed:  # recorded as failed (and logged); the next tick tries again
         raise RuntimeError(summary)
     return summary
 

@@ -26,6 +26,13 @@ whether it is **overdue**: never ran although the gateway was installed longer t
 last finished run, or its last successful one, is older than the bound (``GATEWAY_DELIVER_STALE_SECONDS``,
 ``GATEWAY_RECONCILE_STALE_SECONDS``). The doctor (``background-work``), the admin status page, the
 readiness answer (informational) and the metrics report it.
+
+The settings check (``flask_gateway.operations.drift``) keeps a row of its own, :data:`SETTINGS_CHECK`, not
+one of :data:`JOBS`: every scheduled run (Celery beat, each ``reconcile``, ``flask gateway check-settings``)
+first takes its turn with :func:`claim_turn` (one ``UPDATE`` that moves ``last_started_at`` only when it
+is older than the period), so however many processes run, the gateway is asked once per
+``GATEWAY_SETTINGS_CHECK_SECONDS``; :func:`finish_turn` records how it went and :func:`settings_check_status`
+reads it back (overdue: no check finished for three periods while installed; the doctor says so).
 """
 
 from __future__ import annotations
@@ -43,7 +50,7 @@ from datetime import datetime, timedelta
 from typing import Any, Final, Literal
 from urllib.parse import urlsplit, urlunsplit
 
-from sqlalchemy import Connection, insert, literal, select, true, update
+from sqlalchemy import Connection, insert, literal, or_, select, true, update
 from sqlalchemy.exc import IntegrityError
 
 from flask_gateway.core.outages import describe_database_error, is_database_outage
@@ -54,18 +61,26 @@ from flask_gateway.state import GatewayState, get_state, leaves_no_transaction
 
 __all__ = [
     "JOBS",
+    "SETTINGS_CHECK",
     "JobStatus",
     "Run",
     "broker_unreachable",
+    "claim_turn",
+    "finish_turn",
     "job_status",
     "mask_url",
     "record_run",
+    "settings_check_status",
 ]
 
 _log = logging.getLogger("flask_gateway.heartbeats")
 
 #: The background jobs that record heartbeats.
 JOBS: Final = ("deliver", "reconcile")
+#: The settings check's row (not one of :data:`JOBS`: :func:`claim_turn`, :func:`settings_check_status`).
+SETTINGS_CHECK: Final = "check-settings"
+#: A settings check is overdue when none finished for this many of its periods.
+SETTINGS_CHECK_PERIODS: Final = 3
 #: Jobs whose start is written when they start (long runs); the others write once, when they end.
 _ANNOUNCED: Final = frozenset({"reconcile"})
 #: The longest summary kept (one line).
@@ -273,6 +288,8 @@ class JobStatus:
 
     @property
     def config_key(self) -> str:
+        if self.job == SETTINGS_CHECK:
+            return f"{SETTINGS_CHECK_PERIODS} x GATEWAY_SETTINGS_CHECK_SECONDS"
         return f"GATEWAY_{self.job.upper()}_STALE_SECONDS"
 
     def describe(self) -> str:
@@ -346,6 +363,85 @@ def job_status(*, now: datetime | None = None) -> list[JobStatus]:
     records = {row.JobRun.job: row.JobRun for row in rows if row.JobRun is not None}
     limits = bounds(state)
     return [_status(job, records.get(job), limits[job], installed_at, now) for job in JOBS]
+
+
+# --- the settings check's turn --------------------------------------------------------------------------
+
+
+def claim_turn(job: str, every: timedelta, *, now: datetime | None = None, force: bool = False) -> bool:
+    """Take ``job``'s turn (:data:`SETTINGS_CHECK`): True for one caller per ``every``, across processes and
+    machines; False when another run started less than ``every`` before ``now``. ``force``: the turn is taken
+    whatever the last start (a person ran it by hand), and the period starts again.
+
+    One ``UPDATE`` moves the row's ``last_started_at`` to ``now`` only when it is older than ``now - every``
+    (two processes at once: the database lets one of them change the row); the first time, an ``INSERT``
+    (another process's first row meanwhile: not our turn). When the row cannot be written (the table
+    missing: the migrations not run; the database away) the turn is taken: the check runs more often than
+    asked rather than never, and one WARNING says why.
+    """
+    now = now or utcnow()
+    values: dict[str, Any] = {"last_started_at": now, **_where()}
+    due = () if force else (or_(JobRun.last_started_at.is_(None), JobRun.last_started_at <= now - every),)
+    taken: list[bool] = []
+
+    def claim(connection: Connection) -> None:
+        taken.clear()
+        if connection.execute(update(JobRun).where(JobRun.job == job, *due).values(**values)).rowcount:
+            taken.append(True)
+        elif connection.scalar(select(JobRun.job).where(JobRun.job == job)) is not None:
+            taken.append(False)
+        else:
+            connection.execute(insert(JobRun).values(job=job, runs=0, failures=0, **values))
+            taken.append(True)
+
+    where = ""
+    try:
+        state = get_state()
+        where = state.engine.url.render_as_string(hide_password=True)
+        _in_own_transaction(state, claim)
+    except IntegrityError:  # another process wrote the first row meanwhile: its turn
+        return False
+    except Exception as error:
+        _FAILING.failed(where, job, error, quiet=False)
+        return True
+    _FAILING.succeeded(where, job)
+    return bool(taken and taken[0])
+
+
+def finish_turn(job: str, summary: str, *, failed: bool, now: datetime | None = None) -> None:
+    """Record the end of the run whose turn :func:`claim_turn` gave: when, ``ok`` or ``failed``, its
+    one-line summary. Never raises (one WARNING per failing spell)."""
+    now = now or utcnow()
+    values: dict[str, Any] = {
+        "last_finished_at": now,
+        "last_outcome": "failed" if failed else "ok",
+        "last_summary": _one_line(summary),
+        **_where(),
+    }
+    if not failed:
+        values["last_succeeded_at"] = now
+    _write(job, values, finished=True, failed=failed, quiet=False)
+
+
+@leaves_no_transaction
+def settings_check_status(*, now: datetime | None = None) -> JobStatus:
+    """The settings check as its row says at ``now``: overdue when no check finished (or none succeeded)
+    for :data:`SETTINGS_CHECK_PERIODS` periods of ``GATEWAY_SETTINGS_CHECK_SECONDS`` while the gateway is
+    installed. Reads only; raises what the driver raises when the table cannot be read."""
+    state = get_state()
+    now = now or utcnow()
+    bound = timedelta(seconds=SETTINGS_CHECK_PERIODS * state.config.settings_check_seconds)
+    with sqlite_read_transactions():
+        record = state.session.scalar(
+            select(JobRun).where(JobRun.job == SETTINGS_CHECK).execution_options(populate_existing=True)
+        )
+        installed_at = state.session.scalar(
+            select(Installation.installed_at)
+            .where(Installation.environment == state.config.environment)
+            .order_by(Installation.id.desc())
+            .limit(1)
+        )
+    return _status(SETTINGS_CHECK, record, bound, installed_at, now)
 
 
 def _status(

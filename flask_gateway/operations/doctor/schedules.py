@@ -1,6 +1,7 @@
 """The checks that the background work runs: ``reconcile`` (no checkout overdue for reconciliation),
-``outbox`` (no event overdue or dead), ``background-work`` (each job's heartbeat against its bound) and
-``broker`` (the Celery broker answers).
+``outbox`` (no event overdue or dead), ``background-work`` (each job's heartbeat against its bound, and
+the ``settings-schedule`` finding: a settings check recorded within three of its periods) and ``broker``
+(the Celery broker answers).
 """
 
 from __future__ import annotations
@@ -18,7 +19,13 @@ from flask_gateway.models import GatewayCheckout
 from flask_gateway.operations.doctor.report import Finding, Options
 from flask_gateway.operations.doctor.wording import _admin
 from flask_gateway.operations.reconciliation import CLAIM_LEASE_SECONDS, _due
-from flask_gateway.payments.heartbeats import JobStatus, broker_unreachable, job_status, mask_url
+from flask_gateway.payments.heartbeats import (
+    JobStatus,
+    broker_unreachable,
+    job_status,
+    mask_url,
+    settings_check_status,
+)
 from flask_gateway.state import get_state
 
 #: A checkout due for reconciliation for longer than this means nothing runs ``flask gateway reconcile``.
@@ -172,7 +179,59 @@ def check_background_work(_options: Options) -> list[Finding]:
                 f"run the migrations or flask gateway init-db ({_DOCS_BACKGROUND})",
             )
         ]
-    return [_background_finding(name, status) for status in statuses]
+    return [_background_finding(name, status) for status in statuses] + _settings_schedule()
+
+
+#: How to get the settings check running again.
+_SETTINGS_FIX: Final = (
+    "schedule flask gateway reconcile every 5 minutes (each run checks the settings, at most once per "
+    "GATEWAY_SETTINGS_CHECK_SECONDS) or flask gateway check-settings from cron; with Celery, start beat "
+    "(the task flask_gateway.check_settings) and the worker (docs/operations.md#settings-drift)"
+)
+
+
+def _settings_schedule() -> list[Finding]:
+    """The settings check (``flask_gateway.operations.drift``): did a schedule run it within three of its
+    periods? Its own finding, ``settings-schedule``."""
+    name = "settings-schedule"
+    try:
+        status = settings_check_status()
+    except SQLAlchemyError as error:
+        return [
+            Finding(
+                name,
+                "unknown",
+                f"the settings check's record cannot be read ({type(error).__name__}): see the database "
+                "finding",
+                f"run the migrations or flask gateway init-db ({_DOCS_BACKGROUND})",
+            )
+        ]
+    if status.installed_at is None:
+        return [Finding(name, "ok", "not installed: no gateway settings to check")]
+    read_it = (
+        "run flask gateway check-settings to see why, and fix its cause (docs/operations.md#settings-drift)"
+    )
+    if status.overdue:
+        if status.age is not None and status.age <= status.bound:  # it runs, but fails
+            return [
+                Finding(
+                    name, "problem", f"{status.describe()}: it runs but has not succeeded lately", read_it
+                )
+            ]
+        return [
+            Finding(
+                name,
+                "problem",
+                f"{status.describe()}: no schedule runs it, so a callback URL diverted at the gateway stays "
+                "diverted until someone looks",
+                _SETTINGS_FIX,
+            )
+        ]
+    if status.last_finished_at is None:
+        return [Finding(name, "unknown", f"{status.describe()} (too soon to tell)", _SETTINGS_FIX)]
+    if status.last_outcome != "ok":
+        return [Finding(name, "warn", status.describe(), read_it)]
+    return [Finding(name, "ok", status.describe())]
 
 
 def _background_finding(name: str, status: JobStatus) -> Finding:

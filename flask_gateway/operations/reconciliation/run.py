@@ -25,6 +25,11 @@ of the missing amount with ``refund_succeeded`` once; a partial one the shop can
 status answer carries no amount) flagged; a paid checkout the gateway calls cancelled, expired or open
 flagged (it does not go back). ``limit`` counts both passes, the open checkouts first.
 
+The gateway's settings: a run over every account also offers the settings check its turn
+(:func:`flask_gateway.operations.drift.scheduled_check`: compared with the shop's and put back, at most once
+per ``GATEWAY_SETTINGS_CHECK_SECONDS`` whichever process runs it), before the checkouts; a check that
+fails is logged and never fails the run.
+
 Imports ``pool``, ``answers``, ``claiming`` and ``report`` of the package.
 """
 
@@ -44,6 +49,7 @@ from flask_gateway.core.timestamps import utcnow
 from flask_gateway.core.wire import CheckoutStatus as S
 from flask_gateway.errors import SecretUnreadable
 from flask_gateway.models import GatewayCheckout, Installation, LocalStatus
+from flask_gateway.operations.drift import scheduled_check
 from flask_gateway.operations.health import check_callback_health
 from flask_gateway.operations.reconciliation.answers import EXPIRY_GRACE
 from flask_gateway.operations.reconciliation.claiming import (
@@ -102,6 +108,9 @@ def reconcile(
         raise ValueError("concurrency must be 1 or more")
     if account is not None:  # a mistyped account is the caller's error, not a failed run of the job
         get_state().require_installation(account)
+    if account is None:
+        # Before the checkouts: the check's commits must not expire what the run hands its receivers.
+        _check_settings()
     with record_run("reconcile") as run:  # the heartbeat (flask_gateway.payments.heartbeats)
         report = _reconcile_once(
             limit, older_than_seconds, progress, paid_window_hours, paid_recheck_seconds, concurrency, account
@@ -109,6 +118,25 @@ def reconcile(
         # Not installed: nothing was reconciled, so the job does not do its work (a wrong database?).
         run.done(report.summary(), failed=bool(report.errors) or not report.installed)
     return report
+
+
+def _check_settings() -> None:
+    """The settings check's turn (at most once per ``GATEWAY_SETTINGS_CHECK_SECONDS``); never fails the
+    run: what it found is logged (and recorded, announced, shown by the check itself)."""
+    try:
+        result = scheduled_check()
+    except Exception as error:
+        with suppress(Exception):  # a dead connection's rollback fails too
+            get_state().session.rollback()
+        first = (str(error).splitlines() or [""])[0]
+        log.warning(
+            "reconcile: the gateway's settings could not be checked (%s: %s); the run itself is done",
+            type(error).__name__,
+            describe_database_error(error) if is_database_outage(error) else first,
+        )
+        return
+    if result.ran:
+        log.info("reconcile: %s", result.summary())
 
 
 def _reconcile_once(

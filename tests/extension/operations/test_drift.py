@@ -56,7 +56,8 @@ def test_a_callback_url_moved_through_the_sandbox_is_noticed_by_the_cli(installe
         installed, {"checkoutStatusCallbackUrl": ATTACKER_URL, "minimumCheckoutAmountCents": 1}
     )
 
-    result = invoke(installed, "check-settings")
+    # Only compare (the command puts the shop's back without --no-repair: test_drift_repair.py).
+    result = invoke(installed, "check-settings", "--no-repair")
 
     assert result.exit_code == 1
     assert (
