@@ -12,7 +12,7 @@ from flask.typing import ResponseReturnValue
 from sqlalchemy import false, or_, select
 
 from flask_gateway.core.wire import CHANGEABLE_STATUSES, REFUNDABLE_STATUSES
-from flask_gateway.labels import refund_state_label, status_label
+from flask_gateway.labels import describe_detail, refund_state_label, status_label
 from flask_gateway.models import CallbackLog, GatewayCheckout
 from flask_gateway.payments.checkouts import cancel_checkout as cancel_checkout_at_gateway
 from flask_gateway.payments.polling import refresh
@@ -159,7 +159,8 @@ def refresh_checkout(checkout_id: int) -> ResponseReturnValue:
         if transition.applied:
             flash(f"The gateway says “{after}” (was “{before}”).", "success")
         else:
-            flash(f"The gateway says “{after}”: {transition.reason or 'no change'}.", "info")
+            reason = describe_detail(transition.reason, get_state().config.currency_symbol)
+            flash(f"The gateway says “{after}”: {reason or 'no change'}.", "info")
     return _back(checkout_id)
 
 
@@ -227,5 +228,6 @@ def refund_checkout(checkout_id: int) -> ResponseReturnValue:
             flash(f"Refunded {shown}.", "success")
         else:
             state = refund_state_label(record.state).text.lower()
-            flash(f"The refund of {shown} is {state}: {record.error or 'see the timeline'}.", "error")
+            why = describe_detail(record.error, symbol) or "see the timeline"
+            flash(f"The refund of {shown} is {state}: {why}.", "error")
     return _back(checkout_id)
