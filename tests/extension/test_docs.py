@@ -76,3 +76,85 @@ def test_the_look_example_gives_the_screens_the_hosts_look(harness):
     assert "THE SHOP'S OWN NAVIGATION" in page
     assert 'aria-label="Payment gateway admin"' in page  # the gateway's tabs, under it
     assert 'class="gateway-topbar"' not in page
+
+
+# --- "Taking a payment": the errors a shop handles (issue 28, point 8) ------------------------------------
+
+
+def test_the_errors_table_names_importable_errors_of_flask_gateway():
+    import flask_gateway
+
+    section = _section((DOCS / "extension.md").read_text(), "Taking a payment")
+    table = section.split("**The errors a shop handles.**", 1)[1].split("```python", 1)[0]
+    rows = [line for line in table.splitlines() if line.startswith("| `")]
+    first = [row.split(" | ")[0] for row in rows]
+    named = {name for cell in first for name in re.findall(r"`([A-Z][A-Za-z]+Error)`", cell)} - {"ValueError"}
+    assert any(cell.startswith("| `ValueError` naming the field") for cell in first)
+    assert {
+        "CheckoutUnavailableError",
+        "GatewayError",
+        "GatewayConnectionError",
+        "GatewayTimeoutError",
+        "GatewayServerError",
+        "InvalidRequestError",
+        "FirewallRejectedError",
+        "NotInstalledError",
+        "UnknownAccountError",
+        "CheckoutStateError",
+        "RefundNotAllowedError",
+        "RefundDeclinedError",
+    } <= named
+    for name in named:
+        error = getattr(flask_gateway, name)
+        assert issubclass(error, flask_gateway.FlaskGatewayError), name
+    assert issubclass(flask_gateway.CheckoutUnavailableError, ValueError)  # "catch it before ValueError"
+
+
+def _pay_view(harness):
+    """The section's Pay view, added to the harness's shop (its order: the test's sample order)."""
+    from tests.extension.conftest import sample_order
+
+    section = _section((DOCS / "extension.md").read_text(), "Taking a payment")
+    code = section.split("**The errors a shop handles.**", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+
+    def order_draft(reference):  # LOW-...: R 399.00, the others R 798.00
+        return sample_order(reference, quantity=1 if reference.startswith("LOW-") else 2)
+
+    namespace = {"app": harness.shop, "order_draft": order_draft}
+    exec(compile(code, "docs/extension.md", "exec"), namespace)  # noqa: S102 - our own documentation
+    return namespace["pay"]
+
+
+def _paying(harness, pay, reference):
+    """The view's answer and the messages it flashed."""
+    from flask import get_flashed_messages
+
+    from tests.extension.conftest import SHOP_URL
+
+    with harness.shop.test_request_context(f"/orders/{reference}/pay", method="POST", base_url=SHOP_URL):
+        answer = pay(reference)
+        return answer.status_code, answer.headers["Location"], get_flashed_messages()
+
+
+def test_the_documented_pay_view_handles_what_a_shopper_meets(harness):
+    """Below the minimum: CheckoutUnavailableError, a message on the order page; the gateway unanswered
+    (503), then refusing (400): GatewayError, a message; then the same order pays: 303 to the payment page."""
+    harness.install(minimum=50_000)  # R 500.00
+    pay = _pay_view(harness)
+
+    status, location, said = _paying(harness, pay, "LOW-1")
+    assert (status, location) == (303, "/orders/LOW-1")
+    assert said == ["Pay in 3 is not available for this order: please choose another way to pay."]
+
+    for kind in ({"status": 503}, {"status": 400}):
+        answer = harness.emulator.control(
+            "faults", {"operation": "create", "kind": "status", "count": 1, **kind}
+        )
+        assert answer.status_code == 201, answer.get_data(as_text=True)
+        status, location, said = _paying(harness, pay, f"ORD-{kind['status']}")
+        assert (status, location) == (303, f"/orders/ORD-{kind['status']}")
+        assert said == ["The payment service did not answer. Please try again in a minute."]
+
+    status, location, said = _paying(harness, pay, "ORD-503")  # unanswered before: paying again works
+    assert status == 303 and "/checkout/" in location, location
+    assert said == []
