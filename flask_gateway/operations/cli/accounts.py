@@ -77,21 +77,23 @@ def accounts_command(context: click.Context, as_json: bool) -> None:
         return
     state = get_state()
     default = _default_account()
-    accounts = [_described(row, default) for row in state.installations()]
+    installations = state.installations()
+    accounts = [_described(row, default) for row in installations]
     if as_json:
         click.echo(json.dumps(accounts, indent=2))
         return
     if not accounts:
         click.echo(f"No merchant account is installed for the {state.config.environment} environment.")
         return
-    for account in accounts:
+    for installation, account in zip(installations, accounts, strict=True):
         default_mark = account["default"] and len(accounts) > 1  # one account: nothing to tell apart
         mark = " (default)" if default_mark else " (retired)" if account["retired_at"] else ""
         click.echo(account["account"] + mark)
-        since = f"retired since {account['retired_at']}" if account["retired_at"] else "open"
+        # Times for a person in GATEWAY_TIMEZONE (``--json`` keeps ISO 8601).
+        since = f"retired since {when(installation.retired_at)}" if installation.retired_at else "open"
         rows = [
             ("state", since),
-            ("installed", account["installed_at"]),
+            ("installed", when(installation.installed_at)),
             (
                 "limits",
                 f"{state.money(account['minimum_cents'])} to {state.money(account['maximum_cents'])} "

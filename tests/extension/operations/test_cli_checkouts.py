@@ -236,6 +236,8 @@ def test_every_time_a_command_prints_is_in_the_configured_zone(johannesburg: Har
     assert " UTC" not in status.split("Gateway (getstatus)")[0]
     callbacks = invoke(johannesburg, "callbacks").stdout
     assert re.search(r"#\d+  \d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2} SAST  HTTP 200", callbacks)
+    accounts = invoke(johannesburg, "accounts").stdout
+    assert re.search(r"\n  installed        \d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2} SAST\n", accounts)
     listed = json.loads(invoke(johannesburg, "checkouts", "--json").stdout)
     assert listed[0]["created_at"] == f"{utc:%Y-%m-%dT%H:%M:%S}Z"  # --json stays UTC
 
