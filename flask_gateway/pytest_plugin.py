@@ -17,6 +17,8 @@ Fixtures (docs/testing.md):
 - ``gateway_emulator``: a :class:`flask_gateway.testing.GatewayEmulator` wired to ``gateway_app`` and,
   unless ``@pytest.mark.gateway_emulator(install=False)``, installed on the shop.
   ``gateway_emulator.install(account="brand-b")`` installs another merchant account beside the first.
+  Every helper taking a checkout takes its order reference or its token alike
+  (``GatewayEmulator.resolve``).
 
 The ini option ``gateway_sqlite_no_fsync`` (default false) lets ``gateway_emulator`` write the shop's SQLite
 file database without ``fsync`` for the test (:func:`flask_gateway.testing.sqlite_without_fsync`).

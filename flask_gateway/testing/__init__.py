@@ -47,8 +47,10 @@ from flask_gateway.testing.pool import (
 )
 from flask_gateway.testing.records import (
     CallbackReply,
+    CheckoutRef,
     ConsumerOutcome,
     GatewayEmulatorError,
+    GatewayKitWarning,
     SignalRecord,
     token_of,
 )
@@ -71,11 +73,13 @@ __all__ = [
     "EMULATOR_URL",
     "SHOP_URL",
     "CallbackReply",
+    "CheckoutRef",
     "ConsumerOutcome",
     "EmulatorPool",
     "FlaskAdapter",
     "GatewayEmulator",
     "GatewayEmulatorError",
+    "GatewayKitWarning",
     "OffTheNetwork",
     "SignalRecord",
     "Wiring",

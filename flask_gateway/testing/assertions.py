@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from flask_gateway.core.timestamps import parse_timestamp
-from flask_gateway.testing.records import GatewayEmulatorError, SignalRecord, token_of
+from flask_gateway.testing.records import CheckoutRef, SignalRecord, token_of
 
 
 class Observed(Protocol):
@@ -26,42 +26,60 @@ class Observed(Protocol):
 
     def callbacks(self, checkout: object | None = None) -> list[dict[str, Any]]: ...
 
-    def confirmations(self, checkout: object) -> list[SignalRecord]: ...
+    def find(self, checkout: object) -> CheckoutRef | None: ...
 
 
-def records_of(signals: list[SignalRecord], signal: str, checkout: object) -> list[SignalRecord]:
-    """The records of ``signal`` among ``signals`` for ``checkout`` (a checkout, its token, its payment URL,
-    the shop's redirect to it, or the order's reference)."""
-    key = _key(checkout)
-    return [r for r in signals if r.signal == signal and key in (r.token, r.order_reference)]
+#: The second line of a failure about a checkout the gateway does not have.
+NO_CHECKOUT = (
+    "The gateway has no checkout by that token or order reference: did the shop create one "
+    "(start_checkout) with this emulator?"
+)
+
+
+def records_of(signals: list[SignalRecord], signal: str, checkout: CheckoutRef) -> list[SignalRecord]:
+    """The records of ``signal`` among ``signals`` for ``checkout`` (given by its order reference: for every
+    checkout of that order)."""
+    return [r for r in signals if r.signal == signal and checkout.matches(r)]
 
 
 def assert_fulfilled_once(gateway: Observed, checkout: object) -> SignalRecord:
     """:meth:`GatewayEmulator.assert_fulfilled_once`."""
-    found = gateway.confirmations(checkout)
+    ref = gateway.find(checkout)
+    if ref is None:
+        raise AssertionError(
+            f"Expected {_unknown(checkout)} to be fulfilled exactly once, but payment_confirmed was never "
+            f"sent for it.\n{NO_CHECKOUT}"
+        )
+    found = records_of(gateway.signals, "payment_confirmed", ref)
     if len(found) == 1:
         return found[0]
-    what = _describe(gateway, checkout)
+    what = _describe(ref)
     if not found:
         raise AssertionError(
             f"Expected {what} to be fulfilled exactly once, but payment_confirmed was never sent for "
-            f"it.\n{_diagnosis(gateway, checkout)}"
+            f"it.\n{_diagnosis(gateway, ref)}"
         )
     sources = ", ".join(str(record.source) for record in found)
     raise AssertionError(
         f"Expected {what} to be fulfilled exactly once, but payment_confirmed was sent {len(found)} "
-        f"times (sources: {sources}).\n{_diagnosis(gateway, checkout)}"
+        f"times (sources: {sources}).\n{_diagnosis(gateway, ref)}"
     )
 
 
 def assert_not_fulfilled(gateway: Observed, checkout: object) -> None:
     """:meth:`GatewayEmulator.assert_not_fulfilled`."""
-    found = gateway.confirmations(checkout)
+    ref = gateway.find(checkout)
+    if ref is None:
+        # A misspelt reference would otherwise pass: nothing was sent for a checkout that does not exist.
+        raise AssertionError(
+            f"Cannot tell whether {_unknown(checkout)} was fulfilled: it names no checkout.\n{NO_CHECKOUT}"
+        )
+    found = records_of(gateway.signals, "payment_confirmed", ref)
     if found:
         sources = ", ".join(str(record.source) for record in found)
         raise AssertionError(
-            f"Expected {_describe(gateway, checkout)} not to be fulfilled, but payment_confirmed was sent "
-            f"{len(found)} time(s) (sources: {sources}).\n{_diagnosis(gateway, checkout)}"
+            f"Expected {_describe(ref)} not to be fulfilled, but payment_confirmed was sent "
+            f"{len(found)} time(s) (sources: {sources}).\n{_diagnosis(gateway, ref)}"
         )
 
 
@@ -76,45 +94,19 @@ def callback_attempts(gateway: Observed, token: str) -> str:
     )
 
 
-def _key(checkout: object) -> str:
-    try:
-        return token_of(checkout)
-    except GatewayEmulatorError:
-        if isinstance(checkout, str):
-            return checkout
-        raise
+def _unknown(checkout: object) -> str:
+    given = checkout if isinstance(checkout, str) else token_of(checkout)
+    return f"the order or checkout {given!r}"
 
 
-def _token_for(gateway: Observed, checkout: object) -> str | None:
-    """The token of ``checkout``, also when it is an order reference the emulator knows."""
-    key = _key(checkout)
-    for record in gateway.signals:
-        if key in (record.token, record.order_reference) and record.token:
-            return record.token
-    rows = gateway.control("checkouts", method="GET")["checkouts"]
-    for row in rows:  # newest first
-        if key in (row["checkoutToken"], row["merchantOrderReference"]):
-            return str(row["checkoutToken"])
-    return None
+def _describe(ref: CheckoutRef) -> str:
+    if ref.by_reference:
+        return f"order {ref.given} (checkout {ref.token})"
+    return f"checkout {ref.token}"
 
 
-def _describe(gateway: Observed, checkout: object) -> str:
-    key = _key(checkout)
-    token = _token_for(gateway, checkout)
-    if token is None:
-        return f"the order or checkout {key!r}"
-    if token == key:
-        return f"checkout {key}"
-    return f"order {key} (checkout {token})"
-
-
-def _diagnosis(gateway: Observed, checkout: object) -> str:
-    token = _token_for(gateway, checkout)
-    if token is None:
-        return (
-            "The gateway has no checkout by that token or order reference: did the shop create one "
-            "(start_checkout) with this emulator?"
-        )
+def _diagnosis(gateway: Observed, ref: CheckoutRef) -> str:
+    token = ref.token
     status, attempts = gateway.status(token), callback_attempts(gateway, token)
     lines = [f"At the gateway it is {status}; callback attempts: {attempts}."]
     others = [r for r in gateway.signals if r.token == token and r.signal != "payment_confirmed"]

@@ -8,6 +8,7 @@ emulator.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -18,6 +19,7 @@ from flask.testing import FlaskClient
 from sqlalchemy import select
 
 from flask_gateway.core.errors import AlreadyInstalledError
+from flask_gateway.core.hosts import local_host_kind
 from flask_gateway.core.timestamps import parse_timestamp
 from flask_gateway.core.wire import OPEN_STATUSES
 from flask_gateway.emulator import EmulatorSettings, embedded_emulator
@@ -44,8 +46,10 @@ from flask_gateway.testing.pool import (
 )
 from flask_gateway.testing.records import (
     CallbackReply,
+    CheckoutRef,
     ConsumerOutcome,
     GatewayEmulatorError,
+    GatewayKitWarning,
     SignalRecord,
     token_of,
 )
@@ -59,6 +63,31 @@ def _reset(emulator: Flask) -> None:
     answer = emulator.test_client().post("/_emulator/reset", json={})
     if answer.status_code != 200:
         raise GatewayEmulatorError(f"The emulator could not be reset: {answer.get_data(as_text=True)}")
+
+
+def _warn_of_local_return_urls(shop: Flask, *, waf_strict: bool) -> None:
+    """A :class:`GatewayKitWarning` when the emulator's firewall (strict, as the real gateway's) will refuse
+    every checkout the shop creates: its return URLs would be on localhost or an IP address. The message
+    starts with the key to set, so pytest's one-line summary shows it (the create's own error says
+    ``create: HTTP 403 Forbidden`` first and the key only on its next line)."""
+    public = get_state(shop).config.public_url
+    base = shop_base_url(shop)
+    kind = local_host_kind(base)
+    if not waf_strict or kind is None:
+        return
+    if public:
+        start = f"GATEWAY_PUBLIC_URL={public!r} is on {kind}"
+    else:
+        start = f"GATEWAY_PUBLIC_URL is not set, so the shop's return URLs are on {base} ({kind})"
+    warnings.warn(
+        GatewayKitWarning(
+            f"{start}: the emulator's firewall refuses them, as the gateway's does, so every checkout the "
+            "shop creates fails (create: HTTP 403 Forbidden). Set GATEWAY_PUBLIC_URL to a public address "
+            "such as https://shop.example in the test configuration (nothing resolves it: the kit hands "
+            "the gateway's calls to the app), or GATEWAY_WAF = 'allow-local'."
+        ),
+        stacklevel=3,
+    )
 
 
 _WATCHED: Final = {
@@ -135,9 +164,11 @@ class GatewayEmulator:
         if embedded is not None:
             emulator = embedded.app
             settings = emulator.extensions["gateway_emulator"]
+            _warn_of_local_return_urls(shop, waf_strict=settings.waf_strict)  # before anything changes
             _reset(emulator)
         else:
             settings = settings or emulator_settings_for(shop)
+            _warn_of_local_return_urls(shop, waf_strict=settings.waf_strict)
             emulator = (
                 pool.emulator(database_url, settings) if pool else make_emulator(database_url, settings)
             )
@@ -300,10 +331,75 @@ class GatewayEmulator:
             )
         return data
 
+    # --- which checkout -------------------------------------------------------------------------------
+
+    def resolve(self, checkout: object) -> CheckoutRef:
+        """The checkout a helper was given, found at the gateway: the one resolver every helper uses.
+
+        ``checkout`` is an order reference or a token alike (a token first, then an order reference: the
+        order's most recent checkout), or a ``GatewayCheckout`` (anything with ``.token``), its payment
+        page URL, or the shop's response redirecting to it. One the gateway does not have raises
+        :class:`GatewayEmulatorError` naming what was given."""
+        found = self.find(checkout)
+        if found is not None:
+            return found
+        given = checkout if isinstance(checkout, str) else token_of(checkout)
+        raise GatewayEmulatorError(
+            f"{given!r} names no checkout at the gateway (neither a checkout token nor an order reference it "
+            f"knows): did the shop create one (start_checkout) with this emulator? {self._known()}"
+        )
+
+    def find(self, checkout: object) -> CheckoutRef | None:
+        """:meth:`resolve`, or None when the gateway has no such checkout (what cannot name a checkout at
+        all, such as a page that is not the gateway's, still raises :class:`GatewayEmulatorError`)."""
+        if isinstance(checkout, str) and "/" not in checkout:
+            given, plain = checkout, True
+        else:
+            given, plain = token_of(checkout), False
+        if not given or "\x00" in given or len(given) > 255:
+            return None
+        model = emulator_models.Checkout
+        with self.app.app_context():
+            session = emulator_models.db.session
+            try:  # plain values read: the rollback expires the rows
+                of_token = session.scalars(
+                    select(model.merchant_order_reference).where(model.token == given)
+                ).first()
+                by_reference = of_token is None and plain
+                reference = of_token if of_token is not None else given
+                order = list(
+                    session.scalars(
+                        select(model.token)
+                        .where(model.merchant_order_reference == reference)
+                        .order_by(model.id.desc())
+                    ).all()
+                )
+            finally:
+                session.rollback()
+        if of_token is None and not (by_reference and order):
+            return None
+        return CheckoutRef(
+            given=given,
+            token=given if of_token is not None else order[0],
+            order_reference=reference,
+            by_reference=by_reference,
+            order_tokens=tuple(order),
+        )
+
+    def _known(self) -> str:
+        """The gateway's newest checkouts in a few words, for a message about one it does not have."""
+        rows = self.control("checkouts", method="GET")["checkouts"][:5]
+        if not rows:
+            return "The gateway has no checkout at all."
+        shown = ", ".join(f"{row['merchantOrderReference']} ({row['checkoutToken']})" for row in rows)
+        return f"Its newest checkouts: {shown}."
+
+    # --- the gateway's view ---------------------------------------------------------------------------
+
     def checkout(self, checkout: object) -> dict[str, Any]:
         """The emulator's view of one checkout (``GET /_emulator/checkouts/<token>``): its status,
         ``status`` (the getstatus payload), refunds and timeline (``events``)."""
-        data: dict[str, Any] = self.control(f"checkouts/{token_of(checkout)}", method="GET")
+        data: dict[str, Any] = self.control(f"checkouts/{self.resolve(checkout).token}", method="GET")
         return data
 
     def status(self, checkout: object) -> str:
@@ -313,7 +409,8 @@ class GatewayEmulator:
     def callbacks(self, checkout: object | None = None) -> list[dict[str, Any]]:
         """Every callback attempt (of one checkout), oldest first: ``url``, ``httpStatus``, ``message``,
         ``ok``, ``requestBody``... (docs/emulator.md)."""
-        query = f"?checkoutToken={token_of(checkout)}&kind=callback" if checkout is not None else ""
+        token = self.resolve(checkout).token if checkout is not None else None
+        query = f"?checkoutToken={token}&kind=callback" if token is not None else ""
         attempts: list[dict[str, Any]] = self.control(f"callbacks{query}", method="GET")["callbacks"]
         return attempts
 
@@ -324,11 +421,11 @@ class GatewayEmulator:
 
         The checkout is then ``PAID_PENDING_CALLBACK`` at the gateway and its callback is due: the shop
         hears of it on :meth:`deliver` (or when the shopper comes back, ``redirect_url``)."""
-        return self._outcome(self.control(f"checkouts/{token_of(checkout)}/pay"))
+        return self._outcome(self.control(f"checkouts/{self.resolve(checkout).token}/pay"))
 
     def cancel_as_consumer(self, checkout: object) -> ConsumerOutcome:
         """The shopper cancels on the gateway's payment page (its Cancel button)."""
-        return self._outcome(self.control(f"checkouts/{token_of(checkout)}/cancel"))
+        return self._outcome(self.control(f"checkouts/{self.resolve(checkout).token}/cancel"))
 
     @staticmethod
     def _outcome(data: Mapping[str, Any]) -> ConsumerOutcome:
@@ -353,7 +450,7 @@ class GatewayEmulator:
         ``expiresAt`` (so every checkout due by then expires too). The shop learns of it as it would
         from the real gateway: on a status poll (``flask_gateway.refresh``, ``reconcile``), or for v1
         from the ABANDONED notice the clock advance delivers."""
-        token = token_of(checkout)
+        token = self.resolve(checkout).token
         detail = self.checkout(token)
         status = detail["checkoutPaymentStatus"]
         if status not in OPEN_STATUSES:
@@ -391,7 +488,7 @@ class GatewayEmulator:
         """Send the checkout's last callback again: the same body, freshly signed with the account's key,
         posted to the same URL by the emulator's own callback sender. A shop must answer it (HTTP 200)
         without fulfilling twice."""
-        token = token_of(checkout)
+        token = self.resolve(checkout).token
         attempts = self.callbacks(token)
         if not attempts:
             raise GatewayEmulatorError(
@@ -418,7 +515,7 @@ class GatewayEmulator:
     def redeliver(self, checkout: object) -> CallbackReply:
         """Redeliver the checkout's dead letter (a callback that failed every attempt), as the emulator's
         dashboard button does: back in the outbox and attempted at once."""
-        token = token_of(checkout)
+        token = self.resolve(checkout).token
         dead = [
             d
             for d in self.control("dead-letters", method="GET")["deadLetters"]
@@ -439,16 +536,19 @@ class GatewayEmulator:
     # --- what the shop did ----------------------------------------------------------------------------
 
     def confirmations(self, checkout: object) -> list[SignalRecord]:
-        """The ``payment_confirmed`` signals sent for ``checkout`` (a checkout, its token, its payment URL,
-        the shop's redirect to it, or the order's reference) since the emulator started."""
-        return records_of(self.signals, "payment_confirmed", checkout)
+        """The ``payment_confirmed`` signals sent for ``checkout`` (an order reference: for any checkout of
+        that order; a token, a checkout, its payment URL, the shop's redirect to it: for that checkout)
+        since the emulator started."""
+        return records_of(self.signals, "payment_confirmed", self.resolve(checkout))
 
     def assert_fulfilled_once(self, checkout: object) -> SignalRecord:
         """Assert that the extension sent ``payment_confirmed`` (the shop's cue to fulfil) exactly once for
-        ``checkout`` (a checkout, its token, its payment URL, the shop's redirect to it, or the order's
-        reference) during this test; returns that signal's record."""
+        ``checkout`` (an order reference: for the order, whichever of its checkouts was paid; a token, a
+        checkout, its payment URL, the shop's redirect to it) during this test; returns that signal's
+        record."""
         return assertions.assert_fulfilled_once(self, checkout)
 
     def assert_not_fulfilled(self, checkout: object) -> None:
-        """Assert that ``payment_confirmed`` was never sent for ``checkout`` during this test."""
+        """Assert that ``payment_confirmed`` was never sent for ``checkout`` (as for
+        :meth:`assert_fulfilled_once`) during this test; one that names no checkout fails too."""
         assertions.assert_not_fulfilled(self, checkout)

@@ -1,5 +1,5 @@
-"""What the helpers of :class:`GatewayEmulator` take and give back: which checkout (:func:`token_of`), the
-failure they raise (:class:`GatewayEmulatorError`) and the records they return.
+"""What the helpers of :class:`GatewayEmulator` take and give back: which checkout (:func:`token_of`,
+:class:`CheckoutRef`), the failure they raise (:class:`GatewayEmulatorError`) and the records they return.
 
 Imports nothing of the extension, the emulator or this package.
 """
@@ -12,6 +12,16 @@ from urllib.parse import urlsplit
 
 class GatewayEmulatorError(AssertionError):
     """The emulator refused what a helper asked (a test failure: the message says what and why)."""
+
+
+class GatewayKitWarning(UserWarning):
+    """The shop's test configuration cannot work with the gateway as configured (the message starts with
+    the key to set): under ``filterwarnings = error`` it fails the test's setup with that line."""
+
+
+# pytest's one-line summary shows ``module.Class: message``, cut at the terminal's width: the public path
+# (flask_gateway.testing exports both) leaves more of the message, which starts with what to fix.
+GatewayEmulatorError.__module__ = GatewayKitWarning.__module__ = "flask_gateway.testing"
 
 
 def token_of(checkout: object) -> str:
@@ -44,6 +54,32 @@ def token_of(checkout: object) -> str:
         f"Cannot tell which checkout {checkout!r} is: give a GatewayCheckout, a checkout token, a payment "
         "URL or the shop's redirect to it"
     )
+
+
+@dataclass(frozen=True)
+class CheckoutRef:
+    """Which checkout a helper of :class:`GatewayEmulator` was given, found at the gateway
+    (:meth:`GatewayEmulator.resolve`): every helper takes an order reference, a token, a checkout, its
+    payment page URL or the shop's redirect to it, alike."""
+
+    #: What the test gave, as text (for messages).
+    given: str
+    #: The checkout's token (an order reference: its most recent checkout's).
+    token: str
+    #: The order reference the shop sent with it.
+    order_reference: str
+    #: The test gave the order's reference (not a token or a checkout): the fulfilment helpers
+    #: (``confirmations``, ``assert_fulfilled_once``, ``assert_not_fulfilled``) count every checkout of
+    #: that order, since an order is fulfilled once whichever of its checkouts was paid.
+    by_reference: bool = False
+    #: The tokens of the order's checkouts at the gateway, newest first.
+    order_tokens: tuple[str, ...] = ()
+
+    def matches(self, record: SignalRecord) -> bool:
+        """Whether a signal ``record`` is about this checkout (or, given by reference, this order)."""
+        if self.by_reference:
+            return record.order_reference == self.order_reference
+        return record.token == self.token
 
 
 @dataclass(frozen=True)

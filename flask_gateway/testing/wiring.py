@@ -136,8 +136,8 @@ def connect_configured(shop: Flask, emulator: Flask, *, pause_retries: bool = Fa
     config = get_state(shop).config
     if config.environment == "production":
         raise ValueError(
-            "The shop is configured with GATEWAY_ENVIRONMENT='production': wire a test shop configured "
-            "for 'emulator' (the default) or 'sandbox' instead."
+            "GATEWAY_ENVIRONMENT='production' in the shop's configuration: a test has no business with "
+            "production addresses; wire a test shop configured for 'emulator' (the default) or 'sandbox'."
         )
     emulator_client = emulator.test_client()
     to_emulator = _offline_session()
