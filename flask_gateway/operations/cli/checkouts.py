@@ -12,7 +12,7 @@ from flask_gateway.config import MAX_PAID_WINDOW_HOURS, MAX_RECONCILE_CONCURRENC
 from flask_gateway.core.errors import GatewayError
 from flask_gateway.core.wire import status_payload_keys
 from flask_gateway.errors import NotInstalledError, SecretUnreadable, UnknownAccountError
-from flask_gateway.labels import status_label
+from flask_gateway.labels import source_label, status_label
 from flask_gateway.models import (
     GatewayCheckout,
 )
@@ -174,8 +174,10 @@ def status_command(checkout_given: str, apply_answer: bool, account: str | None,
             click.echo("  recent events")
             for event in checkout.events[-5:]:
                 mark = "" if event.applied else " (not applied)"
+                before = status_label(event.from_status).text if event.from_status else "-"
+                after = status_label(event.to_status).text if event.to_status else "-"
                 click.echo(
-                    f"    {when(event.at)}  {event.source:<9} {event.from_status} -> {event.to_status}"
+                    f"    {when(event.at)}  {source_label(event.source)}: {before} -> {after}"
                     f"{mark}{': ' + event.detail if event.detail else ''}"
                 )
         if checkout.api_version != "v2":

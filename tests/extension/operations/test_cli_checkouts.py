@@ -303,3 +303,16 @@ def test_a_checkout_the_gateway_never_created_is_shown_not_asked_about(installed
         and "  token            - (the gateway gave none)" in result.stdout
     )
     assert "The gateway gave this checkout no token: there is nothing to ask it about." in result.stdout
+
+
+def test_status_reads_in_words_and_money(installed: Harness) -> None:
+    paid_and_open(installed)
+    result = invoke(installed, "status", "ORD-1")
+    assert result.exit_code == 0, result.output
+    local = result.stdout.split("Gateway (getstatus)")[0]
+    assert "  status           Paid (PAID)\n" in local  # the code beside the words, for an operator
+    assert "  total            R 798.00\n" in local and "  refunded         R 0.00\n" in local
+    events = local.split("  recent events\n")[1].splitlines()
+    assert events[0].endswith("  Checkout created: Being created -> Awaiting payment: created")
+    assert "  Gateway callback: Awaiting payment -> Paid: " in events[1]
+    assert "cents" not in local
