@@ -12,6 +12,7 @@ from __future__ import annotations
 
 # Importing the screen modules registers their views on ``bp``.
 from flask_gateway.web.admin import accounts, callbacks, checkouts, settings, status  # noqa: F401
+from flask_gateway.web.admin import drift_banner as drift_banner  # the settings incidents' banner
 from flask_gateway.web.admin.blueprint import bp, viewed_account
 
 __all__ = ["bp", "viewed_account"]
