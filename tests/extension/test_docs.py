@@ -158,3 +158,13 @@ def test_the_documented_pay_view_handles_what_a_shopper_meets(harness):
     status, location, said = _paying(harness, pay, "ORD-503")  # unanswered before: paying again works
     assert status == 303 and "/checkout/" in location, location
     assert said == []
+
+
+def test_the_database_section_lists_every_gateway_table():
+    from flask_gateway.models import GatewayBase
+
+    section = _section((DOCS / "extension.md").read_text(), "Database tables and Flask-Migrate")
+    listed = section.split("\n\n", 1)[0]
+    assert set(re.findall(r"`(gateway_[a-z_]+)`", listed)) == {
+        t.name for t in GatewayBase.metadata.sorted_tables
+    }
