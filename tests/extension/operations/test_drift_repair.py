@@ -17,6 +17,7 @@ from sqlalchemy import select
 from flask_gateway import settings_drift_repaired, settings_under_attack
 from flask_gateway.core.client import GatewayClient
 from flask_gateway.core.errors import GatewayServerError
+from flask_gateway.core.timestamps import utcnow
 from flask_gateway.models import SettingsIncident
 from flask_gateway.operations import drift
 from flask_gateway.state import get_state
@@ -41,7 +42,7 @@ def shop(databases: Databases, monkeypatch: pytest.MonkeyPatch) -> Iterator[Harn
 
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
-    made = Clock(drift.utcnow() + timedelta(seconds=1))
+    made = Clock(utcnow() + timedelta(seconds=1))
     monkeypatch.setattr(drift, "utcnow", made)
     return made
 
