@@ -26,6 +26,9 @@ from tests.extension.conftest import SHOP_URL, Harness, build_harness
 from tests.extension.operations.test_drift import ATTACKER_URL, sandbox_signed_patch
 from tests.extension.operations.test_drift_schedule import Clock, gateway_callback_url
 
+#: The turn is one conditional UPDATE, the timeline compares stored times: both backends.
+pytestmark = pytest.mark.backends
+
 PERIOD = 60
 OURS = f"{SHOP_URL}/gateway/callback"
 THIEF = "thief@evil.example"

@@ -29,6 +29,9 @@ from tests.conftest import Databases
 from tests.extension.conftest import SHOP_URL, Harness, build_harness
 from tests.extension.operations.test_drift import ATTACKER_URL, sandbox_signed_patch
 
+#: The turn is one conditional UPDATE, the timeline compares stored times: both backends.
+pytestmark = pytest.mark.backends
+
 PERIOD = 60
 OURS = f"{SHOP_URL}/gateway/callback"
 
@@ -200,7 +203,6 @@ def test_the_command_checks_whenever_it_is_run(shop: Harness, clock: Clock) -> N
     assert again.exit_code == 0 and "are the shop's" in again.output
 
 
-@pytest.mark.backends
 def test_one_turn_per_period_among_processes_racing(shop: Harness) -> None:
     """Eight threads (each its app context and connection, as processes would be) ask for the turn at
     the same moment: exactly one gets it; the next period, one again."""
