@@ -151,7 +151,7 @@ def test_expired_checkout(stack: Stack, page: Page, browser: Browser) -> None:
         row = admin.locator(f'tr[data-order-reference="{reference}"]')
         expect(row.locator(STATUS)).to_have_attribute("data-payment-status", "expired")
         open_admin_order(admin, reference)
-        expect(admin.get_by_role("region", name="History")).to_contain_text("expired unpaid (reconcile)")
+        expect(admin.get_by_role("region", name="History")).to_contain_text("expired unpaid (reconciliation)")
     finally:
         owner.close()
 

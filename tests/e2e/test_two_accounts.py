@@ -224,6 +224,8 @@ def test_a_lost_callback_on_the_second_account_is_found_by_reconcile(
         expect(row.locator("[data-account]")).to_have_text(SECOND)
         open_admin_order(admin, reference)
         expect(admin.locator("[data-account]")).to_have_text(SECOND)
-        expect(admin.get_by_role("region", name="History")).to_contain_text("payment confirmed (reconcile)")
+        expect(admin.get_by_role("region", name="History")).to_contain_text(
+            "payment confirmed (reconciliation)"
+        )
     finally:
         owner.close()
