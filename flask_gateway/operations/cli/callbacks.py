@@ -10,6 +10,7 @@ from sqlalchemy import CursorResult, and_, delete, or_, select
 from flask_gateway.core.timestamps import utcnow
 from flask_gateway.errors import CallbackRejected, NotInstalledError
 from flask_gateway.inbound import replay_callback
+from flask_gateway.labels import describe_detail
 from flask_gateway.models import (
     CallbackLog,
     CallbackOutcome,
@@ -88,17 +89,19 @@ def callbacks_command(
         click.echo("No callbacks match.")
         return
     named = several_accounts()
+    symbol = get_state().config.currency_symbol
     for row, checkout_account, reference in rows:
         answer = "no answer" if row.http_status == 0 else f"HTTP {row.http_status}"
         checkout = f"order {reference}" if row.checkout_id else "no checkout"
         signature = "verified" if row.verified else "NOT verified"
+        detail = describe_detail(row.detail, symbol)  # statuses in words, money with the symbol
         client = f"from {row.client_address}  " if row.client_address else ""
         # Several accounts: the checkout's account, else (no checkout) the one the request claimed.
         of = checkout_account or row.merchant_account_id
         shown = f"account {of or '-'}  " if named else ""
         click.echo(
             f"#{row.id}  {when(row.received_at)}  {answer:<9}  {row.outcome:<18}  {signature:<12}  "
-            f"{client}{shown}{checkout}{': ' + row.detail if row.detail else ''}"
+            f"{client}{shown}{checkout}{': ' + detail if detail else ''}"
         )
 
 

@@ -12,7 +12,7 @@ from flask_gateway.config import MAX_PAID_WINDOW_HOURS, MAX_RECONCILE_CONCURRENC
 from flask_gateway.core.errors import GatewayError
 from flask_gateway.core.wire import status_payload_keys
 from flask_gateway.errors import NotInstalledError, SecretUnreadable, UnknownAccountError
-from flask_gateway.labels import source_label, status_label
+from flask_gateway.labels import describe_detail, source_label, status_label
 from flask_gateway.models import (
     GatewayCheckout,
 )
@@ -104,6 +104,11 @@ def reconcile_command(
         raise SystemExit(1)
 
 
+def describe(detail: str | None) -> str:
+    """A stored detail as a person reads it (statuses in words, money with the configured symbol)."""
+    return describe_detail(detail, get_state().config.currency_symbol)
+
+
 @gateway_cli.command("status")
 @click.argument("checkout_given", metavar="ORDER_OR_TOKEN")
 @click.option(
@@ -151,7 +156,7 @@ def status_command(checkout_given: str, apply_answer: bool, account: str | None,
             (
                 "status",
                 f"{label.text} ({checkout.status})"
-                + ("  [FLAGGED: " + (checkout.flag_reason or "") + "]" if checkout.flagged else ""),
+                + ("  [FLAGGED: " + describe(checkout.flag_reason) + "]" if checkout.flagged else ""),
             ),
             ("total", state.money(checkout.total_cents)),
             ("paid", state.money(checkout.paid_cents)),
@@ -178,7 +183,7 @@ def status_command(checkout_given: str, apply_answer: bool, account: str | None,
                 after = status_label(event.to_status).text if event.to_status else "-"
                 click.echo(
                     f"    {when(event.at)}  {source_label(event.source)}: {before} -> {after}"
-                    f"{mark}{': ' + event.detail if event.detail else ''}"
+                    f"{mark}{': ' + describe(event.detail) if event.detail else ''}"
                 )
         if checkout.api_version != "v2":
             click.echo("The v1 API has no status query: the outcome arrives on the success/fail URLs.")
