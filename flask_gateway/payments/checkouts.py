@@ -38,6 +38,7 @@ from flask_gateway.core.errors import (
     definite_refusal,
 )
 from flask_gateway.core.http import describe_validation_error
+from flask_gateway.core.money import format_money
 from flask_gateway.core.sql import commit_keeping_loaded
 from flask_gateway.core.timestamps import utcnow
 from flask_gateway.core.wire import (
@@ -55,7 +56,7 @@ from flask_gateway.errors import (
 )
 from flask_gateway.models import GatewayCheckout, LocalStatus
 from flask_gateway.payments.accounts import choose_account
-from flask_gateway.payments.availability import is_available
+from flask_gateway.payments.availability import is_available, payment_limits
 from flask_gateway.payments.mapping import (
     check_reference,
     order_snapshot,
@@ -315,10 +316,18 @@ def start_checkout(order: OrderDraft, *, account: str | None = None) -> Response
     """
     chosen = _chosen_account(order, account)
     if chosen is None or not is_available(order.amount_cents, account=chosen):
+        symbol = get_state().config.currency_symbol
+        total = format_money(order.amount_cents, symbol)
+        limits = payment_limits(account=chosen) if chosen is not None else None
+        why = (
+            "the gateway is not installed"
+            if limits is None
+            else f"it is offered from {format_money(limits.minimum_cents, symbol)} to "
+            f"{format_money(limits.maximum_cents, symbol)}"
+        )
         raise CheckoutUnavailableError(
-            f"The payment option is not available for order {order.reference!r} "
-            f"({order.amount_cents} cents): the gateway is not installed or the total is outside the "
-            "merchant's minimum and maximum. Check is_available(total) before offering it."
+            f"The payment option is not available for order {order.reference!r} ({total}): {why}. "
+            "Check is_available(total) (and payment_limits() for the range) before offering it."
         )
     checkout = create_checkout(order, account=chosen)
     return redirect(checkout.payment_url or "", code=303)  # create_checkout guarantees the URL

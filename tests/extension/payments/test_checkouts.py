@@ -374,9 +374,13 @@ def test_start_checkout_refuses_when_not_available(harness):
         start_checkout(sample_order())
     harness.install(minimum=100, maximum=50_000)
     with harness.shop.app_context():
-        with pytest.raises(CheckoutUnavailableError, match="is_available"):
+        with pytest.raises(CheckoutUnavailableError, match="is_available") as refused:
             start_checkout(sample_order())
         assert get_state().session.query(GatewayCheckout).count() == 0
+    # The message says the total and the range in money, not cents (a shop logs or shows it).
+    message = str(refused.value)
+    assert "offered from R 1.00 to R 500.00" in message, message
+    assert "cents" not in message
 
 
 def test_is_available_boundaries(harness):
