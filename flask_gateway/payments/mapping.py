@@ -21,6 +21,7 @@ from flask_gateway.core.wire import (
 )
 from flask_gateway.errors import (
     ConfigurationError,
+    InvalidOrderError,
 )
 from flask_gateway.models import REFERENCE_LENGTH
 from flask_gateway.payments.orders import Address, OrderDraft
@@ -125,13 +126,13 @@ def v2_create_request(order: OrderDraft, checkout_id: int, request_id: str) -> C
 def v1_checkout_request(order: OrderDraft, checkout_id: int) -> V1CheckoutRequest:
     customer = order.customer
     if customer is None or not customer.phone:
-        raise ValueError(
+        raise InvalidOrderError(
             f"order {order.reference!r}: the v1 API needs the customer with a mobile number (E.164, e.g. "
             "+27821234567, as the gateway's documentation shows it); set OrderDraft.customer.phone."
         )
     address = order.billing_address or order.shipping_address
     if address is None:
-        raise ValueError(f"order {order.reference!r}: the v1 API needs the customer's address.")
+        raise InvalidOrderError(f"order {order.reference!r}: the v1 API needs the customer's address.")
     minutes = get_state().config.order_expiry_minutes
     items = [
         {
@@ -181,4 +182,6 @@ def check_reference(order: OrderDraft, version: str) -> None:
     elif "\x00" in order.reference:
         problem = "must not contain U+0000"
     if problem is not None:
-        raise ValueError(f"order {order.reference!r} cannot be sent to the gateway: {field}: {problem}")
+        raise InvalidOrderError(
+            f"order {order.reference!r} cannot be sent to the gateway: {field}: {problem}"
+        )

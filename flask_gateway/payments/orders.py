@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from flask_gateway.errors import InvalidOrderError
+
 __all__ = ["Address", "Customer", "OrderDraft", "OrderLine"]
 
 
@@ -64,22 +66,22 @@ class OrderDraft:
 
     def __post_init__(self) -> None:
         if not self.reference:
-            raise ValueError("an order needs a reference")
+            raise InvalidOrderError("an order needs a reference")
         if not self.lines:
-            raise ValueError("an order needs at least one line")
+            raise InvalidOrderError("an order needs at least one line")
         for line in self.lines:
             if isinstance(line.quantity, bool) or not isinstance(line.quantity, int) or line.quantity < 1:
-                raise ValueError(f"line {line.sku!r}: quantity must be a whole number >= 1")
+                raise InvalidOrderError(f"line {line.sku!r}: quantity must be a whole number >= 1")
             if isinstance(line.unit_price_cents, bool) or not isinstance(line.unit_price_cents, int):
-                raise ValueError(f"line {line.sku!r}: unit_price_cents must be whole cents (an int)")
+                raise InvalidOrderError(f"line {line.sku!r}: unit_price_cents must be whole cents (an int)")
             if line.unit_price_cents < 0:
-                raise ValueError(f"line {line.sku!r}: unit_price_cents must not be negative")
+                raise InvalidOrderError(f"line {line.sku!r}: unit_price_cents must not be negative")
         if self.total_cents is not None and (
             isinstance(self.total_cents, bool)
             or not isinstance(self.total_cents, int)
             or self.total_cents < 1
         ):
-            raise ValueError("total_cents must be whole cents (an int) above 0")
+            raise InvalidOrderError("total_cents must be whole cents (an int) above 0")
 
     @property
     def lines_total_cents(self) -> int:

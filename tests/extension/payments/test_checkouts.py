@@ -40,7 +40,7 @@ from flask_gateway.core.errors import (
     InvalidRequestError,
 )
 from flask_gateway.core.timestamps import utcnow
-from flask_gateway.errors import NotInstalledError
+from flask_gateway.errors import InvalidOrderError, NotInstalledError
 from flask_gateway.models import GatewayCheckout, LocalStatus, RefundRecord, RefundState
 from flask_gateway.payments.mapping import order_snapshot
 from flask_gateway.payments.orders import Customer, OrderDraft, OrderLine
@@ -283,7 +283,7 @@ def test_a_reference_the_gateway_cannot_take_is_refused_before_anything_is_saved
     """PostgreSQL would refuse to store it (over the column's length, or U+0000): a ValueError instead."""
     transport = spy(installed)
     with installed.shop.app_context():
-        with pytest.raises(ValueError, match=rf"payjustnow\.merchantOrderReference: .*{problem}"):
+        with pytest.raises(InvalidOrderError, match=rf"payjustnow\.merchantOrderReference: .*{problem}"):
             create_checkout(replace(sample_order(), reference=reference))
         assert get_state().session.query(GatewayCheckout).count() == 0
     assert transport.paths() == []
