@@ -235,9 +235,10 @@ def create_checkout(order: OrderDraft, *, account: str | None = None) -> Gateway
 def _refused(checkout_id: int, error: GatewayError, operation: str) -> None:
     """Mark a checkout ``FAILED`` after a definite refusal of its creation."""
     if isinstance(error, FirewallRejectedError):
-        error.add_note(
-            "The gateway's firewall refuses redirect URLs on localhost or an IP address: set "
-            "GATEWAY_PUBLIC_URL to the shop's public address."
+        # The key first: a one-line summary (pytest's, a log line) shows the start of the message.
+        error.message = (
+            "GATEWAY_PUBLIC_URL: the gateway's firewall refuses redirect URLs on localhost or an IP "
+            f"address; set it to the shop's public address ({error.message})"
         )
     state = get_state()
     state.session.rollback()

@@ -53,7 +53,7 @@ def _public_base() -> str:
     if has_request_context():
         return request.url_root
     raise ConfigurationError(
-        "An order line has no image_url or page_url and GATEWAY_PUBLIC_URL is not set: set "
+        "GATEWAY_PUBLIC_URL is not set and an order line has no image_url or page_url: set "
         "GATEWAY_PUBLIC_URL to the shop's external address (e.g. https://shop.example) or give every "
         "line absolute URLs."
     )

@@ -712,7 +712,7 @@ def test_a_failed_callback_is_explained_with_the_retry_to_wait_for(app: Flask, g
 def test_the_control_api_answers_and_refusals_carry_the_emulators_message(gateway_emulator) -> None:
     assert gateway_emulator.control("emails", method="GET") == {"emails": []}
     with pytest.raises(GatewayEmulatorError, match=r"POST /_emulator/checkouts/v2\.nope/pay: HTTP 404"):
-        gateway_emulator.pay("v2.nope")
+        gateway_emulator.control("checkouts/v2.nope/pay")
 
 
 # --- several merchant accounts ---------------------------------------------------------------------------

@@ -34,6 +34,7 @@ from flask_gateway.core.client import GatewayClient
 from flask_gateway.core.errors import (
     CheckoutExpiredError,
     ConflictError,
+    FirewallRejectedError,
     GatewayConnectionError,
     GatewayError,
     GatewayServerError,
@@ -843,3 +844,16 @@ def test_v1_refund_refused(harness_v1):
             refund(load(harness_v1, checkout_id), 79_800)
         assert caught.value.refund.state == RefundState.FAILED
         assert load(harness_v1, checkout_id).status == "PAID"
+
+
+def test_a_firewall_refusal_of_create_names_gateway_public_url_first(databases, monkeypatch):
+    """The gateway's firewall refuses a localhost return URL: the error's one line starts with the key to
+    set (pytest's summary and a log line show only the start)."""
+    harness = build_harness(databases, monkeypatch, GATEWAY_PUBLIC_URL="http://localhost:5000")
+    harness.install()
+    with harness.shop.app_context():
+        with pytest.raises(FirewallRejectedError) as refused:
+            create_checkout(sample_order())
+        assert get_state().session.query(GatewayCheckout).one().status == LocalStatus.FAILED
+    first_line = str(refused.value).splitlines()[0]
+    assert first_line.startswith("create: HTTP 403 GATEWAY_PUBLIC_URL: the gateway's firewall"), first_line
