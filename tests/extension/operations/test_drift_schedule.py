@@ -18,7 +18,9 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
+from flask_gateway.config import GatewayConfig
 from flask_gateway.core.timestamps import utcnow
+from flask_gateway.errors import ConfigurationError
 from flask_gateway.models import Installation, JobRun, SettingsIncident
 from flask_gateway.operations import drift
 from flask_gateway.operations.doctor.schedules import check_background_work
@@ -281,3 +283,14 @@ def test_the_doctor_command_prints_the_finding(shop: Harness) -> None:
     result = shop.shop.test_cli_runner().invoke(args=["gateway", "doctor", "--no-network"])
     output = " ".join(result.output.split())
     assert "[PROBLEM] settings-schedule: check-settings: never finished a run" in output, result.output
+
+
+# --- the setting --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", [59, 86_401, "300", True, 300.0, None])
+def test_the_period_is_a_whole_number_of_seconds_from_60_to_86400(value: object) -> None:
+    with pytest.raises(ConfigurationError, match=r"GATEWAY_SETTINGS_CHECK_SECONDS=.*from 60 to 86400"):
+        GatewayConfig.from_mapping({"GATEWAY_SETTINGS_CHECK_SECONDS": value})
+    assert GatewayConfig.from_mapping({}).settings_check_seconds == 300  # a shop that sets nothing
+    assert GatewayConfig.from_mapping({"GATEWAY_SETTINGS_CHECK_SECONDS": 60}).settings_check_seconds == 60
