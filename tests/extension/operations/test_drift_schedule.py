@@ -294,3 +294,23 @@ def test_the_period_is_a_whole_number_of_seconds_from_60_to_86400(value: object)
         GatewayConfig.from_mapping({"GATEWAY_SETTINGS_CHECK_SECONDS": value})
     assert GatewayConfig.from_mapping({}).settings_check_seconds == 300  # a shop that sets nothing
     assert GatewayConfig.from_mapping({"GATEWAY_SETTINGS_CHECK_SECONDS": 60}).settings_check_seconds == 60
+
+
+def test_a_check_that_fails_never_fails_the_reconcile_run(
+    shop: Harness, clock: Clock, caplog: pytest.LogCaptureFixture
+) -> None:
+    fault = {"operation": "v1_configuration", "kind": "status", "status": 500}
+    assert shop.emulator.control("faults", fault).status_code == 201  # the gateway cannot be asked
+    clock.at(installed_at(shop) + timedelta(seconds=PERIOD))
+    with shop.shop.app_context():
+        report = reconcile()
+    assert report.errors == [] and report.installed  # the run itself did its work
+    row = job_row(shop)
+    assert row is not None and row.last_outcome == "failed" and row.failures == 1
+    assert row.last_summary is not None and "could not be checked" in row.last_summary
+    assert any(
+        r.name == "flask_gateway.drift" and "could not be checked" in r.getMessage() for r in caplog.records
+    )
+    with shop.shop.app_context():
+        finding = [f for f in check_background_work(None) if f.check == "settings-schedule"]  # type: ignore[arg-type]
+    assert finding[0].level == "warn" and "check-settings" in finding[0].fix
