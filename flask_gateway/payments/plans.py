@@ -1,9 +1,15 @@
 """The gateway's payment plan for a total, as the shop shows it: "or 3 x R 133.00".
 
-The plan comes from the v1 configuration call, one authenticated gateway call per new total: answers are
-kept per process (``cachetools.TLRUCache``) for :data:`PLAN_CACHE_SECONDS`, failures for 30 seconds (so a
-gateway outage does not cost every product page a timeout), and anonymous visitors may cause at most
-``GATEWAY_PLAN_RATE_LIMIT`` lookups.
+A hint costs no gateway call per visitor: the plan for any total is computed locally from the account's
+plan rule, learned from ONE authenticated v1 configuration answer (its instalment count: ``amount`` =
+total // count each, ``excess``, the cents that do not divide evenly, paid with the first; ``due_at`` as
+the gateway stated it) and re-checked with one more answer once per :data:`PLAN_CACHE_SECONDS` per
+account and process. Any number of distinct totals therefore cost at most one call per period per account.
+When a re-check finds an answer the rule does not give, the gateway is trusted: a warning is logged, its
+answer shown, and each total asked (answers cached for the period) until an answer gives one rule again.
+A failed call is not retried for 30 seconds (a gateway outage does not cost every product page a timeout;
+a rule already learned goes on meanwhile), and ``GATEWAY_PLAN_RATE_LIMIT`` limits the calls a visitor
+address may cause (learning, re-checking, or asking per total while no rule holds).
 """
 
 from __future__ import annotations
@@ -77,31 +83,75 @@ class PaymentPlan:
         return f"or {first} now, then {self.instalments - 1} x {each}"
 
 
-def _lifetime(_key: object, plan: PaymentPlan | None, now: float) -> float:
-    return now + (PLAN_CACHE_SECONDS if plan is not None else _PLAN_ERROR_CACHE_SECONDS)
+@dataclass
+class _Rule:
+    """What the gateway's configuration answers say of every total, per account: ``instalments`` payments of
+    ``total // instalments``, the first carrying the cents that do not divide evenly, the first due at
+    ``first_due_at`` (the learned answer's ``due_at``, as the gateway stated it).
+
+    ``holds`` False: a re-check found an answer the rule does not give; each total is then asked until an
+    answer gives ``instalments`` (None: not derivable yet) again."""
+
+    instalments: int | None
+    first_due_at: datetime
+    #: When the gateway last confirmed it (``_clock``).
+    checked_at: float
+    holds: bool = True
+    #: A request is asking the gateway to re-check it: the others go on with it meanwhile.
+    checking: bool = False
+
+    def plan(self, total_cents: int) -> PaymentPlan:
+        count = self.instalments or _INSTALMENTS
+        each = total_cents // count
+        return PaymentPlan(total_cents, count, each, total_cents - count * each, self.first_due_at)
 
 
-#: (v1 base URL, merchant account, total) -> the plan, or None for a failure; per process.
-_plan_cache: TLRUCache[tuple[str, str, int], PaymentPlan | None] = TLRUCache(
-    maxsize=_PLAN_CACHE_MAX, ttu=_lifetime, timer=time.monotonic
+def _instalments_of(plan: PaymentPlan) -> int | None:
+    """The instalment count that gives ``plan`` by the rule (``total // n`` each, the rest with the first), or
+    None when no count does (an amount of 0, or a rounding of another kind: then each total is asked)."""
+    amount, excess = plan.instalment_cents, plan.excess_cents
+    if amount <= 0 or excess < 0 or (plan.total_cents - excess) % amount:
+        return None
+    count = (plan.total_cents - excess) // amount
+    return count if count >= 1 and excess < count else None
+
+
+def _clock() -> float:
+    return time.monotonic()
+
+
+_Key = tuple[str, str]  # (v1 base URL, merchant account)
+
+#: Per process: the rule of each account, the gateway's answers per total while no rule holds (for
+#: PLAN_CACHE_SECONDS), and until when an account's configuration call is not retried after a failure.
+_rules: dict[_Key, _Rule] = {}
+_answers: TLRUCache[tuple[_Key, int], PaymentPlan] = TLRUCache(
+    maxsize=_PLAN_CACHE_MAX, ttu=lambda _key, _plan, now: now + PLAN_CACHE_SECONDS, timer=lambda: _clock()
 )
+_failures: dict[_Key, float] = {}
 _plan_lock = threading.Lock()
 
 
 def clear_payment_plan_cache() -> None:
-    """Forget every cached payment plan (tests; after changing the merchant account)."""
+    """Forget every learned plan rule, cached answer and failure (tests; after changing the merchant
+    account)."""
     with _plan_lock:
-        _plan_cache.clear()
+        _rules.clear()
+        _answers.clear()
+        _failures.clear()
 
 
 @leaves_no_transaction
 def payment_plan(total_cents: int, *, account: str | None = None, draft: Any = None) -> PaymentPlan | None:
-    """The v1 configuration's payment plan for ``total_cents``, or None, from the account a new checkout
-    would use (``account``, else the shop's resolver given ``draft``, else the default account).
+    """The gateway's payment plan for ``total_cents``, or None, from the account a new checkout would use
+    (``account``, else the shop's resolver given ``draft``, else the default account).
+
+    Computed locally from the account's plan rule, learned from one v1 configuration answer and re-checked
+    with one more once per :data:`PLAN_CACHE_SECONDS`; when a re-check finds an answer the rule does not
+    give, the gateway's answer is shown and each total asked until the rule holds again.
 
     None when the option is not available for the amount (:func:`is_available`) or the gateway could not
-    be asked: the hint is then left out rather than guessed. Answers are cached per process for
-    :data:`PLAN_CACHE_SECONDS` per account and amount, failures for 30 seconds.
+    be asked (no call for 30 seconds after a failure): the hint is then left out rather than guessed.
     """
     try:
         installation = choose_account(draft, account)  # the shop's resolver asked once
@@ -110,41 +160,96 @@ def payment_plan(total_cents: int, *, account: str | None = None, draft: Any = N
     if not is_available(total_cents, account=installation.merchant_account_id):
         return None
     state = get_state()
-    key = (state.config.v1_base_url, installation.merchant_account_id, total_cents)
+    key = (state.config.v1_base_url, installation.merchant_account_id)
+    now = _clock()
     with _plan_lock:
-        if key in _plan_cache:
-            return _plan_cache[key]
-    plan: PaymentPlan | None = None
-    client = state.v1_client(installation)
-    # Never wait on the network inside a transaction (on SQLite it holds the write lock).
-    state.session.commit()
-    if not _plan_lookup_allowed():
-        return None  # not cached: the hint comes back once the visitor's window ends
+        rule = _rules.get(key)
+        held = rule if rule is not None and rule.holds else None
+        failing = now < _failures.get(key, 0.0)
+        if held is not None and (failing or held.checking or now < held.checked_at + PLAN_CACHE_SECONDS):
+            return held.plan(total_cents)  # no gateway call
+        if failing:
+            return None
+        if (key, total_cents) in _answers:
+            return _answers[(key, total_cents)]
+        if held is not None:
+            held.checking = True  # this request re-checks the rule
+    try:
+        client = state.v1_client(installation)
+        # Never wait on the network inside a transaction (on SQLite it holds the write lock).
+        state.session.commit()
+        if not _plan_lookup_allowed():
+            return held.plan(total_cents) if held is not None else None
+        answer = _ask(client, total_cents)
+        with _plan_lock:
+            return _learn(key, total_cents, answer, _clock())
+    finally:
+        if held is not None:
+            with _plan_lock:
+                held.checking = False
+
+
+def _ask(client: Any, total_cents: int) -> PaymentPlan | None:
+    """The v1 configuration's plan for ``total_cents`` as the gateway states it, or None (logged)."""
     try:
         answer = client.configuration(amount=total_cents).data.payment_plan
     except GatewayError as error:
         log.warning("payment plan for %s cents unavailable: %s", total_cents, error)
-    else:
-        if answer is None or answer.amount is None or answer.due_at is None:
-            log.warning("the v1 configuration answered no usable payment_plan for %s cents", total_cents)
+        return None
+    if answer is None or answer.amount is None or answer.due_at is None:
+        log.warning("the v1 configuration answered no usable payment_plan for %s cents", total_cents)
+        return None
+    excess = answer.excess or 0
+    plan = PaymentPlan(total_cents, _INSTALMENTS, answer.amount, excess, answer.due_at)
+    count = _instalments_of(plan)
+    return plan if count is None else PaymentPlan(total_cents, count, answer.amount, excess, answer.due_at)
+
+
+def _learn(key: _Key, total_cents: int, answer: PaymentPlan | None, now: float) -> PaymentPlan | None:
+    """Record the gateway's ``answer`` for ``total_cents`` (under ``_plan_lock``) and return it: it learns,
+    confirms, refutes or re-establishes the account's rule."""
+    rule = _rules.get(key)
+    if answer is None:
+        _failures[key] = now + _PLAN_ERROR_CACHE_SECONDS
+        return None
+    _failures.pop(key, None)
+    count = _instalments_of(answer)
+    if rule is None:
+        if count is None:
+            _answers[(key, total_cents)] = answer
         else:
-            plan = PaymentPlan(
-                total_cents=total_cents,
-                instalments=_INSTALMENTS,
-                instalment_cents=answer.amount,
-                excess_cents=answer.excess or 0,
-                first_due_at=answer.due_at,
-            )
-    with _plan_lock:
-        _plan_cache[key] = plan
-    return plan
+            _rules[key] = _Rule(count, answer.first_due_at, now)
+            log.info("payment plan rule of %s learned: %s instalments", key[1], count)
+        return answer
+    if rule.holds:
+        if count == rule.instalments:
+            rule.checked_at, rule.first_due_at = now, answer.first_due_at  # confirmed
+            return answer
+        log.warning(
+            "the gateway's payment plan for %s cents (%s) is not the rule learned for %s (%s): shown as the "
+            "gateway states it, and each total asked until a rule holds again",
+            total_cents,
+            answer.amounts,
+            key[1],
+            rule.plan(total_cents).amounts,
+        )
+        rule.holds, rule.instalments = False, count
+        _answers[(key, total_cents)] = answer
+        return answer
+    if count is not None and count == rule.instalments:
+        rule.holds, rule.checked_at, rule.first_due_at = True, now, answer.first_due_at
+        log.warning("the payment plan rule of %s holds again: %s instalments", key[1], count)
+        return answer
+    rule.instalments = count
+    _answers[(key, total_cents)] = answer
+    return answer
 
 
 def _plan_lookup_allowed() -> bool:
     """One more authenticated gateway call for this visitor (``GATEWAY_PLAN_RATE_LIMIT`` per address)?
 
-    Every new cart total costs a v1 configuration call: an anonymous visitor varying quantities must not
-    turn the shop into a client of the gateway on his behalf."""
+    Only learning or re-checking a rule (or asking per total while none holds) calls the gateway: an
+    anonymous visitor must not turn the shop into a client of the gateway on his behalf."""
     limit = get_state().plan_limit
     if limit is None or not has_request_context():
         return True

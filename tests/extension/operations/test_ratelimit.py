@@ -3,7 +3,8 @@ and each process logs one WARNING when the storage starts failing and one when i
 how many requests were let through), not a traceback per request.
 
 With a real ``redis-server`` (``GATEWAY_RATELIMIT_STORAGE_URI=redis://...``) stopped and started again on
-its port, under the instalment hint's limit (``GATEWAY_PLAN_RATE_LIMIT``: a check and a count per visitor).
+its port, under the instalment hint's limit (``GATEWAY_PLAN_RATE_LIMIT``: a check and a count per visitor
+lookup; the gateway's plans here fit no rule, so each new total is a lookup).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import pytest
 from limits import parse
 from sqlalchemy.exc import OperationalError
 
+import flask_gateway.emulator.views.v1 as emulator_v1
 from flask_gateway import clear_payment_plan_cache, format_instalment_hint
 from flask_gateway.errors import ConfigurationError
 from flask_gateway.operations.ratelimit import RateLimit, StorageWatch, make_storage
@@ -58,11 +60,22 @@ def start_again(server: RedisServer) -> None:
         time.sleep(0.05)
 
 
+def _whole_rands(amount_cents: int) -> emulator_v1.V1PaymentPlan:
+    each = amount_cents // 300 * 100
+    return emulator_v1.V1PaymentPlan(
+        due_at=emulator_v1.clock.now(), amount=each, excess=amount_cents - 3 * each
+    )
+
+
 @pytest.fixture
 def shop(
     databases: Databases, monkeypatch: pytest.MonkeyPatch, redis_server: RedisServer
 ) -> Iterator[Harness]:
     clear_payment_plan_cache()
+    # Plans that fit no rule (whole rands, the rest with the first; the totals below are not within 2 cents
+    # of a multiple of R 3.00, where they would): each new total is asked, so each hint is a lookup under the
+    # limit (a plan computed from a learned rule would cost none: issue 29).
+    monkeypatch.setattr(emulator_v1, "payment_plan", _whole_rands)
     harness = build_harness(
         databases,
         monkeypatch,
@@ -112,7 +125,7 @@ def test_redis_down_logs_one_line_when_it_fails_and_one_when_it_works_again(
     assert per_request < 2.0, per_request  # failing costs no long wait per request
 
     start_again(redis_server)
-    assert hints(shop, "192.0.2.7", 4, 30_000) == [True, True, True, False]  # limited again
+    assert hints(shop, "192.0.2.7", 4, 30_100) == [True, True, True, False]  # limited again
     failing_again, recovered = storage_lines(caplog)
     assert failing_again is failing
     assert recovered.levelno == logging.WARNING

@@ -1,7 +1,9 @@
 """Anonymous visitors cannot make the shop call the gateway at will (issue 12, point 6).
 
-- The instalment hint: one authenticated v1 configuration call per new total, at most
-  ``GATEWAY_PLAN_RATE_LIMIT`` per visitor address (beyond it the hint is left out).
+- The instalment hint: computed from the account's plan rule, so new totals cost no call (issue 29;
+  tests/extension/payments/test_plans.py); the calls that remain (learning or re-checking the rule, or
+  asking per total while no rule holds) at most ``GATEWAY_PLAN_RATE_LIMIT`` per visitor address (beyond it
+  the hint is left out).
 - The return page: getstatus only while the payment is unknown, at most once per ``RETURN_POLL_INTERVAL``
   per checkout, however often the link is opened.
 """
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import pytest
 
+import flask_gateway.emulator.views.v1 as emulator_v1
 from flask_gateway import clear_payment_plan_cache, format_instalment_hint
 from tests.conftest import Databases
 from tests.extension.conftest import SHOP_URL, Harness, build_harness
@@ -36,13 +39,27 @@ def test_instalment_hints_for_new_totals_are_limited_per_visitor(
         with h.shop.test_request_context(base_url=SHOP_URL, environ_base={"REMOTE_ADDR": address}):
             return format_instalment_hint(total)
 
-    hints = [hint(10_000 + cents, "203.0.113.5") for cents in range(6)]
+    # The gateway's rule learned from one answer: new totals cost nothing, the limit is never reached.
+    assert all(hint(10_000 + cents, "203.0.113.5") for cents in range(6))
+    assert sent.paths().count("/api/v1/merchant/configuration") == 1
+
+    # A gateway whose plans fit no rule (whole rands, the rest with the first) is asked per total: then
+    # the limit bounds what one visitor can cause.
+    def whole_rands(amount_cents: int) -> emulator_v1.V1PaymentPlan:
+        each = amount_cents // 300 * 100
+        return emulator_v1.V1PaymentPlan(
+            due_at=emulator_v1.clock.now(), amount=each, excess=amount_cents - 3 * each
+        )
+
+    monkeypatch.setattr(emulator_v1, "payment_plan", whole_rands)
+    clear_payment_plan_cache()
+    hints = [hint(20_000 + cents, "198.51.100.8") for cents in range(6)]
 
     assert [bool(h) for h in hints] == [True, True, True, False, False, False]
-    assert sent.paths().count("/api/v1/merchant/configuration") == 3
-    assert hint(10_000, "203.0.113.5")  # a cached total costs nothing and is still shown
-    assert hint(20_000, "198.51.100.8")  # another visitor has an allowance of his own
     assert sent.paths().count("/api/v1/merchant/configuration") == 4
+    assert hint(20_000, "198.51.100.8")  # an answer cached costs nothing and is still shown
+    assert hint(30_100, "192.0.2.7")  # another visitor has an allowance of his own
+    assert sent.paths().count("/api/v1/merchant/configuration") == 5
 
 
 def test_reopening_a_return_link_asks_the_gateway_at_most_once_per_interval(harness: Harness) -> None:

@@ -416,11 +416,11 @@ def test_payment_plan_and_hint(installed):
         # The first instalment carries the cents that do not divide evenly, as the gateway charges it.
         assert format_instalment_hint(40_000) == "or R 133.34 now, then 2 x R 133.33"
         assert format_instalment_hint(3_703_701) == "or 3 x R 12 345.67"
-        # Cached per amount: the first amount was asked once.
+        # One call learned the account's rule; the second total was computed from it (issue 29).
         calls = [s.body for s in transport.sent if s.path == "/api/v1/merchant/configuration"]
-        assert calls == [{"amount": 40_000}, {"amount": 3_703_701}]
+        assert calls == [{"amount": 40_000}]
         assert format_instalment_hint(50) == ""  # below the minimum: no call, no hint
-        assert len(transport.sent) == 2
+        assert len(transport.sent) == 1
 
 
 def test_payment_plan_is_none_when_the_gateway_fails(installed):
