@@ -182,7 +182,12 @@ def payment_plan(total_cents: int, *, account: str | None = None, draft: Any = N
             return held.plan(total_cents) if held is not None else None
         answer = _ask(client, total_cents)
         with _plan_lock:
-            return _learn(key, total_cents, answer, _clock())
+            learned = _learn(key, total_cents, answer, _clock())
+        if learned is None and held is not None:
+            return held.plan(
+                total_cents
+            )  # the re-check failed: the rule last confirmed goes on, retried in 30 s
+        return learned
     finally:
         if held is not None:
             with _plan_lock:

@@ -160,3 +160,53 @@ def test_a_rounding_the_rule_cannot_give_is_asked_per_total(
         assert format_instalment_hint(40_000) == "or R 134.00 now, then 2 x R 133.00"
         assert format_instalment_hint(100_050) == "or R 334.50 now, then 2 x R 333.00"  # cached
     assert sent.paths().count(CONFIGURATION) == 2
+
+
+def test_while_one_request_re_checks_the_rule_the_others_compute_it(
+    installed: Harness, clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Visitors arriving while the period's re-check is on its way cost no call of their own."""
+    sent = spy(installed)
+    meanwhile: list[str] = []
+    ask = plans._ask
+
+    def slow_ask(client: object, total_cents: int) -> plans.PaymentPlan | None:
+        meanwhile.extend(format_instalment_hint(total) for total in (10_000, 10_001, 10_002))
+        return ask(client, total_cents)
+
+    with installed.shop.app_context():
+        assert format_instalment_hint(40_000)
+        clock.now += plans.PLAN_CACHE_SECONDS
+        monkeypatch.setattr(plans, "_ask", slow_ask)
+        assert format_instalment_hint(40_003) == "or R 133.35 now, then 2 x R 133.34"
+    assert meanwhile == [
+        "or R 33.34 now, then 2 x R 33.33",
+        "or R 33.35 now, then 2 x R 33.33",
+        "or 3 x R 33.34",
+    ]
+    assert sent.paths().count(CONFIGURATION) == 2
+
+
+def test_a_failed_call_is_not_repeated_for_30_seconds(installed: Harness, clock: Clock) -> None:
+    """Before a rule is learned, a failure leaves every hint out for 30 s without a call; a failed re-check
+    keeps the learned rule shown and is retried after 30 s."""
+    sent = spy(installed)
+    fault = {"operation": "v1_configuration", "kind": "status", "status": 500, "count": 1}
+    assert installed.emulator.control("faults", fault).status_code == 201
+    with installed.shop.app_context():
+        assert payment_plan(40_000) is None
+        assert payment_plan(50_000) is None  # the account's failure, not the total's
+        asked = sent.paths().count(CONFIGURATION)
+        clock.now += 31
+        assert format_instalment_hint(40_000) == "or R 133.34 now, then 2 x R 133.33"
+        assert sent.paths().count(CONFIGURATION) == asked + 1
+        clock.now += plans.PLAN_CACHE_SECONDS
+        assert installed.emulator.control("faults", fault).status_code == 201
+        assert (
+            format_instalment_hint(40_001) == "or R 133.35 now, then 2 x R 133.33"
+        )  # the rule, re-check failed
+        assert format_instalment_hint(40_002) == "or 3 x R 133.34"
+        assert sent.paths().count(CONFIGURATION) == asked + 2
+        clock.now += 31
+        assert format_instalment_hint(40_002)
+        assert sent.paths().count(CONFIGURATION) == asked + 3  # retried
