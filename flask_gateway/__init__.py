@@ -51,6 +51,7 @@ from flask_gateway.core.wire import (
 )
 
 if TYPE_CHECKING:
+    from flask_gateway.clock import format_time
     from flask_gateway.core.sql import (
         UTCDateTime,
         alembic_include_name,
@@ -75,7 +76,15 @@ if TYPE_CHECKING:
         V1OutcomeRejected,
     )
     from flask_gateway.extension import Gateway
-    from flask_gateway.labels import Label, callback_outcome_label, refund_state_label, status_label
+    from flask_gateway.labels import (
+        Label,
+        api_label,
+        callback_outcome_label,
+        describe_detail,
+        refund_state_label,
+        source_label,
+        status_label,
+    )
     from flask_gateway.models import GatewayCheckout, LocalStatus, RefundRecord, RefundState, SettingsIncident
     from flask_gateway.operations.checks import SetupWarning, setup_warnings
     from flask_gateway.operations.drift import ScheduledCheck, scheduled_check
@@ -161,7 +170,16 @@ _LAZY: dict[str, tuple[str, ...]] = {
     "flask_gateway.operations.drift": ("ScheduledCheck", "scheduled_check"),
     "flask_gateway.operations.health": ("CallbackHealth", "callback_health", "check_callback_health"),
     "flask_gateway.operations.metrics": ("register_metrics",),
-    "flask_gateway.labels": ("Label", "callback_outcome_label", "refund_state_label", "status_label"),
+    "flask_gateway.labels": (
+        "Label",
+        "api_label",
+        "callback_outcome_label",
+        "describe_detail",
+        "refund_state_label",
+        "source_label",
+        "status_label",
+    ),
+    "flask_gateway.clock": ("format_time",),
     "flask_gateway.operations.ratelimit": ("DatabaseStorage",),
     "flask_gateway.state": ("GatewayState", "get_state"),
     "flask_gateway.signals": (
@@ -266,6 +284,7 @@ __all__ = [
     "__version__",
     "alembic_include_name",
     "alembic_render_item",
+    "api_label",
     "callback_health",
     "callback_outcome_label",
     "callback_rejected",
@@ -282,9 +301,11 @@ __all__ = [
     "create_checkout",
     "database_unavailable",
     "deliver_due",
+    "describe_detail",
     "format_instalment_hint",
     "format_money",
     "format_plain",
+    "format_time",
     "fulfilment_failed",
     "get_state",
     "install",
@@ -310,6 +331,7 @@ __all__ = [
     "settings_under_attack",
     "setup_warnings",
     "sign",
+    "source_label",
     "start_checkout",
     "status_label",
     "update_checkout",

@@ -14,8 +14,7 @@ from werkzeug.wrappers import Response
 from example_shop import auth, outages
 from example_shop import cart as session_cart
 from example_shop.models import OrderStatus
-from flask_gateway import DATABASE_ERRORS, format_money, get_state, is_database_outage
-from flask_gateway.clock import format_time
+from flask_gateway import DATABASE_ERRORS, format_money, format_time, get_state, is_database_outage
 
 __all__ = ["register"]
 

@@ -28,12 +28,13 @@ from flask_gateway import (
     NotInstalledError,
     RefundNotAllowedError,
     cancel_checkout,
+    describe_detail,
     format_money,
     format_plain,
     refund,
+    refund_state_label,
     setup_warnings,
 )
-from flask_gateway.labels import describe_detail, refund_state_label
 
 __all__ = ["bp"]
 
