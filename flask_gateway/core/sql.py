@@ -9,7 +9,8 @@
   enforces ``VARCHAR`` lengths; SQLite takes anything).
 - ``configure_sqlite`` makes SQLite safe under a threaded server: WAL (synchronous=NORMAL), a busy timeout,
   and ``BEGIN IMMEDIATE`` so a transaction that reads then writes holds the write lock from its start
-  (SQLite's stand-in for the row locks PostgreSQL takes with ``SELECT ... FOR UPDATE``).
+  (SQLite's stand-in for the row locks PostgreSQL takes with ``SELECT ... FOR UPDATE``); the threads of a
+  process that write to one file take turns in order before it (``core.sqlite_queue``).
 - ``sqlite_read_transactions`` lets read-only work (a status poll) begin its transactions DEFERRED: readers
   then never wait for, nor hold up, the write lock. Code inside that may write after all calls
   ``begin_writing`` first, which ends the read transaction so that the next one begins IMMEDIATE.
@@ -27,6 +28,8 @@ from sqlalchemy import DateTime, MetaData, Table, event
 from sqlalchemy.engine import Dialect, Engine
 from sqlalchemy.orm import Session
 from sqlalchemy.types import TypeDecorator, TypeEngine
+
+from flask_gateway.core import sqlite_queue
 
 __all__ = [
     "EMULATOR_TABLE_PREFIX",
@@ -145,12 +148,24 @@ def sqlite_in_memory(engine: Engine) -> bool:
     return database in ("", ":memory:") or "mode=memory" in str(engine.url)
 
 
-def configure_sqlite(engine: Engine, *, busy_timeout_ms: int = 30_000, wal: bool = True) -> None:
+def configure_sqlite(
+    engine: Engine, *, busy_timeout_ms: int = 30_000, wal: bool = True, write_queue: bool | None = None
+) -> None:
     """A busy timeout and ``BEGIN IMMEDIATE`` (and WAL with ``wal``) for a SQLite engine; no-op for other
     backends. WAL is a setting of the database file: every connection to it then uses WAL, not only this
-    engine's."""
+    engine's.
+
+    With ``write_queue`` (the default unless ``FLASK_GATEWAY_SQLITE_QUEUE=0``) the threads of this process
+    that write to the same database file take turns in order before ``BEGIN IMMEDIATE``, rather than
+    retrying in SQLite's busy handler (``core.sqlite_queue``). Writers of other processes still meet in the
+    busy handler."""
     if engine.dialect.name != "sqlite" or getattr(engine, "_flask_gateway_configured", False):
         return
+    queue = (
+        sqlite_queue.install(engine)
+        if (sqlite_queue.queue_enabled() if write_queue is None else write_queue)
+        else None
+    )
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
@@ -170,7 +185,12 @@ def configure_sqlite(engine: Engine, *, busy_timeout_ms: int = 30_000, wal: bool
     def _on_begin(connection: Any) -> None:
         deferred = _DEFERRED_BEGIN.get()
         connection.info[_BEGAN_DEFERRED] = deferred
-        connection.exec_driver_sql("BEGIN" if deferred else "BEGIN IMMEDIATE")
+        if deferred:
+            connection.exec_driver_sql("BEGIN")  # a reader: no write lock, no turn in the queue
+        elif queue is None:
+            connection.exec_driver_sql("BEGIN IMMEDIATE")
+        else:
+            sqlite_queue.begin_immediate(connection, queue, busy_timeout_ms)
 
     engine._flask_gateway_configured = True  # type: ignore[attr-defined]
     engine.dispose()  # connections opened before the listeners existed lack the settings

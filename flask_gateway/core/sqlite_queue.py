@@ -1,0 +1,253 @@
+"""SQLite writers of one process queue in order, per database file (no Flask here).
+
+SQLite lets one transaction write at a time. A connection whose ``BEGIN IMMEDIATE`` finds the write lock
+taken waits in SQLite's busy handler: it sleeps (1, 2, 5, 10 ... up to 100 ms a step) and tries again, so a
+writer that has been unlucky once waits longer and longer, and a newcomer can overtake it: under
+concurrency some writes wait ten times the usual time (the long tail). ``core.sql.configure_sqlite`` puts
+a queue in front of ``BEGIN IMMEDIATE`` instead (``install``):
+
+- **One queue per database file** in the process, keyed by the file's resolved path, shared by every
+  engine configured on that file (the extension's and the emulator's alike); a database in memory has a
+  queue of its own engine.
+- **First come, first served.** A thread takes its turn before it issues ``BEGIN IMMEDIATE`` and keeps it
+  until that transaction ends; the turn then passes to the thread that has waited longest, which is woken
+  at once (no sleep-and-retry).
+- **Every end of a transaction gives the turn back**: commit and rollback (the dialect's ``do_commit`` /
+  ``do_rollback``, also the pool's reset of a connection checked in without a commit), a connection
+  closed or invalidated (``do_close`` / ``do_terminate``, the pool's ``invalidate``), and a connection
+  checked in still holding one (a pool without reset-on-return). Giving it back twice is harmless.
+- **Read-only transactions** (``sqlite_read_transactions``: ``BEGIN`` DEFERRED) never take a turn.
+- **Re-entrancy.** A thread that already holds the turn for a file and begins a write transaction on
+  another connection to the same file (a second engine, inside its own open write) does not queue behind
+  itself: it issues ``BEGIN IMMEDIATE`` at once, as without the queue, and SQLite's busy handler decides
+  (it waits the busy timeout, then "database is locked": the thread's first transaction cannot end while
+  the thread waits). That is what happened before the queue, no worse.
+- **Bounded wait.** A thread waits for its turn at most the busy timeout. Then (a turn never given back:
+  a connection leaked without being closed) it tries ``BEGIN IMMEDIATE`` once without waiting: SQLite's
+  own lock says whether the file is free, and "database is locked" comes after the same time as before.
+- **Across processes** the queue does not reach: writers of several processes (gunicorn workers) still
+  meet in SQLite's busy handler, one per process at a time.
+
+The queue only decides the order: SQLite's lock still guarantees one writer, so a turn given back early
+costs a wait in the busy handler, never a wrong write. ``FLASK_GATEWAY_SQLITE_QUEUE=0`` in the environment
+turns the queue off for the engines configured afterwards (a diagnostic: to compare with the busy handler
+alone, as ``benchmarks/figure_emulator.py`` does).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any, Final
+
+from sqlalchemy import event
+from sqlalchemy.engine import Connection, Engine
+
+__all__ = [
+    "QUEUE_ENVIRONMENT_VARIABLE",
+    "WriteQueue",
+    "begin_immediate",
+    "install",
+    "queue_enabled",
+    "queue_of",
+]
+
+_log = logging.getLogger(__name__)
+
+#: ``0`` (or ``false``, ``no``, ``off``) turns the queue off for engines configured from then on.
+QUEUE_ENVIRONMENT_VARIABLE: Final = "FLASK_GATEWAY_SQLITE_QUEUE"
+#: ``Engine`` attribute: the engine's queue (None: configured with the queue off).
+_ENGINE_QUEUE: Final = "_flask_gateway_write_queue"
+
+
+def queue_enabled() -> bool:
+    """The default for ``configure_sqlite``: on, unless ``FLASK_GATEWAY_SQLITE_QUEUE`` says off."""
+    value = os.environ.get(QUEUE_ENVIRONMENT_VARIABLE, "").strip().lower()
+    return value not in ("0", "false", "no", "off")
+
+
+class _Turn:
+    """One thread's place in a queue: waiting, then holding."""
+
+    __slots__ = ("thread", "wakeup")
+
+    def __init__(self, thread: int) -> None:
+        self.thread = thread
+        self.wakeup: threading.Condition | None = None
+
+
+class WriteQueue:
+    """A fair (first come, first served) lock with its turns handed over directly to the next waiter."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._lock = threading.Lock()
+        self._holder: _Turn | None = None
+        self._waiting: deque[_Turn] = deque()
+
+    def __repr__(self) -> str:
+        return f"<WriteQueue {self.name!r} held={self._holder is not None} waiting={len(self._waiting)}>"
+
+    def acquire(self, timeout: float | None = None) -> _Turn | None:
+        """Wait for this thread's turn (at most ``timeout`` seconds); the turn, or None after the timeout."""
+        turn = _Turn(threading.get_ident())
+        with self._lock:
+            if self._holder is None and not self._waiting:
+                self._holder = turn
+                return turn
+            turn.wakeup = threading.Condition(self._lock)
+            self._waiting.append(turn)
+            deadline = None if timeout is None else time.monotonic() + timeout
+            while self._holder is not turn:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    self._waiting.remove(turn)
+                    return None
+                turn.wakeup.wait(remaining)
+            return turn
+
+    def release(self, turn: _Turn) -> bool:
+        """Give the turn back (to the longest waiter); False when ``turn`` no longer holds it."""
+        with self._lock:
+            if self._holder is not turn:
+                return False
+            self._holder = self._waiting.popleft() if self._waiting else None
+            if self._holder is not None and self._holder.wakeup is not None:
+                self._holder.wakeup.notify()
+            return True
+
+    @property
+    def holder_thread(self) -> int | None:
+        """The ``threading.get_ident()`` of the thread holding the turn, if any."""
+        holder = self._holder
+        return None if holder is None else holder.thread
+
+    @property
+    def waiting(self) -> int:
+        """How many threads wait for their turn."""
+        return len(self._waiting)
+
+
+# --- queues per database file ---------------------------------------------------------------------
+
+_QUEUES: dict[str, WriteQueue] = {}
+_QUEUES_LOCK = threading.Lock()
+
+
+def _database_file(engine: Engine) -> str | None:
+    """The resolved path of the engine's database file; None for a database in memory."""
+    database = engine.url.database or ""
+    if database in ("", ":memory:") or "mode=memory" in str(engine.url):
+        return None
+    if database.startswith("file:"):  # a URI filename (``?uri=true``): the path before its own query
+        database = database.removeprefix("file:").split("?", 1)[0]
+    return os.path.realpath(database)
+
+
+def _queue_for(engine: Engine) -> WriteQueue:
+    path = _database_file(engine)
+    if path is None:
+        return WriteQueue(f"memory:{id(engine):x}")
+    with _QUEUES_LOCK:
+        queue = _QUEUES.get(path)
+        if queue is None:
+            queue = _QUEUES[path] = WriteQueue(path)
+        return queue
+
+
+def queue_of(engine: Engine) -> WriteQueue | None:
+    """The write queue ``configure_sqlite`` gave ``engine``; None when it has none."""
+    queue: WriteQueue | None = getattr(engine, _ENGINE_QUEUE, None)
+    return queue
+
+
+# --- turns held by connections --------------------------------------------------------------------
+
+#: DB-API connection (by ``id``: sqlite3 connections take no attributes nor weak references) -> its turn.
+_HELD: dict[int, tuple[WriteQueue, _Turn]] = {}
+_HELD_LOCK = threading.Lock()
+
+
+def _raw(connection: Any) -> Any:
+    """The DB-API connection behind a pool's proxy (or the DB-API connection itself)."""
+    return getattr(connection, "dbapi_connection", connection)
+
+
+def _hold(dbapi_connection: Any, queue: WriteQueue, turn: _Turn) -> None:
+    with _HELD_LOCK:
+        stale = _HELD.get(id(dbapi_connection))
+        _HELD[id(dbapi_connection)] = (queue, turn)
+    if stale is not None:  # a connection begins no transaction inside another: left by one that is gone
+        stale[0].release(stale[1])
+
+
+def _give_back(dbapi_connection: Any) -> None:
+    """The transaction of ``dbapi_connection`` has ended (or the connection has): release its turn."""
+    if dbapi_connection is None:
+        return
+    with _HELD_LOCK:
+        held = _HELD.pop(id(dbapi_connection), None)
+    if held is not None and held[0].release(held[1]) and held[0].holder_thread is not None:
+        time.sleep(0)  # the GIL to the thread just handed the turn now, not after this one's time slice
+
+
+def begin_immediate(connection: Connection, queue: WriteQueue, busy_timeout_ms: int) -> None:
+    """``BEGIN IMMEDIATE`` on ``connection`` in this thread's turn of ``queue`` (held until it ends)."""
+    if queue.holder_thread == threading.get_ident():
+        # Re-entrant: this thread's other transaction holds the turn; waiting for it would wait forever.
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+        return
+    dbapi_connection: Any = connection.connection.dbapi_connection
+    turn = queue.acquire(busy_timeout_ms / 1000)
+    if turn is None:
+        _log.warning(
+            "waited %d ms for the write turn of SQLite database %s: trying without it",
+            busy_timeout_ms,
+            queue.name,
+        )
+        dbapi_connection.execute("PRAGMA busy_timeout=0")
+        try:
+            connection.exec_driver_sql("BEGIN IMMEDIATE")
+        finally:
+            dbapi_connection.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
+        return
+    _hold(dbapi_connection, queue, turn)
+    try:
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+    except BaseException:
+        _give_back(dbapi_connection)
+        raise
+
+
+def _releasing(method: Callable[[Any], None]) -> Callable[[Any], None]:
+    def wrapper(dbapi_connection: Any) -> None:
+        try:
+            method(dbapi_connection)
+        finally:
+            _give_back(_raw(dbapi_connection))
+
+    return wrapper
+
+
+def install(engine: Engine) -> WriteQueue:
+    """Give ``engine`` its file's queue and release a turn at every end of a transaction (see above);
+    ``begin_immediate`` takes the turns. Call once per engine, before it connects."""
+    queue = _queue_for(engine)
+    dialect = engine.dialect  # the engine's own (the pool resets and closes connections through it too)
+    for name in ("do_commit", "do_rollback", "do_close", "do_terminate"):
+        setattr(dialect, name, _releasing(getattr(dialect, name)))
+
+    @event.listens_for(engine, "checkin")
+    def _on_checkin(dbapi_connection: Any, _record: Any) -> None:
+        _give_back(dbapi_connection)  # a pool that does not reset on return: the transaction is left open
+
+    @event.listens_for(engine, "invalidate")
+    def _on_invalidate(dbapi_connection: Any, _record: Any, _exception: Any) -> None:
+        _give_back(dbapi_connection)
+
+    setattr(engine, _ENGINE_QUEUE, queue)
+    return queue
