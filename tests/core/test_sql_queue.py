@@ -377,3 +377,29 @@ def test_throughput_with_the_queue_is_not_worse(make_engine: Callable[..., Engin
         without.append(contended_writes(unqueued))
     assert len(written(queued)) == len(written(unqueued)) == 3 * 4 * 40
     assert min(with_queue) <= 2 * min(without), (with_queue, without)
+
+
+# --- the engines the extension and the emulator configure -------------------------------------------
+
+
+def test_the_extension_and_the_emulator_queue_on_one_file_and_the_shops_engine_does_not(tmp_path: Path):
+    from flask_gateway.emulator.models import db as emulator_db
+    from flask_gateway.state import get_state
+    from tests.emulator.conftest import make_emulator
+    from tests.extension.conftest import make_shop
+
+    url = f"sqlite:///{tmp_path / 'shop.db'}"
+    shop, db, _gateway = make_shop(url)
+    emulator = make_emulator(url)  # embedded-style: the emulator's tables in the shop's file
+    with shop.app_context():
+        extension_engine, shop_engine = get_state().engine, db.engine
+    with emulator.app_context():
+        emulator_engine = emulator_db.engine
+    try:
+        queue = queue_of(extension_engine)
+        assert queue is not None and queue.name == str((tmp_path / "shop.db").resolve())
+        assert queue_of(emulator_engine) is queue
+        assert queue_of(shop_engine) is None  # the host app's engine: exactly as the shop configured it
+    finally:
+        for engine in (extension_engine, shop_engine, emulator_engine):
+            engine.dispose()
