@@ -30,10 +30,11 @@ demo: setup
 system-packages:
 	scripts/ensure-system-packages
 
-## The whole test suite, in parallel worker processes (pytest-xdist; TEST_WORKERS=0 runs it in one).
+## The whole test suite, in parallel worker processes (pytest-xdist; TEST_WORKERS=0 runs it in one), then its
+## 25 slowest steps (setups and tests: where the wall time goes, docs/performance.md).
 TEST_WORKERS ?= auto
 test: setup system-packages
-	$(BIN)/python -m pytest -n $(TEST_WORKERS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --durations=25
 
 ## The tested version ranges (noxfile.py): the in-process suite with every runtime dependency, extras included,
 ## at its declared minimum in pyproject.toml (test-min; CI runs it), or at its newest (test-newest). Each keeps
