@@ -72,6 +72,7 @@ from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.functions import FunctionElement
 
 from flask_gateway import signals
+from flask_gateway.clock import format_time
 from flask_gateway.core.sql import UTCDateTime, sqlite_read_transactions
 from flask_gateway.core.timestamps import utcnow
 from flask_gateway.core.wire import PAYMENT_STATUSES, CheckoutStatus
@@ -246,7 +247,7 @@ def silence_text(silence: Silence) -> str:
     since = (
         "no verified callback has ever reached the shop"
         if silence.last_callback_at is None
-        else f"no verified callback since {silence.last_callback_at:%Y-%m-%d %H:%M:%S} UTC"
+        else f"no verified callback since {format_time(silence.last_callback_at, get_state().config.zone)}"
     )
     whose = f" of merchant account {silence.account!r}" if silence.named else ""
     return (

@@ -45,3 +45,19 @@ def test_the_default_is_utc_and_the_configured_zone_reaches_the_config():
     assert defaults["GATEWAY_TIMEZONE"] == "UTC"  # written back, as every default
     chosen = GatewayConfig.from_mapping({"GATEWAY_TIMEZONE": "Africa/Johannesburg"})
     assert chosen.zone == zone("Africa/Johannesburg") and chosen.timezone == "Africa/Johannesburg"
+
+
+def test_the_operations_texts_people_read_use_the_configured_clock(databases, monkeypatch):
+    """The callback-silence sentence (status page, log) and the doctor's schedule times are in
+    GATEWAY_TIMEZONE with the zone's name, not UTC."""
+    from flask_gateway.operations.doctor.schedules import _when
+    from flask_gateway.operations.health import Silence, silence_text
+    from tests.extension.conftest import build_harness
+
+    harness = build_harness(databases, monkeypatch, GATEWAY_TIMEZONE="Africa/Johannesburg")
+    stored = datetime(2026, 11, 27, 11, 51, 9)
+    with harness.shop.app_context():
+        sentence = silence_text(Silence(30, 3, stored, 7, account="acct"))
+        assert "no verified callback since 2026-11-27 13:51:09 SAST" in sentence, sentence
+        assert _when(stored) == "2026-11-27 13:51 SAST"
+        assert _when(None) == "never"

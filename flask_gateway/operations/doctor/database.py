@@ -10,6 +10,7 @@ from flask import current_app
 from sqlalchemy import select
 from sqlalchemy.exc import SQLAlchemyError
 
+from flask_gateway.clock import local_time
 from flask_gateway.errors import (
     SecretUnreadable,
 )
@@ -166,7 +167,11 @@ def _account_findings(
         ]
     if installation.retired:
         left = open_checkouts(account)
-        since = installation.retired_at.date().isoformat() if installation.retired_at else "?"
+        since = (
+            local_time(installation.retired_at, get_state().config.zone).date().isoformat()
+            if installation.retired_at
+            else "?"
+        )
         findings = [
             Finding(
                 name,

@@ -14,6 +14,7 @@ from sqlalchemy import func, or_, select
 from sqlalchemy.exc import SQLAlchemyError
 
 from flask_gateway import models
+from flask_gateway.clock import format_time
 from flask_gateway.core.timestamps import utcnow
 from flask_gateway.models import GatewayCheckout
 from flask_gateway.operations.doctor.report import Finding, Options
@@ -38,7 +39,8 @@ OUTBOX_MARGIN: Final = timedelta(minutes=15)
 
 
 def _when(value: datetime | None) -> str:
-    return value.isoformat(timespec="minutes") if value is not None else "never"
+    """A stored time as a person reads it: in ``GATEWAY_TIMEZONE``, with the zone's name."""
+    return format_time(value, get_state().config.zone, seconds=False, empty="never")
 
 
 def check_reconcile_schedule(_options: Options) -> list[Finding]:
