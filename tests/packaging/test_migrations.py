@@ -4,22 +4,31 @@ tables with no change to its ``env.py``.
 The extension's tables join the shop's metadata as copies with the types the database stores
 (``copy_tables_as_stored``): autogenerate writes ``sa.DateTime(timezone=True)``, never
 ``flask_gateway.core.sql.UTCDateTime(...)`` without its import (the ``NameError`` at ``flask db upgrade``
-this used to be). Each test writes a minimal shop in a fresh folder and runs ``flask db ...`` there in
-subprocesses, as a shop developer would, on SQLite and on PostgreSQL.
+this used to be). Each test writes a minimal shop in a fresh folder and runs ``flask db ...`` there, on
+SQLite and on PostgreSQL: the first test types the commands as a shop developer would (``flask db ...`` in
+subprocesses), the upgrade scenarios run the same command line through Click's ``CliRunner`` in this process
+(``typed=False``: what they prove is in the scripts written and the rows kept, and a ``flask`` process costs
+a second or two of imports per command; issue 30).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import subprocess
 import sys
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from click.testing import CliRunner
 from flask import Flask
+from flask.cli import cli as flask_cli
 from flask_sqlalchemy import SQLAlchemy
 from sqlalchemy import DateTime, MetaData, Table, create_engine, insert, inspect, select
 from sqlalchemy.exc import IntegrityError
@@ -34,7 +43,7 @@ from flask_gateway.models import GatewayBase, GatewayCheckout
 from flask_gateway.payments.accounts import choose_account
 from flask_gateway.secrets import SecretBox
 from flask_gateway.state import get_state
-from tests.conftest import Databases, fetch_all, new_connection
+from tests.conftest import Databases, dispose_engines, fetch_all, new_connection
 from tests.extension.conftest import EMULATOR_URL, SHOP_URL
 
 FLASK = Path(sys.executable).with_name("flask")
@@ -128,15 +137,21 @@ def write_shop(folder: Path, *, own_utc_column: bool = False) -> Path:
     return folder
 
 
-def flask_db(folder: Path, url: str, *args: str, previous: bool = False, schema: str = "current") -> str:
+def flask_db(
+    folder: Path, url: str, *args: str, previous: bool = False, schema: str = "current", typed: bool = False
+) -> str:
     """``flask db ARGS`` in ``folder`` (FLASK_APP=shop); its output (standard output and error).
-    ``schema``: ``current``, ``previous`` (also ``previous=True``) or ``before-accounts``."""
-    env = {
-        **os.environ,
+    ``schema``: ``current``, ``previous`` (also ``previous=True``) or ``before-accounts``. ``typed``: the
+    ``flask`` program in a subprocess, as a developer types it; else the same command line in this process
+    (``flask_db_in_process``)."""
+    shop_env = {
         "FLASK_APP": "shop",
         "SHOP_DATABASE_URL": url,
         "SHOP_GATEWAY_SCHEMA": "previous" if previous else schema,
     }
+    if not typed:
+        return flask_db_in_process(folder, shop_env, args)
+    env = {**os.environ, **shop_env}
     env.pop("FLASK_DEBUG", None)
     result = subprocess.run(
         [str(FLASK), "db", *args],
@@ -152,22 +167,90 @@ def flask_db(folder: Path, url: str, *args: str, previous: bool = False, schema:
     return output
 
 
+@contextmanager
+def _logging_kept() -> Iterator[None]:
+    """Alembic's ``env.py`` configures logging from ``alembic.ini`` (``fileConfig``: the root logger's handlers
+    replaced, every other logger disabled): a process of its own does not mind, this one does (pytest's log
+    capture, later tests' ``caplog``). Everything it changes is put back."""
+    manager = logging.Logger.manager
+    root = logging.getLogger()
+    root_state = (root.level, list(root.handlers), root.disabled)
+    loggers = {
+        name: (logger.level, list(logger.handlers), logger.propagate, logger.disabled)
+        for name, logger in list(manager.loggerDict.items())
+        if isinstance(logger, logging.Logger)
+    }
+    try:
+        yield
+    finally:
+        root.setLevel(root_state[0])
+        root.handlers[:] = root_state[1]
+        root.disabled = root_state[2]
+        for name, logger in list(manager.loggerDict.items()):
+            if not isinstance(logger, logging.Logger):
+                continue
+            level, handlers, propagate, disabled = loggers.get(name, (logging.NOTSET, [], True, False))
+            logger.setLevel(level)
+            logger.handlers[:] = handlers
+            logger.propagate = propagate
+            logger.disabled = disabled
+
+
+def flask_db_in_process(folder: Path, shop_env: dict[str, str], args: tuple[str, ...]) -> str:
+    """``flask db ARGS`` as the ``flask`` program runs it (Flask's own ``cli``: ``FLASK_APP`` found, the
+    app factory called, Flask-Migrate's commands), through Click's ``CliRunner`` in this process, in
+    ``folder``. As a fresh process would, it imports ``shop.py`` anew (the module forgotten before and
+    after), warns as Python does by default (not this suite's ``filterwarnings = error``: Flask-Migrate's own
+    ``env.py`` calls Flask-SQLAlchemy's deprecated ``get_engine``), and closes every database connection."""
+    saved_path = list(sys.path)
+    sys.modules.pop("shop", None)
+    cwd = Path.cwd()
+    os.chdir(folder)
+    try:
+        with _logging_kept(), warnings.catch_warnings():
+            warnings.resetwarnings()  # Python's defaults, as a ``flask`` process starts with
+            warnings.simplefilter("default")
+            for category in (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning):
+                warnings.simplefilter("ignore", category)
+            result = CliRunner().invoke(
+                flask_cli, ["db", *args], env={**shop_env, "FLASK_DEBUG": None}, prog_name="flask"
+            )
+    finally:
+        os.chdir(cwd)
+        sys.path[:] = saved_path
+        sys.modules.pop("shop", None)
+        dispose_engines()
+    output = result.output
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise AssertionError(f"flask db {' '.join(args)} raised:\n{output}") from result.exception
+    assert result.exit_code == 0, f"flask db {' '.join(args)} failed ({result.exit_code}):\n{output}"
+    return output
+
+
 def scripts(folder: Path) -> list[Path]:
     return sorted((folder / "migrations" / "versions").glob("*.py"), key=lambda path: path.stat().st_mtime)
 
 
-def migrate(folder: Path, url: str, message: str, *, previous: bool = False, schema: str = "current") -> str:
+def migrate(
+    folder: Path,
+    url: str,
+    message: str,
+    *,
+    previous: bool = False,
+    schema: str = "current",
+    typed: bool = False,
+) -> str:
     """``flask db migrate -m MESSAGE``: the text of the script it wrote."""
     before = set(scripts(folder))
-    output = flask_db(folder, url, "migrate", "-m", message, previous=previous, schema=schema)
+    output = flask_db(folder, url, "migrate", "-m", message, previous=previous, schema=schema, typed=typed)
     written = [path for path in scripts(folder) if path not in before]
     assert len(written) == 1, output
     return written[0].read_text(encoding="utf-8")
 
 
-def assert_no_changes(folder: Path, url: str) -> None:
+def assert_no_changes(folder: Path, url: str, *, typed: bool = False) -> None:
     before = set(scripts(folder))
-    output = flask_db(folder, url, "migrate", "-m", "nothing")
+    output = flask_db(folder, url, "migrate", "-m", "nothing", typed=typed)
     assert NO_CHANGES in output, output
     assert set(scripts(folder)) == before
 
@@ -200,21 +283,22 @@ GATEWAY_TABLES = set(GatewayBase.metadata.tables)
 def test_autogenerate_writes_a_migration_of_the_gateway_tables_that_runs(
     tmp_path: Path, databases: Databases
 ):
+    """Typed as a shop developer would: the ``flask`` program, in a subprocess each time."""
     url = databases.url("shop")
     shop = write_shop(tmp_path)
-    flask_db(shop, url, "init")
-    script = migrate(shop, url, "initial")
+    flask_db(shop, url, "init", typed=True)
+    script = migrate(shop, url, "initial", typed=True)
     assert_runs_without_imports(script)
     assert "sa.DateTime(timezone=True)" in script
     for name in [*GATEWAY_TABLES, "shop_orders"]:
         assert f"op.create_table('{name}'" in script, name
 
-    flask_db(shop, url, "upgrade")
+    flask_db(shop, url, "upgrade", typed=True)
     assert table_names(url) == {*GATEWAY_TABLES, "shop_orders", "alembic_version"}
     for name, table in GatewayBase.metadata.tables.items():
         assert column_names(url, name) == set(table.columns.keys()), name
 
-    assert_no_changes(shop, url)
+    assert_no_changes(shop, url, typed=True)
 
 
 @pytest.mark.backends
