@@ -27,7 +27,21 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Final
 
-from sqlalchemy import ColumnElement, and_, func, or_, select, update
+from sqlalchemy import (
+    ColumnElement,
+    Executable,
+    FromClause,
+    String,
+    and_,
+    column,
+    func,
+    or_,
+    select,
+    true,
+    union_all,
+    update,
+    values,
+)
 
 from flask_gateway.core.timestamps import utcnow
 from flask_gateway.core.wire import OPEN_STATUSES
@@ -128,25 +142,67 @@ def _claim(where: ColumnElement[bool], size: int, *, paid: bool) -> list[_Claime
     return rows
 
 
+def _oldest(where: ColumnElement[bool], size: int, *, paid: bool, dialect: str) -> Executable:
+    """The query of a claim: the ``size`` oldest checkouts ``where`` takes (by ``updated_at``, then id),
+    row-locked, skipping those a concurrent claim holds.
+
+    One ordered read of the ``(status, updated_at)`` index per status of the pass, each taking at most
+    ``size``, merged oldest first: the same rows as one query over ``status IN (...)``, whose plan reads
+    and sorts every due checkout to hand out the first few (a scan of the whole table once most of it is
+    due: issue 30, a million checkouts). On PostgreSQL each status is a ``LATERAL`` subquery locking its
+    candidates (``FOR UPDATE SKIP LOCKED``) before the merge, so a claim may hold up to one batch per status
+    until its commit; only the ``size`` oldest are marked polled, the others stay due. On SQLite
+    (``BEGIN IMMEDIATE`` serialises the claims, nothing to lock) a ``UNION ALL`` of the same subqueries.
+    """
+    statuses = PAID_POLLED_STATUSES if paid else POLLED_STATUSES
+    columns = (
+        GatewayCheckout.id,
+        GatewayCheckout.token,
+        GatewayCheckout.merchant_account_id,
+        GatewayCheckout.status,
+        GatewayCheckout.updated_at,
+    )
+    candidates: FromClause
+    if dialect == "postgresql":
+        each = values(column("status", String), name="claimed_statuses").data([(s,) for s in statuses])
+        candidates = (
+            select(*columns)
+            .where(where, GatewayCheckout.status == each.c.status)
+            .order_by(GatewayCheckout.updated_at, GatewayCheckout.id)
+            .limit(size)
+            .with_for_update(skip_locked=True)
+            .lateral("candidates")
+        )
+        merged = select(candidates).select_from(each).join(candidates, true())
+    else:
+        arms = [
+            select(*columns)
+            .where(where, GatewayCheckout.status == status)
+            .order_by(GatewayCheckout.updated_at, GatewayCheckout.id)
+            .limit(size)
+            .subquery(f"status_{n}")
+            for n, status in enumerate(statuses)
+        ]
+        candidates = union_all(*(select(arm) for arm in arms)).subquery("candidates")
+        merged = select(candidates)
+    return (
+        merged.with_only_columns(
+            candidates.c.id, candidates.c.token, candidates.c.merchant_account_id, candidates.c.status
+        )
+        .order_by(candidates.c.updated_at, candidates.c.id)
+        .limit(size)
+    )
+
+
 def _claim_rows(where: ColumnElement[bool], size: int, *, paid: bool) -> list[_Claimed]:
     """``_claim`` in the current transaction (the caller commits)."""
     session = get_state().session
+    dialect = session.get_bind().dialect.name
     rows = [
         _Claimed(
             id=row.id, token=row.token or "", account=row.merchant_account_id, status=row.status, paid=paid
         )
-        for row in session.execute(
-            select(
-                GatewayCheckout.id,
-                GatewayCheckout.token,
-                GatewayCheckout.merchant_account_id,
-                GatewayCheckout.status,
-            )
-            .where(where)
-            .order_by(GatewayCheckout.updated_at, GatewayCheckout.id)
-            .limit(size)
-            .with_for_update(skip_locked=True)
-        )
+        for row in session.execute(_oldest(where, size, paid=paid, dialect=dialect))
     ]
     ids = [row.id for row in rows]
     if ids:
