@@ -151,7 +151,7 @@ def yardstick_run(
                 with engine.begin() as conn:
                     conn.execute(applied, done)
             run.polled += len(batch)
-            run.statuses.update(item["status"] for item in done)
+            run.statuses.update(str(item["status"]) for item in done)
     finally:
         for _ in threads:
             tasks.put(None)
