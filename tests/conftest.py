@@ -152,14 +152,46 @@ XDIST_GROUPS = {
     "browser": "browser",
     "redis_server": "redis",
 }
+#: Module fixtures that start something (a PostgreSQL cluster a module stops and starts, the Celery stack):
+#: the module's tests that use one run in the same worker (the group is the module), which starts it once;
+#: split between two workers, each would start its own.
+XDIST_MODULE_GROUPS = {"restartable", "cluster", "task_stack"}
+
+#: Whole scenarios of a minute or so each, not in a group: handed out first (with ``--loadscope-reorder``,
+#: pytest-xdist's default, the groups go first, the biggest first, then single tests in this order), so that
+#: the run does not end with one worker busy on one of them while the other has nothing left (issue 30).
+SLOW_FIRST = (
+    "tests/shop/test_demo.py::test_two_demos",
+    "tests/tasks/test_broker.py",
+    "tests/reliability/",
+    "tests/extension/test_quickstart_typed.py",
+    "tests/docs/test_quickstart.py",
+    "tests/security/test_state_machine.py",
+    "tests/security/test_openapi_all_checks.py",
+    "tests/packaging/test_migrations.py::test_autogenerate",
+)
+
+
+def _slow_rank(item: pytest.Item) -> int:
+    """The index in ``SLOW_FIRST`` of the entry the test's node id starts with; after all of them if none."""
+    return next(
+        (rank for rank, prefix in enumerate(SLOW_FIRST) if item.nodeid.startswith(prefix)), len(SLOW_FIRST)
+    )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Misplaced ``backends`` marks are usage errors: they would silently not do what they say. Tests
-    that share an expensive session fixture are grouped for pytest-xdist (``XDIST_GROUPS``)."""
+    that share an expensive session or module fixture are grouped for pytest-xdist (``XDIST_GROUPS``,
+    ``XDIST_MODULE_GROUPS``; a test's own ``xdist_group`` mark wins), and the long scenarios come first
+    (``SLOW_FIRST``; the others keep their order)."""
+    items[:] = sorted(items, key=_slow_rank)  # stable
     for item in items:
+        if item.get_closest_marker("xdist_group") is not None:
+            continue
         names = getattr(item, "fixturenames", ())
         group = next((XDIST_GROUPS[name] for name in names if name in XDIST_GROUPS), None)
+        if group is None and XDIST_MODULE_GROUPS.intersection(names):
+            group = item.nodeid.split("::", 1)[0]
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
     marked = config.stash.get(_MARKED_DEFINITIONS, set())
