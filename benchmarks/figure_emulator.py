@@ -1,12 +1,24 @@
 """Figure 4: the emulator's create and getstatus under gunicorn, each against its yardstick
 (``emulator_yardsticks.py``: the least work its contract needs, on the same stack, database and table),
-with the bare JSON endpoint of the first round printed for reference."""
+with the bare JSON endpoint of the first round printed for reference.
+
+``bench.py --only 4`` runs it on PostgreSQL and on SQLite. On SQLite alone, with no PostgreSQL cluster::
+
+    .venv/bin/python benchmarks/figure_emulator.py --queue both
+
+``--queue`` picks SQLite's write queue (``flask_gateway.core.sqlite_queue``) in the servers: ``on`` (the
+default of every engine ``configure_sqlite`` sets up), ``off`` (``FLASK_GATEWAY_SQLITE_QUEUE=0``: writers
+wait in SQLite's busy handler alone, as before issue 30), or ``both``, one after the other, each on a
+database file of its own. The other options are ``bench.py``'s, with its defaults."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -145,3 +157,64 @@ def _reference(name: str, bare: dict[str, Any], ours: dict[str, Any]) -> dict[st
         flush=True,
     )
     return {"ratio": round(ratio, 3), "round_ratios": [round(r, 3) for r in ratios]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Figure 4 on SQLite only (see the module's docstring)."""
+    parser = argparse.ArgumentParser(description="figure 4 on SQLite, with the write queue on, off or both")
+    parser.add_argument("--queue", choices=("on", "off", "both"), default="on")
+    parser.add_argument(
+        "--duration", type=float, default=12.0, help="timed seconds per load, all rounds (12)"
+    )
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds of baseline and load (3)")
+    parser.add_argument("--warmup", type=float, default=3.0, help="untimed seconds before each (3)")
+    parser.add_argument("--connections", type=int, default=16, help="wrk keep-alive connections (16)")
+    parser.add_argument("--wrk-threads", type=int, default=2, help="wrk threads (2)")
+    parser.add_argument("--workers", type=int, default=4, help="gunicorn worker processes (4)")
+    parser.add_argument("--threads", type=int, default=2, help="gunicorn threads per worker (2)")
+    parser.add_argument("--pool", type=int, default=20_000, help="distinct requests per create run")
+    args = parser.parse_args(argv)
+    settings = {"on": ["1"], "off": ["0"], "both": ["0", "1"]}[args.queue]
+    before = os.environ.get(QUEUE_VARIABLE)
+    try:
+        with tempfile.TemporaryDirectory(prefix="bench-") as scratch:
+            folder = Path(scratch)
+            for setting in settings:
+                os.environ[QUEUE_VARIABLE] = setting  # the servers' environment (``serve`` passes it on)
+                print(
+                    f"[4] SQLite write queue {'on' if setting == '1' else 'off'} ({QUEUE_VARIABLE}={setting})"
+                )
+                figure_emulator(args, folder, "sqlite", f"sqlite:///{folder / f'emulator-{setting}.sqlite3'}")
+                results["figures"][f"4_emulator_sqlite_queue_{setting}"] = results["figures"].pop(
+                    "4_emulator_sqlite"
+                )
+    finally:
+        if before is None:
+            os.environ.pop(QUEUE_VARIABLE, None)
+        else:
+            os.environ[QUEUE_VARIABLE] = before
+    print(json.dumps(_summary(results["figures"]), indent=2))
+    return 0
+
+
+#: ``flask_gateway.core.sqlite_queue.QUEUE_ENVIRONMENT_VARIABLE``.
+QUEUE_VARIABLE = "FLASK_GATEWAY_SQLITE_QUEUE"
+
+
+def _summary(figures: dict[str, Any]) -> dict[str, Any]:
+    """Create's and getstatus's throughput, p50, p99 and ratios per queue setting (no per-round runs)."""
+    fields = ("ok_per_s", "p50_ms", "p99_ms", "ratio", "met")
+    summary: dict[str, Any] = {}
+    for name, figure in figures.items():
+        summary[name] = {}
+        for key, value in figure.items():
+            if isinstance(value, dict):
+                measured = value.get("measured", value)
+                summary[name][key] = {
+                    field: {**measured, **value}[field] for field in fields if field in {**measured, **value}
+                }
+    return summary
+
+
+if __name__ == "__main__":
+    sys.exit(main())
