@@ -27,6 +27,8 @@ from typing import Any
 
 from harness import results
 
+from tests.extension.conftest import ACCOUNT
+
 #: The tables a million rows are loaded into: a plan that reads one of them whole fails the figure.
 BIG_TABLES = frozenset({"gateway_checkouts", "gateway_checkout_events", "emulator_checkouts"})
 #: The callback's and getstatus's p50 at the million, at most this times theirs at 1,000.
@@ -88,21 +90,28 @@ def _database(url: str) -> str:
 
 
 def _copy(cluster: Any, database: str, table: str, columns: str, lines: Iterator[str]) -> None:
-    """``COPY table (columns) FROM STDIN`` (text format), fed in chunks of :data:`CHUNK` lines."""
+    """``COPY table (columns) FROM STDIN`` (text format), fed in chunks of :data:`CHUNK` lines, into the
+    table emptied in the same transaction (``TRUNCATE``: it is new, and so are the tables referring to it),
+    so that the rows are written frozen (``FREEZE``: no vacuum needed after)."""
     import psycopg
 
     with (
         psycopg.connect(host="127.0.0.1", port=cluster.port, user=cluster.user, dbname=database) as conn,
         conn.cursor() as cursor,
-        cursor.copy(f"COPY {table} ({columns}) FROM STDIN") as copy,
     ):
-        buffer = io.StringIO()
-        for count, text_line in enumerate(lines, 1):
-            buffer.write(text_line)
-            if count % CHUNK == 0:
-                copy.write(buffer.getvalue())
-                buffer = io.StringIO()
-        copy.write(buffer.getvalue())
+        cursor.execute(f"TRUNCATE {table} CASCADE")
+        with cursor.copy(f"COPY {table} ({columns}) FROM STDIN (FREEZE)") as copy:
+            _write(copy, lines)
+
+
+def _write(copy: Any, lines: Iterator[str]) -> None:
+    buffer = io.StringIO()
+    for count, text_line in enumerate(lines, 1):
+        buffer.write(text_line)
+        if count % CHUNK == 0:
+            copy.write(buffer.getvalue())
+            buffer = io.StringIO()
+    copy.write(buffer.getvalue())
 
 
 def _sql(cluster: Any, database: str, *statements: str) -> list[Any]:
@@ -118,12 +127,18 @@ def _sql(cluster: Any, database: str, *statements: str) -> list[Any]:
     return out
 
 
+def seed_token(n: int) -> str:
+    """The token of loaded checkout ``n`` (zero-padded: the loaded keys come in index order, so COPY appends
+    to each index instead of inserting all over it)."""
+    return f"v2.{ACCOUNT}.seed-{n:07d}"
+
+
 def load(cluster: Any, shop_url: str, emulator_url: str, rows: int, now: datetime) -> float:
     """``rows`` v2 checkouts on each side, loaded with COPY (seconds taken): on the shop's side pending, with
     one event each, last changed over the past 30 days (oldest first, as a shop's table grows); on the
     emulator's side the same tokens, paid (getstatus answers ``PAID``; a callback claiming it is
-    confirmed)."""
-    from tests.extension.conftest import ACCOUNT
+    confirmed). The two sides load at once (two server processes), each table then analysed."""
+    import threading
 
     started = time.perf_counter()
     shop, emulator = _database(shop_url), _database(emulator_url)
@@ -135,41 +150,67 @@ def load(cluster: Any, shop_url: str, emulator_url: str, rows: int, now: datetim
     def stamp(n: int) -> str:
         return (first + span * n).isoformat()
 
-    _copy(
-        cluster,
-        shop,
-        "gateway_checkouts",
-        "api_version, order_reference, request_id, token, merchant_account_id, status, total_cents, "
-        'paid_cents, refunded_cents, "order", created_at, updated_at, expires_at, flagged',
-        (
-            f"v2\tSEED-{n}\tseed-{n}\tv2.{ACCOUNT}.seed-{n}\t{ACCOUNT}\tPENDING_ORDER\t79800\t0\t0\t"
-            f'{{"reference": "SEED-{n}"}}\t{stamp(n)}\t{stamp(n)}\t{expires}\tf\n'
-            for n in range(rows)
-        ),
-    )
-    [[(lowest,)]] = _sql(cluster, shop, "SELECT min(id) FROM gateway_checkouts")
-    _copy(
-        cluster,
-        shop,
-        "gateway_checkout_events",
-        "checkout_id, at, source, from_status, to_status, applied, detail",
-        (f"{lowest + n}\t{stamp(n)}\tcreate\tCREATING\tPENDING_ORDER\tt\tseeded\n" for n in range(rows)),
-    )
-    _copy(
-        cluster,
-        emulator,
-        "emulator_checkouts",
-        "token, account_id, api_version, status, request_id, total_cents, merchant_order_reference, "
-        "details, created_at, updated_at, expires_at, paid_at, payment_reference, refunded_cents",
-        (
-            f"v2.{ACCOUNT}.seed-{n}\t{ACCOUNT}\t2\tPAID\tseed-{n}\t79800\tSEED-{n}\t"
-            f'{{"merchantOrderReference": "SEED-{n}"}}\t{stamp(n)}\t{paid_at}\t{expires}\t{paid_at}\t'
-            f"{700_000_000 + n}\t0\n"
-            for n in range(rows)
-        ),
-    )
-    _sql(cluster, shop, "VACUUM ANALYZE gateway_checkouts", "VACUUM ANALYZE gateway_checkout_events")
-    _sql(cluster, emulator, "VACUUM ANALYZE emulator_checkouts")
+    def shop_side() -> None:
+        # Ids given (1..rows, the table is new), so the events need not wait to learn them.
+        _copy(
+            cluster,
+            shop,
+            "gateway_checkouts",
+            "id, api_version, order_reference, request_id, token, merchant_account_id, status, total_cents, "
+            'paid_cents, refunded_cents, "order", created_at, updated_at, expires_at, flagged',
+            (
+                f"{n + 1}\tv2\tSEED-{n:07d}\tseed-{n:07d}\t{seed_token(n)}\t{ACCOUNT}\tPENDING_ORDER\t79800\t"
+                f'0\t0\t{{"reference": "SEED-{n:07d}"}}\t{at}\t{at}\t{expires}\tf\n'
+                for n in range(rows)
+                for at in (stamp(n),)
+            ),
+        )
+        _sql(
+            cluster,
+            shop,
+            "SELECT setval(pg_get_serial_sequence('gateway_checkouts', 'id'), max(id)) "
+            "FROM gateway_checkouts",
+        )
+        _copy(
+            cluster,
+            shop,
+            "gateway_checkout_events",
+            "checkout_id, at, source, from_status, to_status, applied, detail",
+            (f"{n + 1}\t{stamp(n)}\tcreate\tCREATING\tPENDING_ORDER\tt\tseeded\n" for n in range(rows)),
+        )
+        _sql(cluster, shop, "ANALYZE gateway_checkouts", "ANALYZE gateway_checkout_events")
+
+    def emulator_side() -> None:
+        _copy(
+            cluster,
+            emulator,
+            "emulator_checkouts",
+            "token, account_id, api_version, status, request_id, total_cents, merchant_order_reference, "
+            "details, created_at, updated_at, expires_at, paid_at, payment_reference, refunded_cents",
+            (
+                f"{seed_token(n)}\t{ACCOUNT}\t2\tPAID\tseed-{n:07d}\t79800\tSEED-{n:07d}\t"
+                f'{{"merchantOrderReference": "SEED-{n:07d}"}}\t{stamp(n)}\t{paid_at}\t{expires}\t{paid_at}\t'
+                f"{700_000_000 + n}\t0\n"
+                for n in range(rows)
+            ),
+        )
+        _sql(cluster, emulator, "ANALYZE emulator_checkouts")
+
+    failures: list[BaseException] = []
+
+    def run(side: Any) -> None:
+        try:
+            side()
+        except BaseException as error:  # re-raised below, in the calling thread
+            failures.append(error)
+
+    threads = [threading.Thread(target=run, args=(side,)) for side in (shop_side, emulator_side)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if failures:
+        raise failures[0]
     return time.perf_counter() - started
 
 
@@ -259,7 +300,6 @@ def figure_million(args: argparse.Namespace, folder: Path, cluster: Any) -> None
     from flask_gateway.operations.reconciliation import BATCH_SIZE, _due
     from flask_gateway.operations.reconciliation.claiming import _claim_rows, _paid_due
     from flask_gateway.state import get_state
-    from tests.extension.conftest import ACCOUNT
     from tests.extension.payments import test_statement_counts as counts_module
     from tests.extension.payments.test_statement_counts import BOUNDS, build_harness, signed_callback
 
@@ -406,7 +446,6 @@ def _latencies(
     """Seconds per call, in-process: the shop's callback (a real PENDING -> PAID confirmed by getstatus)
     and the emulator's getstatus, each on checkouts spread over the whole table, the sizes interleaved."""
     from flask_gateway.state import get_state
-    from tests.extension.conftest import ACCOUNT
 
     for h in harnesses.values():  # the emulator's driver signs getstatus with the key the shop installed
         with h.shop.app_context():
@@ -416,7 +455,7 @@ def _latencies(
     warm = 20
     chosen = {rows: random.Random(rows).sample(range(rows), calls + warm) for rows in sizes}
     prepared = {
-        rows: [signed_callback(harnesses[rows], f"v2.{ACCOUNT}.seed-{n}", "PAID") for n in chosen[rows]]
+        rows: [signed_callback(harnesses[rows], seed_token(n), "PAID") for n in chosen[rows]]
         for rows in sizes
     }
     clients = {rows: harnesses[rows].client for rows in sizes}
@@ -424,7 +463,7 @@ def _latencies(
     for index in range(calls + warm):
         for rows in sizes:
             h = harnesses[rows]
-            token = f"v2.{ACCOUNT}.seed-{chosen[rows][(index * 7919) % len(chosen[rows])]}"
+            token = seed_token(chosen[rows][(index * 7919) % len(chosen[rows])])
             started = time.perf_counter()
             answer = h.emulator.signed("/v2/getstatus", {"checkoutToken": token})
             elapsed = time.perf_counter() - started
