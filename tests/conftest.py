@@ -146,6 +146,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 #: which starts it once. Other tests go to whichever worker is free.
 XDIST_GROUPS = {
     "wheel_venv": "wheel",
+    "venv_template": "wheel",
     "flask_gateway_wheel": "wheel",
     "flask_gateway_distributions": "wheel",
     "reliability_stack": "reliability",
@@ -340,7 +341,12 @@ def database_url(databases: Databases) -> str:
 # Flask-Gateway as a package index serves it, and a Python with nothing of the repository
 # (tests/packaging/wheel.py). Built on first use, once per session.
 
-from tests.packaging.wheel import Distributions, build_distributions, fresh_venv  # noqa: E402 (appended)
+from tests.packaging.wheel import (  # noqa: E402 (appended)
+    Distributions,
+    build_distributions,
+    copy_venv,
+    fresh_venv,
+)
 
 
 @pytest.fixture(scope="session")
@@ -357,11 +363,24 @@ def flask_gateway_wheel(flask_gateway_distributions: Distributions) -> Path:
 
 
 @pytest.fixture(scope="session")
-def wheel_venv(flask_gateway_wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def venv_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh virtual environment with nothing installed, made once (``python -m venv``, several seconds of
+    ``ensurepip``): the tests that need a fresh one get a copy (``copy_venv(venv_template, path)``)."""
+    template = tmp_path_factory.mktemp("venv-template") / "venv"
+    fresh_venv(template)
+    return template
+
+
+@pytest.fixture(scope="session")
+def wheel_venv(
+    flask_gateway_wheel: Path, venv_template: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
     """The bin folder of a fresh virtual environment that has the wheel installed, with its dependencies
     from the package index, and nothing of the repository: ``wheel_venv / "python"``, ``wheel_venv /
     "flask"``, ``wheel_venv / "pip"``. Shared by the whole session: a test that installs more into it
     (``pip install flask-migrate``) does so for the tests after it. Run things there from a folder outside
     the repository (``tmp_path``), and with ``python -I`` where ``PYTHONPATH`` might lead back to it."""
-    python = fresh_venv(tmp_path_factory.mktemp("wheel-venv") / "venv", str(flask_gateway_wheel))
+    python = copy_venv(
+        venv_template, tmp_path_factory.mktemp("wheel-venv") / "venv", str(flask_gateway_wheel)
+    )
     return python.parent

@@ -31,7 +31,7 @@ from packaging.version import Version
 import flask_gateway
 from flask_gateway._version import DISTRIBUTION
 from flask_gateway.operations.doctor import Options, check_package
-from tests.packaging.wheel import ROOT, Distributions, build_wheel_from_tree, fresh_venv, run_python
+from tests.packaging.wheel import ROOT, Distributions, build_wheel_from_tree, copy_venv, run_python
 
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
 VERSION = flask_gateway.__version__
@@ -272,12 +272,12 @@ _IMPORT = (
 
 
 def test_installed_over_this_project_the_other_flask_gateway_replaces_its_files_and_pip_says_nothing(
-    flask_gateway_wheel: Path, tmp_path: Path
+    flask_gateway_wheel: Path, venv_template: Path, tmp_path: Path
 ):
     """docs/packaging.md's list, the other project installed last: its ``__init__.py`` and ``cli.py`` replace
     ours without a word from pip, ``from flask_gateway import Gateway`` fails, and uninstalling it then
     deletes those files, leaving a package without its ``__init__.py``."""
-    python = fresh_venv(tmp_path / "venv")
+    python = copy_venv(venv_template, tmp_path / "venv")  # a fresh venv
     # No dependencies: only the files matter here (nothing imports Flask).
     _pip(python, "install", "--no-deps", "--no-index", str(flask_gateway_wheel))
     said = _pip(python, "install", "--no-deps", "--no-index", str(other_project_wheel(tmp_path / "other")))
@@ -303,9 +303,9 @@ def test_installed_over_this_project_the_other_flask_gateway_replaces_its_files_
 
 
 def test_installed_over_the_other_flask_gateway_this_project_works_until_the_other_is_uninstalled(
-    flask_gateway_wheel: Path, tmp_path: Path
+    flask_gateway_wheel: Path, venv_template: Path, tmp_path: Path
 ):
-    python = fresh_venv(tmp_path / "venv")
+    python = copy_venv(venv_template, tmp_path / "venv")  # a fresh venv
     _pip(python, "install", "--no-deps", "--no-index", str(other_project_wheel(tmp_path / "other")))
     said = _pip(python, "install", "--no-deps", "--no-index", str(flask_gateway_wheel))
     assert "warning" not in said.lower() and "flask_gateway/" not in said, said
