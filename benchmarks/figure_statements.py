@@ -327,7 +327,6 @@ def figure_million(args: argparse.Namespace, folder: Path, cluster: Any) -> None
     small, large = (counts[rows] for rows in sizes)
     equal = small == large
     _print_counts("PostgreSQL", sizes, small, large, BOUNDS)
-    print(f"[5] PostgreSQL: counts equal at both sizes: {'met' if equal else 'NOT MET'}", flush=True)
 
     # The plans at the larger size: every statement of the three operations, and reconcile's claims.
     big = harnesses[sizes[-1]]
@@ -336,6 +335,7 @@ def figure_million(args: argparse.Namespace, folder: Path, cluster: Any) -> None
     emulator_engine = _emulator_engine(big)
     statements: dict[tuple[str, str], list[tuple[str, Any]]] = dict(recorders[sizes[-1]].statements)
     claim_times: dict[int, list[float]] = {}
+    claim_counts: dict[str, dict[int, int]] = {}
     for rows in sizes:
         h = harnesses[rows]
         with h.shop.app_context():
@@ -364,8 +364,18 @@ def figure_million(args: argparse.Namespace, folder: Path, cluster: Any) -> None
                         state.session.rollback()  # nothing claimed: the figure changes no row
                     if attempt and not paid:
                         times.append(elapsed)
+                    if attempt == 0:
+                        claim_counts.setdefault(name, {})[rows] = len(sent)
                     if rows == sizes[-1] and attempt == 0 and sent:
                         statements[(name, "shop")] = list(recorder.statements[Recorder.BLOCKS[0]])
+    for name, per_size in claim_counts.items():
+        equal = equal and per_size[sizes[0]] == per_size[sizes[-1]]
+        print(
+            f"[5] PostgreSQL: statements per {name:<12} shop {per_size[sizes[0]]:>3} / "
+            f"{per_size[sizes[-1]]:>3}   ({sizes[0]:,} / {sizes[-1]:,} rows)",
+            flush=True,
+        )
+    print(f"[5] PostgreSQL: counts equal at both sizes: {'met' if equal else 'NOT MET'}", flush=True)
     plans: dict[str, list[dict[str, Any]]] = {}
     scans: list[str] = []
     for (operation, side), recorded in statements.items():
@@ -423,6 +433,7 @@ def figure_million(args: argparse.Namespace, folder: Path, cluster: Any) -> None
         "rows": sizes,
         "load_seconds": {str(k): round(v, 1) for k, v in loads.items()},
         "counts": {str(rows): value for rows, value in counts.items()},
+        "claim_counts": {name: {str(k): v for k, v in c.items()} for name, c in claim_counts.items()},
         "equal": equal,
         "plans": plans,
         "seq_scans_on_big_tables": scans,
