@@ -162,7 +162,9 @@ def _reference(name: str, bare: dict[str, Any], ours: dict[str, Any]) -> dict[st
 def main(argv: list[str] | None = None) -> int:
     """Figure 4 on SQLite only (see the module's docstring)."""
     parser = argparse.ArgumentParser(description="figure 4 on SQLite, with the write queue on, off or both")
-    parser.add_argument("--queue", choices=("on", "off", "both"), default="on")
+    parser.add_argument(
+        "--queue", default="on", help="comma-separated settings of the write queue: on, off, poll (on)"
+    )
     parser.add_argument(
         "--duration", type=float, default=12.0, help="timed seconds per load, all rounds (12)"
     )
@@ -174,16 +176,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2, help="gunicorn threads per worker (2)")
     parser.add_argument("--pool", type=int, default=20_000, help="distinct requests per create run")
     args = parser.parse_args(argv)
-    settings = {"on": ["1"], "off": ["0"], "both": ["0", "1"]}[args.queue]
+    names = {"on": "1", "off": "0", "poll": "poll", "both": "0,1"}
+    settings = ",".join(names.get(part.strip(), part.strip()) for part in args.queue.split(",")).split(",")
     before = os.environ.get(QUEUE_VARIABLE)
     try:
         with tempfile.TemporaryDirectory(prefix="bench-") as scratch:
             folder = Path(scratch)
             for setting in settings:
                 os.environ[QUEUE_VARIABLE] = setting  # the servers' environment (``serve`` passes it on)
-                print(
-                    f"[4] SQLite write queue {'on' if setting == '1' else 'off'} ({QUEUE_VARIABLE}={setting})"
-                )
+                print(f"[4] SQLite write queue: {QUEUE_VARIABLE}={setting}", flush=True)
                 figure_emulator(args, folder, "sqlite", f"sqlite:///{folder / f'emulator-{setting}.sqlite3'}")
                 results["figures"][f"4_emulator_sqlite_queue_{setting}"] = results["figures"].pop(
                     "4_emulator_sqlite"

@@ -166,6 +166,7 @@ def configure_sqlite(
         if (sqlite_queue.queue_enabled() if write_queue is None else write_queue)
         else None
     )
+    poll = sqlite_queue.poll_enabled()
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
@@ -190,7 +191,7 @@ def configure_sqlite(
         elif queue is None:
             connection.exec_driver_sql("BEGIN IMMEDIATE")
         else:
-            sqlite_queue.begin_immediate(connection, queue, busy_timeout_ms)
+            sqlite_queue.begin_immediate(connection, queue, busy_timeout_ms, poll=poll)
 
     engine._flask_gateway_configured = True  # type: ignore[attr-defined]
     engine.dispose()  # connections opened before the listeners existed lack the settings

@@ -38,8 +38,10 @@ from __future__ import annotations
 
 import logging
 import os
+import sqlite3
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable
 from typing import Any, Final
@@ -120,6 +122,12 @@ class WriteQueue:
                 self._holder.wakeup.notify()
             return True
 
+    def _forget(self) -> None:
+        """In a child process just forked: the parent's threads and transactions are not here."""
+        self._lock = threading.Lock()
+        self._holder = None
+        self._waiting = deque()
+
     @property
     def holder_thread(self) -> int | None:
         """The ``threading.get_ident()`` of the thread holding the turn, if any."""
@@ -136,6 +144,8 @@ class WriteQueue:
 
 _QUEUES: dict[str, WriteQueue] = {}
 _QUEUES_LOCK = threading.Lock()
+#: Every queue, those of databases in memory too (for ``_after_fork``).
+_EVERY_QUEUE: weakref.WeakSet[WriteQueue] = weakref.WeakSet()
 
 
 def _database_file(engine: Engine) -> str | None:
@@ -150,12 +160,13 @@ def _database_file(engine: Engine) -> str | None:
 
 def _queue_for(engine: Engine) -> WriteQueue:
     path = _database_file(engine)
-    if path is None:
-        return WriteQueue(f"memory:{id(engine):x}")
     with _QUEUES_LOCK:
-        queue = _QUEUES.get(path)
+        queue = None if path is None else _QUEUES.get(path)
         if queue is None:
-            queue = _QUEUES[path] = WriteQueue(path)
+            queue = WriteQueue(f"memory:{id(engine):x}" if path is None else path)
+            _EVERY_QUEUE.add(queue)
+            if path is not None:
+                _QUEUES[path] = queue
         return queue
 
 
@@ -195,7 +206,9 @@ def _give_back(dbapi_connection: Any) -> None:
         time.sleep(0)  # the GIL to the thread just handed the turn now, not after this one's time slice
 
 
-def begin_immediate(connection: Connection, queue: WriteQueue, busy_timeout_ms: int) -> None:
+def begin_immediate(
+    connection: Connection, queue: WriteQueue, busy_timeout_ms: int, *, poll: bool = False
+) -> None:
     """``BEGIN IMMEDIATE`` on ``connection`` in this thread's turn of ``queue`` (held until it ends)."""
     if queue.holder_thread == threading.get_ident():
         # Re-entrant: this thread's other transaction holds the turn; waiting for it would wait forever.
@@ -217,10 +230,55 @@ def begin_immediate(connection: Connection, queue: WriteQueue, busy_timeout_ms: 
         return
     _hold(dbapi_connection, queue, turn)
     try:
+        if poll:
+            _await_other_processes(dbapi_connection, busy_timeout_ms)
         connection.exec_driver_sql("BEGIN IMMEDIATE")
     except BaseException:
         _give_back(dbapi_connection)
         raise
+
+
+#: Pauses (s) between tries for a write lock another process holds (``FLASK_GATEWAY_SQLITE_QUEUE=poll``).
+_POLL_STEPS: Final = (0.0002, 0.0005, 0.001)
+
+
+def poll_enabled() -> bool:
+    return os.environ.get(QUEUE_ENVIRONMENT_VARIABLE, "").strip().lower() == "poll"
+
+
+def _await_other_processes(dbapi_connection: Any, busy_timeout_ms: int) -> None:
+    """Wait in short steps (not SQLite's growing ones) until no other process holds the write lock."""
+    dbapi_connection.execute("PRAGMA busy_timeout=0")
+    try:
+        deadline = time.monotonic() + busy_timeout_ms / 1000
+        step = 0
+        while True:
+            try:
+                dbapi_connection.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError:
+                if time.monotonic() >= deadline:
+                    return
+                time.sleep(_POLL_STEPS[min(step, len(_POLL_STEPS) - 1)])
+                step += 1
+                continue
+            dbapi_connection.execute("ROLLBACK")
+            return
+    finally:
+        dbapi_connection.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
+
+
+def _after_fork() -> None:
+    """A forked child (gunicorn's workers) starts with no turn held nor waited for: a thread of the parent
+    that held one does not exist in the child, and would otherwise hold up its writers."""
+    global _QUEUES_LOCK, _HELD_LOCK
+    _QUEUES_LOCK, _HELD_LOCK = threading.Lock(), threading.Lock()
+    _HELD.clear()
+    for queue in list(_EVERY_QUEUE):
+        queue._forget()
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows
+    os.register_at_fork(after_in_child=_after_fork)
 
 
 def _releasing(method: Callable[[Any], None]) -> Callable[[Any], None]:

@@ -7,6 +7,9 @@ tests of the ends of a transaction check that another thread can write at once a
 
 from __future__ import annotations
 
+import multiprocessing
+import multiprocessing.queues
+import os
 import sqlite3
 import threading
 import time
@@ -341,6 +344,38 @@ def test_a_turn_never_given_back_holds_writers_up_for_the_busy_timeout_only(make
     assert 0.15 < time.monotonic() - started < PROMPTLY
     assert written(engine) == ["after the timeout"]
     queue.release(leaked[0])  # type: ignore[arg-type]
+
+
+def _write_in_child(url: str, busy_timeout_ms: int, seconds: multiprocessing.queues.Queue[float]) -> None:
+    engine = create_engine(url)
+    configure_sqlite(engine, busy_timeout_ms=busy_timeout_ms)
+    started = time.monotonic()
+    write(engine, "child")
+    seconds.put(time.monotonic() - started)
+    engine.dispose()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork: POSIX only")
+def test_a_forked_child_does_not_wait_for_a_turn_its_parent_held(engine: Engine):
+    """gunicorn forks its workers: a turn a thread of the parent held is not the child's to wait for."""
+    queue = the_queue(engine)
+    engine.dispose()  # no SQLite connection open across the fork (SQLite's own rule)
+    held: list[object] = []  # as a writer thread of the parent would hold it at the fork
+    holder = threading.Thread(target=lambda: held.append(queue.acquire()))
+    holder.start()
+    holder.join(PROMPTLY)
+    turn = held[0]
+    context = multiprocessing.get_context("fork")
+    seconds: multiprocessing.queues.Queue[float] = context.Queue()
+    try:
+        child = context.Process(target=_write_in_child, args=(str(engine.url), 5_000, seconds))
+        child.start()
+        child.join(PROMPTLY * 2)
+    finally:
+        queue.release(turn)  # type: ignore[arg-type]
+    assert child.exitcode == 0
+    assert seconds.get(timeout=1) < 3  # not the 5 s of a turn held by a thread the child does not have
+    assert written(engine) == ["child"]
 
 
 # --- throughput -------------------------------------------------------------------------------------
