@@ -371,7 +371,7 @@ def test_celery_app_has_the_gateways_tasks_and_the_shops_broker(tmp_path: Path) 
     assert result.returncode == 0, result.stderr
     url, tasks, schedule, instance = result.stdout.splitlines()
     assert url == broker
-    assert tasks == "flask_gateway.deliver_outbox flask_gateway.reconcile"
+    assert tasks == "flask_gateway.check_settings flask_gateway.deliver_outbox flask_gateway.reconcile"
     # beat's schedule file is kept out of the working directory (the app's instance folder)
     assert schedule and Path(schedule).is_absolute() and Path(schedule).parent == Path(instance)
 
