@@ -20,7 +20,9 @@ FLOORS = {
     "inbound": 4,  # what the gateway sends: callbacks, v1 outcomes, shoppers coming back
     "payments": 3,  # the money's path: checkouts, transitions, refunds, polling, outbox
     **dict.fromkeys(["state", "urls"], 2),
-    **dict.fromkeys(["clock", "config", "errors", "models", "secrets", "signals", "labels", "signing", "_version"], 1),
+    **dict.fromkeys(
+        ["clock", "config", "errors", "models", "secrets", "signals", "labels", "signing", "_version"], 1
+    ),
     "core": 0,
 }
 

@@ -319,4 +319,6 @@ def test_status_reads_in_words_and_money(installed: Harness) -> None:
     for code in ("PENDING_ORDER", "PAID_PENDING_CALLBACK"):  # the stored details in words too
         assert code not in local
     [line] = invoke(installed, "callbacks").stdout.strip().splitlines()
-    assert line.endswith("  order ORD-1: Awaiting payment \u2192 Paid")  # was: checkout #1: PENDING_ORDER -> PAID
+    assert line.endswith(
+        "  order ORD-1: Awaiting payment \u2192 Paid"
+    )  # was: checkout #1: PENDING_ORDER -> PAID
