@@ -69,6 +69,7 @@ def test_an_order_reference_means_its_most_recent_checkout(
     assert second.token != first.token
 
     resolved = gateway_emulator.resolve("R-2")
+    assert first.token is not None and second.token is not None
     assert resolved == CheckoutRef(
         given="R-2",
         token=second.token,

@@ -21,6 +21,8 @@ from sqlalchemy.exc import OperationalError
 
 import flask_gateway.emulator.views.v1 as emulator_v1
 from flask_gateway import clear_payment_plan_cache, format_instalment_hint
+from flask_gateway.core.wire import V1PaymentPlan
+from flask_gateway.emulator import clock as emulator_clock
 from flask_gateway.errors import ConfigurationError
 from flask_gateway.operations.ratelimit import RateLimit, StorageWatch, make_storage
 from flask_gateway.state import get_state
@@ -60,11 +62,9 @@ def start_again(server: RedisServer) -> None:
         time.sleep(0.05)
 
 
-def _whole_rands(amount_cents: int) -> emulator_v1.V1PaymentPlan:
+def _whole_rands(amount_cents: int) -> V1PaymentPlan:
     each = amount_cents // 300 * 100
-    return emulator_v1.V1PaymentPlan(
-        due_at=emulator_v1.clock.now(), amount=each, excess=amount_cents - 3 * each
-    )
+    return V1PaymentPlan(due_at=emulator_clock.now(), amount=each, excess=amount_cents - 3 * each)
 
 
 @pytest.fixture

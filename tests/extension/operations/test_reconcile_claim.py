@@ -111,7 +111,7 @@ def test_on_a_large_table_the_claim_reads_the_status_index_in_order(installed, d
         session = state.session
         now = utcnow()
         query = claiming._oldest(_due([ACCOUNT], now, now), BATCH_SIZE, paid=False, dialect=databases.backend)
-        compiled = query.compile(dialect=state.engine.dialect, compile_kwargs={"literal_binds": True})
+        compiled = query.compile(dialect=state.engine.dialect, compile_kwargs={"literal_binds": True})  # type: ignore[attr-defined]
         if databases.backend == "postgresql":
             session.execute(text("ANALYZE gateway_checkouts"))
             plan = "\n".join(row[0] for row in session.execute(text(f"EXPLAIN {compiled}")))

@@ -14,6 +14,8 @@ import pytest
 
 import flask_gateway.emulator.views.v1 as emulator_v1
 from flask_gateway import clear_payment_plan_cache, format_instalment_hint
+from flask_gateway.core.wire import V1PaymentPlan
+from flask_gateway.emulator import clock as emulator_clock
 from tests.conftest import Databases
 from tests.extension.conftest import SHOP_URL, Harness, build_harness
 from tests.extension.inbound.inbound_support import return_path
@@ -45,11 +47,9 @@ def test_instalment_hints_for_new_totals_are_limited_per_visitor(
 
     # A gateway whose plans fit no rule (whole rands, the rest with the first) is asked per total: then
     # the limit bounds what one visitor can cause.
-    def whole_rands(amount_cents: int) -> emulator_v1.V1PaymentPlan:
+    def whole_rands(amount_cents: int) -> V1PaymentPlan:
         each = amount_cents // 300 * 100
-        return emulator_v1.V1PaymentPlan(
-            due_at=emulator_v1.clock.now(), amount=each, excess=amount_cents - 3 * each
-        )
+        return V1PaymentPlan(due_at=emulator_clock.now(), amount=each, excess=amount_cents - 3 * each)
 
     monkeypatch.setattr(emulator_v1, "payment_plan", whole_rands)
     clear_payment_plan_cache()

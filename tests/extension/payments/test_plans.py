@@ -15,6 +15,8 @@ import pytest
 
 import flask_gateway.emulator.views.v1 as emulator_v1
 from flask_gateway import clear_payment_plan_cache, format_instalment_hint, payment_plan
+from flask_gateway.core.wire import V1PaymentPlan
+from flask_gateway.emulator import clock as emulator_clock
 from flask_gateway.payments import plans
 from tests.extension.conftest import SHOP_URL, Harness
 from tests.extension.operations.operations_support import spy
@@ -147,11 +149,9 @@ def test_a_rounding_the_rule_cannot_give_is_asked_per_total(
     """A gateway whose answers fit no count (here: whole rands, the rest with the first) is trusted answer by
     answer; each total costs its call (cached for the period), never a plan of ours."""
 
-    def whole_rands(amount_cents: int) -> emulator_v1.V1PaymentPlan:
+    def whole_rands(amount_cents: int) -> V1PaymentPlan:
         each = amount_cents // 300 * 100
-        return emulator_v1.V1PaymentPlan(
-            due_at=emulator_v1.clock.now(), amount=each, excess=amount_cents - 3 * each
-        )
+        return V1PaymentPlan(due_at=emulator_clock.now(), amount=each, excess=amount_cents - 3 * each)
 
     monkeypatch.setattr(emulator_v1, "payment_plan", whole_rands)
     sent = spy(installed)
