@@ -93,6 +93,7 @@ _OTHER_PROJECTS = (
     "ssl",
     "socket",
     "sqlite3",
+    "zoneinfo",
     "random",
     "annotated_types",
 )

@@ -379,7 +379,7 @@ def _send_back(
 @dataclass
 class ScheduledCheck:
     """What :func:`scheduled_check` did: ``ran`` False when another run checked within the period (or
-    nothing is installed); else each account's :class:`AccountCheck`."""
+    nothing is installed); else each account's :class:`~flask_gateway.operations.drift.AccountCheck`."""
 
     ran: bool
     checked_at: datetime
