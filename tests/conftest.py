@@ -180,6 +180,9 @@ def _slow_rank(item: pytest.Item) -> int:
     )
 
 
+# tryfirst: the marks must be there before pytest-xdist's worker reads them (its own implementation of this
+# hook appends ``@group`` to each grouped test's node id, the scope its scheduler groups by).
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Misplaced ``backends`` marks are usage errors: they would silently not do what they say. Tests
     that share an expensive session or module fixture are grouped for pytest-xdist (``XDIST_GROUPS``,
@@ -209,6 +212,37 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             problems.append(f"{item.nodeid}: marked on a pytest.param (mark the test function instead)")
     if problems:
         raise pytest.UsageError(f"@pytest.mark.{BACKENDS_MARK} misplaced:\n  " + "\n  ".join(problems))
+
+
+@pytest.hookimpl(trylast=True, specname="pytest_collection_modifyitems")
+def pytest_collection_modifyitems_xdist_group_ids(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The ``@group`` suffix that pytest-xdist's worker gives a grouped test's node id, made to hold.
+
+    pytest-xdist 3.8 writes it to ``item._nodeid``; since pytest 9.2 the node id is read from the structured
+    ``item._id``, so the suffix was lost and ``--dist loadgroup`` grouped nothing: each group's tests ran on
+    both workers, each starting the session fixture (the wheel and its venv, the reliability stack, the
+    browser) for itself (pytest-dev/pytest-xdist#1386, fixed by #1388, not yet released). Runs after
+    xdist's implementation; does nothing where the suffix is there already (other versions) or when the
+    run is not ``--dist loadgroup``."""
+    if not getattr(config.option, "loadgroup", False):
+        return
+    for item in items:
+        names = sorted(
+            {
+                str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+                for mark in item.iter_markers("xdist_group")
+            }
+        )
+        nodeid = item.nodeid
+        if not names or nodeid.rfind("@") > nodeid.rfind("]"):
+            continue
+        grouped = f"{nodeid}@{'_'.join(names)}"
+        if isinstance(getattr(item, "_id", None), str) or not hasattr(item, "_id"):
+            item._nodeid = grouped  # type: ignore[attr-defined]
+        else:
+            from _pytest.nodeid import NodeId  # pytest >= 9.2
+
+            item._id = NodeId.parse(grouped)  # type: ignore[attr-defined]
 
 
 @pytest.fixture
