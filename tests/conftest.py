@@ -221,7 +221,7 @@ def pytest_collection_modifyitems_xdist_group_ids(config: pytest.Config, items: 
     pytest-xdist 3.8 writes it to ``item._nodeid``; since pytest 9.2 the node id is read from the structured
     ``item._id``, so the suffix was lost and ``--dist loadgroup`` grouped nothing: each group's tests ran on
     both workers, each starting the session fixture (the wheel and its venv, the reliability stack, the
-    browser) for itself (pytest-dev/pytest-xdist#1386, fixed by #1388, not yet released). Runs after
+    browser) for itself (pytest-dev/pytest-xdist#1386; a fix is proposed in #1388). Runs after
     xdist's implementation; does nothing where the suffix is there already (other versions) or when the
     run is not ``--dist loadgroup``."""
     if not getattr(config.option, "loadgroup", False):
