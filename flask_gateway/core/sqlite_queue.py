@@ -26,7 +26,11 @@ a queue in front of ``BEGIN IMMEDIATE`` instead (``install``):
   a connection leaked without being closed) it tries ``BEGIN IMMEDIATE`` once without waiting: SQLite's
   own lock says whether the file is free, and "database is locked" comes after the same time as before.
 - **Across processes** the queue does not reach: writers of several processes (gunicorn workers) still
-  meet in SQLite's busy handler, one per process at a time.
+  meet in SQLite's busy handler, one per process at a time. ``FLASK_GATEWAY_SQLITE_QUEUE=poll`` (an
+  experiment, off by default) makes the thread holding the turn wait for the other processes in short
+  steps (0.2 to 1 ms: a ``BEGIN IMMEDIATE`` tried with no busy timeout, rolled back at once when it
+  succeeds) before its own ``BEGIN IMMEDIATE``, instead of SQLite's steps of up to 100 ms.
+- **A forked child** (gunicorn's workers) starts with every queue empty: the parent's threads are not in it.
 
 The queue only decides the order: SQLite's lock still guarantees one writer, so a turn given back early
 costs a wait in the busy handler, never a wrong write. ``FLASK_GATEWAY_SQLITE_QUEUE=0`` in the environment
