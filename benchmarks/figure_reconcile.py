@@ -289,7 +289,7 @@ def figure_reconcile(args: argparse.Namespace, folder: Path) -> None:
             made_due(session)
             emulator_cpu, shop_cpu = _server_cpu(port), time.process_time()
             started = time.perf_counter()
-            result = reconcile(older_than_seconds=60, concurrency=concurrency)
+            result = reconcile(older_than_seconds=60, concurrency=concurrency, account=SHOP_ACCOUNT)
             seconds = time.perf_counter() - started
             emulator_cpu, shop_cpu = _server_cpu(port) - emulator_cpu, time.process_time() - shop_cpu
             timed = dict(sent)
@@ -304,7 +304,9 @@ def figure_reconcile(args: argparse.Namespace, folder: Path) -> None:
 
             def one_run() -> None:
                 with h.shop.app_context():
-                    reports.append(reconcile(older_than_seconds=60, concurrency=concurrency))
+                    reports.append(
+                        reconcile(older_than_seconds=60, concurrency=concurrency, account=SHOP_ACCOUNT)
+                    )
 
             tracemalloc.start()
             split_started = time.perf_counter()
@@ -324,7 +326,9 @@ def figure_reconcile(args: argparse.Namespace, folder: Path) -> None:
             made_due(session)
             sequential_rows = min(SEQUENTIAL_ROWS, checkouts)
             sequential_started = time.perf_counter()
-            sequential = reconcile(older_than_seconds=60, concurrency=1, limit=sequential_rows)
+            sequential = reconcile(
+                older_than_seconds=60, concurrency=1, limit=sequential_rows, account=SHOP_ACCOUNT
+            )
             sequential_seconds = time.perf_counter() - sequential_started
         finally:
             requests.Session.send = send  # type: ignore[method-assign]
