@@ -9,7 +9,9 @@ numbers included, in ``benchmarks/results/latest.json``. Figures (``--only`` pic
 3. The shop's ``/gateway/callback`` (confirmed with getstatus by the real emulator) under gunicorn on
    PostgreSQL with 100,000 checkouts, vs a minimal endpoint on the same stack that verifies, makes one
    getstatus call to the same emulator, one indexed UPDATE and commits (target >= 0.5x throughput); the
-   one-UPDATE endpoint of the first round printed for reference (figure_callback.py, apps.py).
+   one-UPDATE endpoint of the first round printed for reference (figure_callback.py, apps.py). The same
+   on SQLite (the shop's file and the emulator's, the rows loaded with executemany), with the callback's
+   p99 within 5x its p50 as a second target.
 4. The emulator's create and getstatus vs endpoints doing the same minimal work on the same database and
    table (create: signature, validation, one INSERT, one commit; getstatus: signature, one indexed SELECT,
    a 16-key answer), under gunicorn, on PostgreSQL and on SQLite (target >= 0.5x; create's p99 on SQLite
@@ -64,12 +66,22 @@ for entry in (str(ROOT), str(ROOT / "benchmarks")):
 
 import requests  # noqa: E402
 from emulator_throughput import create_body, free_port  # noqa: E402
-from figure_callback import figure_callback  # noqa: E402
+from figure_callback import figure_callback, figure_callback_sqlite  # noqa: E402
 from figure_emulator import figure_emulator  # noqa: E402
 from figure_plugin import figure_plugin_test  # noqa: E402
 from figure_reconcile import figure_reconcile  # noqa: E402
 from figure_statements import figure_million, figure_statements  # noqa: E402
-from harness import ACCOUNT, _pg_version, _wait_port, postgres, report, results  # noqa: E402
+from harness import (  # noqa: E402
+    ACCOUNT,
+    _pg_version,
+    _wait_port,
+    add_load_options,
+    postgres,
+    report,
+    reported,
+    results,
+    summary,
+)
 
 from flask_gateway.core.signing import sign, verify  # noqa: E402
 from flask_gateway.core.wire import dumps  # noqa: E402
@@ -322,15 +334,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--only", default="1,2,3,4,5,6,7", help="figures to run, by number (all)")
-    parser.add_argument(
-        "--duration", type=float, default=12.0, help="timed seconds per load, all rounds (12)"
-    )
-    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds of baseline and load (3)")
-    parser.add_argument("--warmup", type=float, default=3.0, help="untimed seconds before each (3)")
-    parser.add_argument("--connections", type=int, default=16, help="wrk keep-alive connections (16)")
-    parser.add_argument("--wrk-threads", type=int, default=2, help="wrk threads (2)")
-    parser.add_argument("--workers", type=int, default=4, help="gunicorn worker processes (4)")
-    parser.add_argument("--threads", type=int, default=2, help="gunicorn threads per worker (2)")
+    add_load_options(parser)
     parser.add_argument("--pool", type=int, default=20_000, help="distinct requests per create/callback run")
     parser.add_argument("--rows", type=int, default=100_000, help="existing checkouts for figure 3")
     parser.add_argument("--sign-seconds", type=float, default=2.0)
@@ -378,6 +382,7 @@ def main(argv: list[str] | None = None) -> int:
                 results["machine"]["postgresql"] = _pg_version(cluster)
                 if "3" in wanted:
                     figure_callback(args, folder, cluster)
+                    figure_callback_sqlite(args, folder)
                 if "4" in wanted:
                     emulator_url = cluster.create_database("bench_emulator")
                     figure_emulator(args, folder, "postgresql", emulator_url)
@@ -398,6 +403,8 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
     results["finished_at"] = datetime.now(UTC).isoformat(timespec="seconds")
+    results["summary"] = reported
+    print(f"\nevery figure against its target:\n{summary()}", flush=True)
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(results, indent=2, default=str) + "\n")
     print(f"results written to {args.output}", flush=True)

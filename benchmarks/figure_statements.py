@@ -25,7 +25,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from harness import results
+from harness import record, results
 
 from tests.extension.conftest import ACCOUNT
 
@@ -57,6 +57,14 @@ def figure_statements(args: argparse.Namespace, folder: Path) -> None:
     equal = small == large
     _print_counts("SQLite", args.statement_rows, small, large, BOUNDS)
     print(f"[5] SQLite: counts equal at both sizes: {'met' if equal else 'NOT MET'}", flush=True)
+    sizes_text = " / ".join(f"{rows:,}" for rows in args.statement_rows)
+    record(
+        "5",
+        f"statements per create/poll/callback, SQLite {sizes_text}",
+        "equal" if equal else "differ",
+        "equal",
+        equal,
+    )
     results["figures"]["5_statements"] = {
         "backend": "sqlite",
         "rows": list(args.statement_rows),
@@ -376,6 +384,13 @@ def figure_million(args: argparse.Namespace, folder: Path, cluster: Any) -> None
             flush=True,
         )
     print(f"[5] PostgreSQL: counts equal at both sizes: {'met' if equal else 'NOT MET'}", flush=True)
+    record(
+        "5",
+        f"statements per call and claim, PostgreSQL {sizes[0]:,} / {sizes[-1]:,}",
+        "equal" if equal else "differ",
+        "equal",
+        equal,
+    )
     plans: dict[str, list[dict[str, Any]]] = {}
     scans: list[str] = []
     for (operation, side), recorded in statements.items():
@@ -398,6 +413,7 @@ def figure_million(args: argparse.Namespace, folder: Path, cluster: Any) -> None
         f"no Seq Scan on {', '.join(sorted(BIG_TABLES))}: {'met' if no_scan else 'NOT MET'}",
         flush=True,
     )
+    record("5", f"Seq Scan on the big tables at {sizes[-1]:,}", str(len(scans)), "0", no_scan)
 
     latencies = _latencies(args, harnesses, sizes, signed_callback)
     latency_ok = True
@@ -420,6 +436,9 @@ def figure_million(args: argparse.Namespace, folder: Path, cluster: Any) -> None
             f"{sizes[-1]:,}  (p99 {p99[sizes[0]]:.2f} | {p99[sizes[-1]]:.2f} ms)  ratio {ratio:.3f}x "
             f"(target <= {LATENCY_TARGET}x: {'met' if ok else 'NOT MET'})",
             flush=True,
+        )
+        record(
+            "5", f"{name} p50 at {sizes[-1]:,} / at {sizes[0]:,}", f"{ratio:.3f}x", f"<= {LATENCY_TARGET}", ok
         )
     claim_p50 = {rows: statistics.median(values) * 1000 for rows, values in claim_times.items()}
     print(

@@ -34,13 +34,39 @@ API_KEY = "bench-api-key"
 results: dict[str, Any] = {"figures": {}}
 
 
+#: Every figure reported in this run, in order: printed again together by ``summary()`` at the end.
+reported: list[dict[str, Any]] = []
+
+
+def record(key: str, name: str, value: str, target: str, met: bool) -> None:
+    """Keep one figure's verdict for the summary (``report`` does it for the ratios it prints)."""
+    reported.append({"figure": key, "name": name, "value": value, "target": target, "met": met})
+
+
 def report(key: str, name: str, baseline: str, measured: str, ratio: float, target: str, met: bool) -> None:
     verdict = "met" if met else "NOT MET"
+    # A target in milliseconds is met by the time measured, not by the ratio printed beside it.
+    record(key, name, measured.strip() if target.endswith(" ms") else f"{ratio:.3f}x", target, met)
     print(
         f"[{key}] {name:<38} baseline {baseline:>18}  measured {measured:>18}  ratio {ratio:6.3f}x "
         f"(target {target}: {verdict})",
         flush=True,
     )
+
+
+def summary() -> str:
+    """Every figure of the run against its target, one line each, and how many were met."""
+    if not reported:
+        return "no figure was reported"
+    lines = [f"{'fig':<4} {'figure':<64} {'value':>12}  {'target':<12} verdict"]
+    for row in reported:
+        lines.append(
+            f"{row['figure']:<4} {row['name'][:64]:<64} {row['value']:>12}  {row['target']:<12} "
+            f"{'met' if row['met'] else 'NOT MET'}"
+        )
+    met = sum(1 for row in reported if row["met"])
+    lines.append(f"{met} of {len(reported)} targets met")
+    return "\n".join(lines)
 
 
 def _wait_port(port: int, timeout: float = 30) -> None:
@@ -64,6 +90,20 @@ def ensure_wrk() -> str:
     if found is None:
         raise SystemExit("wrk is not installed: run 'make bench' (it installs it) or apt-get install -y wrk")
     return found
+
+
+def add_load_options(parser: argparse.ArgumentParser) -> None:
+    """The options of the loads wrk sends and the gunicorn servers they hit (``bench.py`` and each figure
+    module run alone: one set of defaults)."""
+    parser.add_argument(
+        "--duration", type=float, default=12.0, help="timed seconds per load, all rounds (12)"
+    )
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds of baseline and load (3)")
+    parser.add_argument("--warmup", type=float, default=3.0, help="untimed seconds before each (3)")
+    parser.add_argument("--connections", type=int, default=16, help="wrk keep-alive connections (16)")
+    parser.add_argument("--wrk-threads", type=int, default=2, help="wrk threads (2)")
+    parser.add_argument("--workers", type=int, default=4, help="gunicorn worker processes (4)")
+    parser.add_argument("--threads", type=int, default=2, help="gunicorn threads per worker (2)")
 
 
 def run_wrk(
