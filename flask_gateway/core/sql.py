@@ -10,7 +10,8 @@
 - ``configure_sqlite`` makes SQLite safe under a threaded server: WAL (synchronous=NORMAL), a busy timeout,
   and ``BEGIN IMMEDIATE`` so a transaction that reads then writes holds the write lock from its start
   (SQLite's stand-in for the row locks PostgreSQL takes with ``SELECT ... FOR UPDATE``); the threads of a
-  process that write to one file take turns in order before it (``core.sqlite_queue``).
+  process that write to one file take turns in order before it, and the processes a lock file next to it
+  (``core.sqlite_queue``).
 - ``sqlite_read_transactions`` lets read-only work (a status poll) begin its transactions DEFERRED: readers
   then never wait for, nor hold up, the write lock. Code inside that may write after all calls
   ``begin_writing`` first, which ends the read transaction so that the next one begins IMMEDIATE.
@@ -157,16 +158,16 @@ def configure_sqlite(
 
     With ``write_queue`` (the default unless ``FLASK_GATEWAY_SQLITE_QUEUE=0``) the threads of this process
     that write to the same database file take turns in order before ``BEGIN IMMEDIATE``, rather than
-    retrying in SQLite's busy handler (``core.sqlite_queue``). Writers of other processes still meet in the
-    busy handler."""
+    retrying in SQLite's busy handler, and the turn's holder takes a lock file next to the database that
+    orders the processes' writers too (``core.sqlite_queue``; ``FLASK_GATEWAY_SQLITE_QUEUE`` chooses)."""
     if engine.dialect.name != "sqlite" or getattr(engine, "_flask_gateway_configured", False):
         return
-    queue = (
-        sqlite_queue.install(engine)
-        if (sqlite_queue.queue_enabled() if write_queue is None else write_queue)
-        else None
-    )
-    poll = sqlite_queue.poll_enabled()
+    mode = sqlite_queue.queue_mode()
+    if write_queue is False:
+        mode = sqlite_queue.OFF
+    elif write_queue and mode == sqlite_queue.OFF:
+        mode = sqlite_queue.DEFAULT_MODE
+    queue = None if mode == sqlite_queue.OFF else sqlite_queue.install(engine, mode)
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
@@ -191,7 +192,7 @@ def configure_sqlite(
         elif queue is None:
             connection.exec_driver_sql("BEGIN IMMEDIATE")
         else:
-            sqlite_queue.begin_immediate(connection, queue, busy_timeout_ms, poll=poll)
+            sqlite_queue.begin_immediate(connection, queue, busy_timeout_ms, mode=mode)
 
     engine._flask_gateway_configured = True  # type: ignore[attr-defined]
     engine.dispose()  # connections opened before the listeners existed lack the settings

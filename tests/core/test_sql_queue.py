@@ -7,6 +7,7 @@ tests of the ends of a transaction check that another thread can write at once a
 
 from __future__ import annotations
 
+import fcntl
 import multiprocessing
 import multiprocessing.queues
 import os
@@ -76,8 +77,31 @@ def written(engine: Engine) -> list[str]:
         return list(connection.scalars(select(rows.c.value).order_by(rows.c.id)))
 
 
+def file_locked(path: str | Path) -> bool:
+    """Someone holds an exclusive ``flock`` on ``path`` (another open file than any engine's: flock locks
+    conflict between open files, in one process too)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # closing unlocks
+    return False
+
+
+def lock_file_of(engine: Engine) -> str:
+    file_lock = the_queue(engine).file_lock
+    assert file_lock is not None, "the engine does not use the lock file"
+    return file_lock.path
+
+
 def writes_promptly(engine: Engine, value: str = "other") -> None:
-    """Another thread can write at once: nobody holds the turn (nor SQLite's lock)."""
+    """Another thread can write at once: nobody holds the turn, the lock file (nor SQLite's lock)."""
+    assert not file_locked(lock_file_of(engine)), "the lock file was not given back"
     done = threading.Event()
 
     def other_thread() -> None:
