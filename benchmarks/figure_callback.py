@@ -1,11 +1,21 @@
-"""Figure 3: the shop's ``/gateway/callback`` under gunicorn on PostgreSQL, confirmed with getstatus by the
-real emulator (gunicorn too), against its yardstick (``apps:confirm_app()``); the first round's one-UPDATE
-yardstick (``apps:update_app()``) is run and printed for reference."""
+"""Figure 3: the shop's ``/gateway/callback`` under gunicorn, confirmed with getstatus by the real emulator
+(gunicorn too), against its yardstick (``apps:confirm_app()``); the first round's one-UPDATE yardstick
+(``apps:update_app()``) is run and printed for reference.
+
+``figure_callback``: on PostgreSQL, the rows loaded with ``COPY``. ``figure_callback_sqlite``: the shop on
+a SQLite file (WAL, as the example shop asks with ``GATEWAY_SQLITE_WAL``) and the emulator on a file of
+its own, the rows loaded with ``executemany`` in big transactions; it also prints the callback's p99 / p50
+(target <= 5x, issue 30). ``bench.py --only 3`` runs both; the SQLite one alone, with no PostgreSQL::
+
+    .venv/bin/python benchmarks/figure_callback.py --rows 20000 --duration 6
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Callable
@@ -18,8 +28,10 @@ from harness import (
     ACCOUNT,
     API_KEY,
     Load,
+    add_load_options,
     alternate,
     line,
+    report,
     results,
     throughput_line,
 )
@@ -79,18 +91,126 @@ def _copy_emulator_checkouts(cluster: Any, rows: int, now: Any, paid_at: Any) ->
         conn.execute("ANALYZE emulator_checkouts")
 
 
-def figure_callback(args: argparse.Namespace, folder: Path, cluster: Any) -> None:
+def _copy_shop_checkouts(cluster: Any, rows: int, now: Any) -> None:
+    """``rows`` checkouts on the shop's side, waiting for their payment (``PENDING_ORDER``)."""
     import psycopg
+
+    stamp = now.isoformat()
+    expires = (now + timedelta(hours=1)).isoformat()
+    columns = (
+        "api_version, order_reference, request_id, token, merchant_account_id, status, total_cents, "
+        'paid_cents, refunded_cents, "order", created_at, updated_at, expires_at, flagged'
+    )
+    with (
+        psycopg.connect(host="127.0.0.1", port=cluster.port, user=cluster.user, dbname="bench_shop") as conn,
+        conn.cursor() as cursor,
+        cursor.copy(f"COPY gateway_checkouts ({columns}) FROM STDIN") as copy,
+    ):
+        for n in range(rows):
+            copy.write_row(
+                ("v2", f"B-{n}", f"req-{n}", _token(n), ACCOUNT, "PENDING_ORDER", 79800, 0, 0,
+                 f'{{"reference": "B-{n}"}}', stamp, stamp, expires, False)
+            )  # fmt: skip
+    with psycopg.connect(host="127.0.0.1", port=cluster.port, user=cluster.user, dbname="bench_shop") as conn:
+        conn.execute("ANALYZE gateway_checkouts")
+
+
+#: Rows per ``executemany`` (and per transaction) when loading a SQLite file.
+_BATCH = 20_000
+
+
+def _insert_sqlite(url: str, table: Any, rows: int, row: Any) -> None:
+    """``rows`` rows of ``row(n)`` into ``table`` of the SQLite file at ``url``, in big transactions, then
+    ``ANALYZE`` (what ``COPY`` and ``ANALYZE`` do on PostgreSQL)."""
+    from sqlalchemy import create_engine, insert, text
+
+    engine = create_engine(url)
+    try:
+        statement = insert(table)
+        for start in range(0, rows, _BATCH):
+            with engine.begin() as connection:
+                connection.execute(statement, [row(n) for n in range(start, min(rows, start + _BATCH))])
+        with engine.begin() as connection:
+            connection.execute(text("ANALYZE"))
+    finally:
+        engine.dispose()
+
+
+def _load_sqlite(shop_url: str, emulator_url: str, rows: int, now: Any, paid_at: Any) -> None:
+    """The same checkouts as ``COPY`` loads on PostgreSQL, through the models' tables (their types)."""
+    from flask_gateway.emulator.models import Checkout as EmulatorCheckout
+    from flask_gateway.models import GatewayCheckout
+
+    expires = now + timedelta(hours=1)
+    _insert_sqlite(
+        shop_url,
+        GatewayCheckout.__table__,
+        rows,
+        lambda n: {
+            "api_version": "v2", "order_reference": f"B-{n}", "request_id": f"req-{n}", "token": _token(n),
+            "merchant_account_id": ACCOUNT, "status": "PENDING_ORDER", "total_cents": 79800,
+            "paid_cents": 0, "refunded_cents": 0, "order": {"reference": f"B-{n}"}, "created_at": now,
+            "updated_at": now, "expires_at": expires, "flagged": False,
+        },
+    )  # fmt: skip
+    _insert_sqlite(
+        emulator_url,
+        EmulatorCheckout.__table__,
+        rows,
+        lambda n: {
+            "token": _token(n), "account_id": ACCOUNT, "api_version": 2, "status": "PAID",
+            "request_id": f"req-{n}", "total_cents": 79800, "merchant_order_reference": f"B-{n}",
+            "details": {"merchantOrderReference": f"B-{n}"}, "created_at": now, "updated_at": paid_at,
+            "expires_at": expires, "paid_at": paid_at, "payment_reference": 700_000_000 + n,
+            "refunded_cents": 0,
+        },
+    )  # fmt: skip
+
+
+def figure_callback(args: argparse.Namespace, folder: Path, cluster: Any) -> None:
+    """Figure 3 on PostgreSQL (the rows loaded with ``COPY``)."""
+    url = cluster.create_database("bench_shop")
+    emulator_url = cluster.create_database("bench_callback_emulator")
+
+    def load(rows: int, now: Any, paid_at: Any) -> None:
+        _copy_shop_checkouts(cluster, rows, now)
+        _copy_emulator_checkouts(cluster, rows, now, paid_at)
+
+    _figure(args, folder, "postgresql", url, emulator_url, load, "COPY")
+
+
+def figure_callback_sqlite(args: argparse.Namespace, folder: Path) -> None:
+    """Figure 3 on SQLite: the shop's file and the emulator's, the rows loaded with ``executemany``."""
+    url = f"sqlite:///{folder / 'callback-shop.sqlite3'}"
+    emulator_url = f"sqlite:///{folder / 'callback-emulator.sqlite3'}"
+
+    def load(rows: int, now: Any, paid_at: Any) -> None:
+        _load_sqlite(url, emulator_url, rows, now, paid_at)
+
+    _figure(args, folder, "sqlite", url, emulator_url, load, "executemany")
+
+
+def _rows_label(rows: int) -> str:
+    return f"{rows // 1000}k rows" if rows >= 1000 and rows % 1000 == 0 else f"{rows:,} rows"
+
+
+def _figure(
+    args: argparse.Namespace,
+    folder: Path,
+    backend: str,
+    url: str,
+    emulator_url: str,
+    load: Callable[[int, Any, Any], None],
+    loaded_with: str,
+) -> None:
     from apps import shop_app
-    from sqlalchemy import insert
+    from sqlalchemy import create_engine, insert, text
 
     from flask_gateway.core.timestamps import utcnow
     from flask_gateway.core.wire import CheckoutStatusPayload
     from flask_gateway.models import Installation
     from flask_gateway.state import get_state
 
-    url = cluster.create_database("bench_shop")
-    emulator_url = cluster.create_database("bench_callback_emulator")
     options = ServerOptions(workers=args.workers, threads=args.threads)
     log = folder / "servers.log"
     emulator_env = {
@@ -101,6 +221,7 @@ def figure_callback(args: argparse.Namespace, folder: Path, cluster: Any) -> Non
         "EMULATOR_WORKER": "0",  # no callback is delivered by the emulator here: no worker polling its outbox
     }
     rows = args.rows
+    name = {"postgresql": "PostgreSQL", "sqlite": "SQLite"}[backend]
     with serve("flask_gateway.emulator:create_app()", options, emulator_env, log) as emulator_port:
         gateway_url = f"http://127.0.0.1:{emulator_port}"
         signing_key = _install_emulator(emulator_port)
@@ -108,6 +229,8 @@ def figure_callback(args: argparse.Namespace, folder: Path, cluster: Any) -> Non
         app, db = shop_app(url)
         with app.app_context():
             db.create_all()
+            if backend == "sqlite":  # WAL, as the example shop asks (GATEWAY_SQLITE_WAL): the file's setting
+                db.session.execute(text("PRAGMA journal_mode=WAL"))
             state = get_state()
             now = utcnow()
             db.session.execute(
@@ -130,34 +253,12 @@ def figure_callback(args: argparse.Namespace, folder: Path, cluster: Any) -> Non
             db.engine.dispose()
 
         started = time.perf_counter()
-        stamp = now.isoformat()
-        expires = (now + timedelta(hours=1)).isoformat()
-        columns = (
-            "api_version, order_reference, request_id, token, merchant_account_id, status, total_cents, "
-            'paid_cents, refunded_cents, "order", created_at, updated_at, expires_at, flagged'
-        )
-        with (
-            psycopg.connect(
-                host="127.0.0.1", port=cluster.port, user=cluster.user, dbname="bench_shop"
-            ) as conn,
-            conn.cursor() as cursor,
-            cursor.copy(f"COPY gateway_checkouts ({columns}) FROM STDIN") as copy,
-        ):
-            for n in range(rows):
-                copy.write_row(
-                    ("v2", f"B-{n}", f"req-{n}", _token(n), ACCOUNT, "PENDING_ORDER", 79800, 0, 0,
-                     f'{{"reference": "B-{n}"}}', stamp, stamp, expires, False)
-                )  # fmt: skip
-        with psycopg.connect(
-            host="127.0.0.1", port=cluster.port, user=cluster.user, dbname="bench_shop"
-        ) as conn:
-            conn.execute("ANALYZE gateway_checkouts")
         paid_at = utcnow()
-        _copy_emulator_checkouts(cluster, rows, now, paid_at)
+        load(rows, now, paid_at)
         load_s = time.perf_counter() - started
         print(
-            f"[3] loaded {rows:,} checkouts with COPY in {load_s:.1f} s, on the shop's side (PENDING_ORDER) "
-            "and the emulator's (PAID)",
+            f"[3] {name}: loaded {rows:,} checkouts with {loaded_with} in {load_s:.1f} s, on the shop's side "
+            "(PENDING_ORDER) and the emulator's (PAID)",
             flush=True,
         )
 
@@ -218,21 +319,29 @@ def figure_callback(args: argparse.Namespace, folder: Path, cluster: Any) -> Non
                 args,
             )
     update, confirm, ours = figures["update"], figures["confirm"], figures["callback"]
-    with psycopg.connect(host="127.0.0.1", port=cluster.port, user=cluster.user, dbname="bench_shop") as conn:
-        paid = conn.execute("SELECT count(*) FROM gateway_checkouts WHERE status = 'PAID'").fetchone()
-        logs = conn.execute("SELECT outcome, count(*) FROM gateway_callback_log GROUP BY outcome").fetchall()
+    engine = create_engine(url)
+    try:
+        with engine.connect() as connection:
+            paid = connection.execute(text("SELECT count(*) FROM gateway_checkouts WHERE status = 'PAID'"))
+            paid_rows = paid.scalar_one()
+            logs = connection.execute(
+                text("SELECT outcome, count(*) FROM gateway_callback_log GROUP BY outcome")
+            ).all()
+    finally:
+        engine.dispose()
     print(
-        f"[3] yardstick: verify, getstatus to the emulator, one UPDATE, commit: {confirm['ok_per_s']:,.0f} "
-        f"req/s (p50 {confirm['p50_ms']} ms, p99 {confirm['p99_ms']} ms)",
+        f"[3] yardstick, {name}: verify, getstatus to the emulator, one UPDATE, commit: "
+        f"{confirm['ok_per_s']:,.0f} req/s (p50 {confirm['p50_ms']} ms, p99 {confirm['p99_ms']} ms)",
         flush=True,
     )
     print(
-        f"[3] reference, the first round's yardstick (one UPDATE, commit; no signature, no getstatus): "
-        f"{update['ok_per_s']:,.0f} req/s (p50 {update['p50_ms']} ms, p99 {update['p99_ms']} ms)",
+        f"[3] reference, {name}, the first round's yardstick (one UPDATE, commit; no signature, no "
+        f"getstatus): {update['ok_per_s']:,.0f} req/s (p50 {update['p50_ms']} ms, p99 {update['p99_ms']} ms)",
         flush=True,
     )
-    figure = throughput_line("3", "callback, confirmed, PostgreSQL, 100k rows", confirm, ours)
-    reference = throughput_line("3", "callback vs one-UPDATE (reference)", update, ours)
+    figure = throughput_line("3", f"callback, confirmed, {name}, {_rows_label(rows)}", confirm, ours)
+    suffix = "" if backend == "postgresql" else f", {name}"
+    reference = throughput_line("3", f"callback vs one-UPDATE (reference){suffix}", update, ours)
     figure.update(
         yardstick="verify, one signed getstatus to the emulator (keep-alive), one indexed UPDATE, commit",
         confirm_callbacks=True,
@@ -242,8 +351,47 @@ def figure_callback(args: argparse.Namespace, folder: Path, cluster: Any) -> Non
             "round_ratios": reference["round_ratios"],
         },
         rows=rows,
+        loaded_with=loaded_with,
         load_seconds=round(load_s, 1),
-        paid_rows=paid[0] if paid else 0,
+        paid_rows=paid_rows,
         callback_log=dict(logs),
     )
-    results["figures"]["3_callback"] = figure
+    if backend == "sqlite":
+        spread = ours["p99_ms"] / ours["p50_ms"] if ours["p50_ms"] else float("inf")
+        report(
+            "3",
+            f"callback p99/p50, {name}",
+            f"p50 {ours['p50_ms']} ms",
+            f"p99 {ours['p99_ms']} ms",
+            spread,
+            "<= 5",
+            spread <= 5,
+        )
+        figure["p99_over_p50"] = {"ratio": round(spread, 2), "target": "<= 5", "met": spread <= 5}
+    results["figures"]["3_callback" if backend == "postgresql" else f"3_callback_{backend}"] = figure
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Figure 3 on SQLite only (see the module's description)."""
+    parser = argparse.ArgumentParser(description="figure 3 on SQLite: the shop's callback, its yardstick")
+    add_load_options(parser)
+    parser.add_argument("--pool", type=int, default=20_000, help="distinct requests per callback run")
+    parser.add_argument("--rows", type=int, default=100_000, help="existing checkouts (100,000)")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="bench-") as scratch:
+        figure_callback_sqlite(args, Path(scratch))
+    figure = results["figures"]["3_callback_sqlite"]
+    summary = {
+        "callback": {key: figure["measured"][key] for key in ("ok_per_s", "p50_ms", "p99_ms", "errors")},
+        "yardstick": {key: figure["baseline"][key] for key in ("ok_per_s", "p50_ms", "p99_ms", "errors")},
+        "ratio": figure["ratio"],
+        "p99_over_p50": figure["p99_over_p50"],
+        "paid_rows": figure["paid_rows"],
+        "callback_log": figure["callback_log"],
+    }
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

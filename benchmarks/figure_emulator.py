@@ -4,12 +4,15 @@ with the bare JSON endpoint of the first round printed for reference.
 
 ``bench.py --only 4`` runs it on PostgreSQL and on SQLite. On SQLite alone, with no PostgreSQL cluster::
 
-    .venv/bin/python benchmarks/figure_emulator.py --queue both
+    .venv/bin/python benchmarks/figure_emulator.py --queue off,process,poll,lock
 
-``--queue`` picks SQLite's write queue (``flask_gateway.core.sqlite_queue``) in the servers: ``on`` (the
-default of every engine ``configure_sqlite`` sets up), ``off`` (``FLASK_GATEWAY_SQLITE_QUEUE=0``: writers
-wait in SQLite's busy handler alone, as before issue 30), or ``both``, one after the other, each on a
-database file of its own. The other options are ``bench.py``'s, with its defaults."""
+``--queue`` picks SQLite's write queue (``flask_gateway.core.sqlite_queue``) in the servers, a
+comma-separated list run one after the other, each on a database file of its own (the servers get
+``FLASK_GATEWAY_SQLITE_QUEUE`` from the environment): ``on`` (the default of every engine
+``configure_sqlite`` sets up, ``lock``), ``lock`` (the queue in each process and the lock file the
+processes share), ``process`` (the queue in each process only), ``poll`` (an experiment), ``off``
+(writers wait in SQLite's busy handler alone, as before issue 30). The load options are ``bench.py``'s,
+with its defaults (``harness.add_load_options``)."""
 
 from __future__ import annotations
 
@@ -29,6 +32,7 @@ from harness import (
     ACCOUNT,
     API_KEY,
     Load,
+    add_load_options,
     alternate,
     line,
     report,
@@ -163,20 +167,14 @@ def main(argv: list[str] | None = None) -> int:
     """Figure 4 on SQLite only (see the module's docstring)."""
     parser = argparse.ArgumentParser(description="figure 4 on SQLite, with the write queue on, off or both")
     parser.add_argument(
-        "--queue", default="on", help="comma-separated settings of the write queue: on, off, poll (on)"
+        "--queue",
+        default="on",
+        help="comma-separated settings of the write queue: on, off, process, poll, lock (on)",
     )
-    parser.add_argument(
-        "--duration", type=float, default=12.0, help="timed seconds per load, all rounds (12)"
-    )
-    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds of baseline and load (3)")
-    parser.add_argument("--warmup", type=float, default=3.0, help="untimed seconds before each (3)")
-    parser.add_argument("--connections", type=int, default=16, help="wrk keep-alive connections (16)")
-    parser.add_argument("--wrk-threads", type=int, default=2, help="wrk threads (2)")
-    parser.add_argument("--workers", type=int, default=4, help="gunicorn worker processes (4)")
-    parser.add_argument("--threads", type=int, default=2, help="gunicorn threads per worker (2)")
+    add_load_options(parser)
     parser.add_argument("--pool", type=int, default=20_000, help="distinct requests per create run")
     args = parser.parse_args(argv)
-    names = {"on": "1", "off": "0", "poll": "poll", "both": "0,1"}
+    names = {"on": "1", "off": "0", "both": "0,1"}
     settings = ",".join(names.get(part.strip(), part.strip()) for part in args.queue.split(",")).split(",")
     before = os.environ.get(QUEUE_VARIABLE)
     try:
