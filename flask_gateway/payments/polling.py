@@ -10,6 +10,8 @@ answer to a question sent before the payment) may be stale, so ``apply`` does no
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
@@ -18,13 +20,23 @@ from flask_gateway.core.sql import commit_keeping_loaded
 from flask_gateway.core.timestamps import utcnow
 from flask_gateway.core.wire import CheckoutStatus
 from flask_gateway.models import GatewayCheckout
-from flask_gateway.payments.transitions import RANK, Observation, Transition, apply, lock, rank, send_pending
+from flask_gateway.payments.transitions import (
+    RANK,
+    Observation,
+    Transition,
+    Unchanged,
+    apply,
+    apply_unchanged,
+    lock,
+    rank,
+    send_pending,
+)
 from flask_gateway.state import get_state, leaves_no_transaction
 
 if TYPE_CHECKING:
     from flask_gateway.core.wire import CheckoutStatusPayload
 
-__all__ = ["Polled", "record_answer", "refresh"]
+__all__ = ["Polled", "record_answer", "record_unchanged_answers", "refresh"]
 
 #: The rank of the paid statuses (``transitions.RANK``): the shop's record at or above it has the payment.
 _PAID_RANK: Final = RANK[CheckoutStatus.PAID]
@@ -70,6 +82,50 @@ def record_answer(payload: CheckoutStatusPayload, checkout_id: int, known: str, 
     (its events are in the outbox with the change) and then sends them (``transitions.send_pending``).
     Reconciliation applies the answers its threads gathered this way, several per transaction."""
     session = get_state().session
+    observed, contradiction = _observation(payload, known, source)
+    locked = lock(session, checkout_id)  # apply() reuses this lock (and row) in the same transaction
+    refunded_before, flagged_before = locked.refunded_cents, locked.flagged
+    transition = apply(session, checkout_id, observed, commit=False)
+    polled = transition.checkout
+    polled.last_polled_at = utcnow()
+    if contradiction is not None and not transition.applied:
+        if not polled.flagged:  # the event is written with the flag, delivered after the commit (outbox)
+            transition.queue(signals.checkout_flagged, reason=contradiction, source=source)
+        polled.flagged, polled.flag_reason = True, contradiction
+        transition.flagged, transition.reason = True, contradiction
+    return Polled(transition, refunded_before, flagged_before)
+
+
+def record_unchanged_answers(
+    answers: Sequence[tuple[int, str, CheckoutStatusPayload]],
+    source: str,
+    *,
+    unless: Callable[[Unchanged], bool] | None = None,
+) -> dict[int, Unchanged]:
+    """``record_answer`` of the answers that change nothing, several at once, in the current transaction
+    (``transitions.apply_unchanged``: a few statements for all of them, whatever their number).
+
+    ``answers``: (checkout id, its status as the shop recorded it before the question was sent, the
+    answer). Taken here: an answer naming that status, which the row still has, and nothing else
+    ``apply`` would record (see ``apply_unchanged``); for each, what ``record_answer`` writes: the event
+    ("getstatus: STATUS; no change"), the answer's ``expiresAt``, and ``last_polled_at``. No signal, no
+    flag (an answer naming the known status contradicts nothing). ``unless``: see ``apply_unchanged``.
+    Returns the checkouts recorded; the caller passes the other answers to ``record_answer``.
+    """
+    twice = Counter(checkout_id for checkout_id, _known, _payload in answers)
+    observations = {
+        checkout_id: _observation(payload, known, source)[0]
+        for checkout_id, known, payload in answers
+        if str(payload.checkoutPaymentStatus) == known and twice[checkout_id] == 1
+    }
+    return apply_unchanged(
+        get_state().session, observations, stamp={"last_polled_at": utcnow()}, unless=unless
+    )
+
+
+def _observation(payload: CheckoutStatusPayload, known: str, source: str) -> tuple[Observation, str | None]:
+    """The observation of a getstatus answer, and why it contradicts the payment the shop had recorded
+    (``known``) before asking, or None."""
     status = str(payload.checkoutPaymentStatus)
     contradiction = _contradiction(known, status)
     detail = f"getstatus: {status}" + (f"; {contradiction}" if contradiction else "")
@@ -82,17 +138,7 @@ def record_answer(payload: CheckoutStatusPayload, checkout_id: int, known: str, 
         reported_at=payload.updatedAt,
         detail=detail,
     )
-    locked = lock(session, checkout_id)  # apply() reuses this lock (and row) in the same transaction
-    refunded_before, flagged_before = locked.refunded_cents, locked.flagged
-    transition = apply(session, checkout_id, observed, commit=False)
-    polled = transition.checkout
-    polled.last_polled_at = utcnow()
-    if contradiction is not None and not transition.applied:
-        if not polled.flagged:  # the event is written with the flag, delivered after the commit (outbox)
-            transition.queue(signals.checkout_flagged, reason=contradiction, source=source)
-        polled.flagged, polled.flag_reason = True, contradiction
-        transition.flagged, transition.reason = True, contradiction
-    return Polled(transition, refunded_before, flagged_before)
+    return observed, contradiction
 
 
 def _contradiction(known: str, answered: str) -> str | None:

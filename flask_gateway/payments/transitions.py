@@ -13,18 +13,25 @@ with nothing refunded here settles the one pending refund, or flags the checkout
 not carry the amount). Only ``PAID`` and ``PAID_PENDING_CALLBACK`` confirm a payment: a checkout whose
 first news of a payment is a refund status was refunded before the shop knew of it, so it is never
 confirmed for fulfilment; it is flagged for a person (``checkout_flagged``).
+
+Many observations that change nothing (a reconciliation's answers while the shoppers have not paid yet):
+``apply_unchanged`` records what ``apply`` would for each (the event, the answer's expiry, the poll's time)
+with a few statements for all of them, and leaves every other observation to ``apply``.
 """
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from blinker import Signal
-from sqlalchemy import select
+from sqlalchemy import Table, bindparam, insert, select, update
 from sqlalchemy.orm import Session, object_session
+from sqlalchemy.orm.attributes import set_committed_value
+from sqlalchemy.orm.util import identity_key
 
 from flask_gateway import signals
 from flask_gateway.core.sql import commit_keeping_loaded, storable_text
@@ -45,7 +52,9 @@ __all__ = [
     "RANK",
     "Observation",
     "Transition",
+    "Unchanged",
     "apply",
+    "apply_unchanged",
     "lock",
     "lock_by_token",
     "rank",
@@ -171,20 +180,21 @@ def lock_by_token(session: Session, token: str) -> GatewayCheckout | None:
 
 
 def _mismatch(checkout: GatewayCheckout, observation: Observation) -> str | None:
-    if (
-        observation.merchant_account_id is not None
-        and observation.merchant_account_id != checkout.merchant_account_id
-    ):
+    return _mismatch_of(checkout.merchant_account_id, checkout.total_cents, observation)
+
+
+def _mismatch_of(account: str, total_cents: int, observation: Observation) -> str | None:
+    """Why ``observation`` does not belong to a checkout of ``account`` for ``total_cents``, or None."""
+    if observation.merchant_account_id is not None and observation.merchant_account_id != account:
         return (
-            f"merchant account {observation.merchant_account_id!r} does not match the checkout's "
-            f"{checkout.merchant_account_id!r}"
+            f"merchant account {observation.merchant_account_id!r} does not match the checkout's {account!r}"
         )
     if (
         observation.status in PAID_STATUSES
         and observation.total_cents is not None
-        and observation.total_cents != checkout.total_cents
+        and observation.total_cents != total_cents
     ):
-        return f"total {observation.total_cents} cents does not match the checkout's {checkout.total_cents}"
+        return f"total {observation.total_cents} cents does not match the checkout's {total_cents}"
     return None
 
 
@@ -240,9 +250,7 @@ def apply(session: Session, checkout_id: int, observation: Observation, *, commi
             transition.applied = True
             transition.reason = f"refunded {checkout.refunded_cents} cents in all"
         else:
-            transition.reason = (
-                "no change" if before == observation.status else f"{before} does not move back"
-            )
+            transition.reason = NO_CHANGE if before == observation.status else f"{before} does not move back"
         _record(checkout, now, observation, before, applied=transition.applied, detail=transition.reason)
     if commit:
         # Kept loaded: the signals' receivers (the shop's code) read the checkout without reloading it,
@@ -250,6 +258,110 @@ def apply(session: Session, checkout_id: int, observation: Observation, *, commi
         commit_keeping_loaded(session)
         send_pending(transition)
     return transition
+
+
+#: The detail ``apply`` records for an observation of the status the checkout already has.
+NO_CHANGE: Final = "no change"
+_CHECKOUTS: Final = cast(Table, GatewayCheckout.__table__)
+_EVENTS: Final = cast(Table, CheckoutEvent.__table__)
+
+
+@dataclass(frozen=True)
+class Unchanged:
+    """A checkout an observation found as the shop has it, recorded by :func:`apply_unchanged`: the row as
+    it is after (what ``Transition.checkout`` shows after ``apply`` of the same observation)."""
+
+    checkout_id: int
+    status: str
+    expires_at: datetime | None
+    refunded_cents: int
+    flagged: bool
+
+
+def apply_unchanged(
+    session: Session,
+    observations: Mapping[int, Observation],
+    *,
+    stamp: Mapping[str, Any] | None = None,
+    unless: Callable[[Unchanged], bool] | None = None,
+) -> dict[int, Unchanged]:
+    """``apply`` (``commit=False``) of the observations (by checkout id) that change nothing, in a few
+    statements for all of them; the others are left to ``apply``.
+
+    An observation changes nothing when it says the status the row has (within the statuses this version
+    knows), belongs to the row (account, and total for a paid status: no mismatch to flag), and carries no
+    token, payment URL or refunded amount the row does not have. For those, what ``apply`` records:
+    the event (``applied`` false, detail "no change"), ``expires_at`` where the observation says another
+    one, and the ``stamp`` columns (``last_polled_at`` for a poll), written with one ``SELECT ... FOR
+    UPDATE`` of the rows (by id, in id order), one ``UPDATE`` of ``stamp`` (``WHERE id IN``), one for the
+    ``expires_at`` that moved (when any did) and one ``INSERT`` of the events: no entity loaded, no signal,
+    nothing in the outbox (``apply`` queues none for them either).
+
+    ``unless(row)``: a row the caller wants through ``apply`` after all (e.g. a checkout that must now
+    expire), asked before anything is written. Returns the rows recorded here; the caller applies the
+    other observations with ``apply`` in the same transaction (their rows stay locked; ``apply`` locks and
+    reads them again). Rows of the session's identity map are kept in step (the values written, as
+    committed ones), so an entity read earlier does not show the old ``stamp``.
+    """
+    if not observations:
+        return {}
+    c = _CHECKOUTS.c
+    rows = session.execute(
+        select(
+            c.id,
+            c.status,
+            c.merchant_account_id,
+            c.total_cents,
+            c.token,
+            c.payment_url,
+            c.expires_at,
+            c.refunded_cents,
+            c.flagged,
+        )
+        .where(c.id.in_(sorted(observations)))
+        .order_by(c.id)
+        .with_for_update()
+    ).all()
+    now = utcnow()
+    found: dict[int, Unchanged] = {}
+    moved: list[dict[str, Any]] = []
+    events: list[dict[str, Any]] = []
+    for row in rows:
+        observed = observations[row.id]
+        if not (
+            row.status == observed.status
+            and observed.status in RANK
+            and _mismatch_of(row.merchant_account_id, row.total_cents, observed) is None
+            and not (observed.token and not row.token)
+            and (not observed.payment_url or observed.payment_url == row.payment_url)
+            and (observed.refunded_cents is None or observed.refunded_cents <= row.refunded_cents)
+        ):
+            continue
+        expires_at = row.expires_at if observed.expires_at is None else observed.expires_at
+        unchanged = Unchanged(row.id, row.status, expires_at, row.refunded_cents, row.flagged)
+        if unless is not None and unless(unchanged):
+            continue
+        found[row.id] = unchanged
+        if expires_at != row.expires_at:
+            moved.append({"b_id": row.id, "b_expires_at": expires_at})
+        events.append({"checkout_id": row.id, **_event(now, observed, row.status, False, NO_CHANGE)})
+    if not found:
+        return found
+    if stamp:
+        session.execute(update(_CHECKOUTS).where(c.id.in_(list(found))).values(dict(stamp)))
+    if moved:
+        session.execute(
+            update(_CHECKOUTS).where(c.id == bindparam("b_id")).values(expires_at=bindparam("b_expires_at")),
+            moved,
+        )
+    session.execute(insert(_EVENTS), events)
+    for checkout_id, unchanged in found.items():
+        held = session.identity_map.get(identity_key(GatewayCheckout, checkout_id))
+        if held is not None:
+            for name, value in (stamp or {}).items():
+                set_committed_value(held, name, value)
+            set_committed_value(held, "expires_at", unchanged.expires_at)
+    return found
 
 
 def send_pending(transition: Transition) -> None:
@@ -363,24 +475,29 @@ def _record(
     applied: bool,
     detail: str,
 ) -> None:
-    # The gateway may report a status this version does not know: it is recorded as it came, within the
-    # column (PostgreSQL refuses a longer value, or U+0000, where SQLite would keep it).
-    to_status = storable_text(observation.status, STATUS_LENGTH)
-    reported = f"status as reported: {observation.status!r}" if to_status != observation.status else ""
-    text = "; ".join(part for part in (observation.detail, detail, reported) if part)
     # Through the event's side of the relationship: the checkout's event list is not loaded to add one
     # (appending to ``checkout.events`` would read every earlier event of the checkout first).
     session = object_session(checkout)
     if session is None:  # pragma: no cover - apply() always works on a row it loaded
         raise RuntimeError("the checkout is not in a session")
-    session.add(
-        CheckoutEvent(
-            checkout=checkout,
-            at=now,
-            source=observation.source,
-            from_status=before,
-            to_status=to_status,
-            applied=applied,
-            detail=storable_text(text),
-        )
-    )
+    session.add(CheckoutEvent(checkout=checkout, **_event(now, observation, before, applied, detail)))
+
+
+def _event(
+    now: datetime, observation: Observation, before: str, applied: bool, detail: str
+) -> dict[str, Any]:
+    """The columns of the event recording ``observation`` (but its checkout), for ``_record`` and
+    ``apply_unchanged`` alike."""
+    # The gateway may report a status this version does not know: it is recorded as it came, within the
+    # column (PostgreSQL refuses a longer value, or U+0000, where SQLite would keep it).
+    to_status = storable_text(observation.status, STATUS_LENGTH)
+    reported = f"status as reported: {observation.status!r}" if to_status != observation.status else ""
+    text = "; ".join(part for part in (observation.detail, detail, reported) if part)
+    return {
+        "at": now,
+        "source": observation.source,
+        "from_status": before,
+        "to_status": to_status,
+        "applied": applied,
+        "detail": storable_text(text),
+    }

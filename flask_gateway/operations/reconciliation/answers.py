@@ -5,6 +5,11 @@ checkout past its ``expiresAt`` (more than a minute, for clock skew), the checko
 here (DESIGN §3). A payment reported later still moves it on (and flags it for review). What a poll of a
 paid checkout learns is recorded by ``transitions.apply`` and ``polling.record_answer``.
 
+Most answers of a run change nothing (the shopper has not paid yet): those of a batch are recorded
+together first (``polling.record_unchanged_answers``: the rows locked in one ``SELECT``, one ``UPDATE``, one
+``INSERT`` of their events, what the state machine writes for each), the others one by one through the
+state machine (their events, signals and outbox rows as always).
+
 Imports ``claiming`` and ``report`` of the package.
 """
 
@@ -23,8 +28,8 @@ from flask_gateway.core.wire import PAID_STATUSES, PAYMENT_STATUSES, CheckoutSta
 from flask_gateway.core.wire import CheckoutStatus as S
 from flask_gateway.operations.reconciliation.claiming import _Claimed
 from flask_gateway.operations.reconciliation.report import ReconcileError, _NotAsked, _Outcome
-from flask_gateway.payments.polling import record_answer
-from flask_gateway.payments.transitions import Observation, Transition, apply, send_pending
+from flask_gateway.payments.polling import record_answer, record_unchanged_answers
+from flask_gateway.payments.transitions import Observation, Transition, Unchanged, apply, send_pending
 from flask_gateway.state import get_state
 
 log = logging.getLogger("flask_gateway.reconciliation")
@@ -97,6 +102,15 @@ def _apply_answer(claimed: _Claimed, payload: CheckoutStatusPayload) -> tuple[_O
     return outcome, transitions
 
 
+def _expires_now(row: Unchanged) -> bool:
+    """An unchanged ``PENDING_ORDER`` past its ``expiresAt`` (and the grace): ``_apply_answer`` expires it."""
+    return (
+        row.status == S.PENDING_ORDER
+        and row.expires_at is not None
+        and row.expires_at < utcnow() - EXPIRY_GRACE
+    )
+
+
 def _write(
     batch: list[_Answer], claim: Callable[[], list[_Claimed]] | None
 ) -> tuple[list[_Outcome], list[_Claimed]]:
@@ -119,7 +133,22 @@ def _write(
         # not one before each checkout's row lock: the answers are about different checkouts, and nothing
         # one of them does reads what another changed.
         with session.no_autoflush:
+            # The answers that change nothing (most of a run's: the shopper has not paid yet) first, all
+            # in a few statements; the others one by one through the state machine.
+            unchanged = (
+                record_unchanged_answers(
+                    [(claimed.id, claimed.status, answer) for claimed, answer in answered],
+                    "reconcile",
+                    unless=_expires_now,
+                )
+                if answered
+                else {}
+            )
             for claimed, answer in answered:
+                found = unchanged.get(claimed.id)
+                if found is not None:
+                    outcomes.append(_Outcome(paid=claimed.paid, account=claimed.account, status=found.status))
+                    continue
                 outcome, applied = _apply_answer(claimed, answer)
                 outcomes.append(outcome)
                 transitions.extend(applied)

@@ -210,21 +210,33 @@ def test_each_checkout_once_and_the_report_exact(installed: Harness) -> None:
     assert again.polled == 0 and len(gateway.asked) == 60
 
 
+@pytest.mark.parametrize("path", ["state machine", "unchanged in bulk"])
 def test_an_answer_that_does_not_apply_fails_alone(
-    installed: Harness, monkeypatch: pytest.MonkeyPatch
+    installed: Harness, monkeypatch: pytest.MonkeyPatch, path: str
 ) -> None:
     """The answers are applied several per transaction: one that raises is rolled back alone, the others of
-    its batch are applied, and nothing is asked twice."""
+    its batch are applied, and nothing is asked twice. Whether it raises in the state machine (the bulk
+    path off) or in the bulk path of the answers that change nothing (its whole batch rolled back)."""
     tokens = pending(installed, 30)
     broken = tokens[7]
     record_answer = polling.record_answer
+    record_unchanged = polling.record_unchanged_answers
 
     def flaky(payload: Any, checkout_id: int, known: str, source: str) -> Any:
         if payload.checkoutToken == broken:
             raise RuntimeError("cannot apply")
         return record_answer(payload, checkout_id, known, source)
 
-    monkeypatch.setattr(answers, "record_answer", flaky)
+    def flaky_bulk(said: list[tuple[int, str, Any]], *args: Any, **kwargs: Any) -> Any:
+        if any(payload.checkoutToken == broken for _id, _known, payload in said):
+            raise RuntimeError("cannot apply")
+        return record_unchanged(said, *args, **kwargs)
+
+    if path == "state machine":
+        monkeypatch.setattr(answers, "record_unchanged_answers", lambda *_args, **_kwargs: {})
+        monkeypatch.setattr(answers, "record_answer", flaky)
+    else:
+        monkeypatch.setattr(answers, "record_unchanged_answers", flaky_bulk)
     gateway = stub(installed, StubGateway(delay=0.002))
     report = run(installed, concurrency=4)
     assert (report.polled, report.failed) == (29, 1)
@@ -236,9 +248,14 @@ def test_an_answer_that_does_not_apply_fails_alone(
     assert events == {token: 1 if token == broken else 2 for token in tokens}
 
 
+@pytest.mark.parametrize("path", ["state machine", "unchanged in bulk"])
 @pytest.mark.parametrize("concurrency", [1, 4])
 def test_a_database_outage_stops_the_run_without_a_traceback_per_checkout(
-    installed: Harness, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, concurrency: int
+    installed: Harness,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    concurrency: int,
+    path: str,
 ) -> None:
     """Applying each answer alone would fail the same way: the run stops at once (``flask gateway
     reconcile`` says so in one line) and the next run asks again."""
@@ -249,8 +266,15 @@ def test_a_database_outage_stops_the_run_without_a_traceback_per_checkout(
         tried.append(payload.checkoutToken)
         raise OperationalError("UPDATE", {}, Exception("server closed the connection unexpectedly"))
 
+    def away_in_bulk(said: list[tuple[int, str, Any]], *_args: Any, **_kwargs: Any) -> Any:
+        return away(said[0][2])
+
     stub(installed, StubGateway())
-    monkeypatch.setattr(answers, "record_answer", away)
+    if path == "state machine":
+        monkeypatch.setattr(answers, "record_unchanged_answers", lambda *_args, **_kwargs: {})
+        monkeypatch.setattr(answers, "record_answer", away)
+    else:
+        monkeypatch.setattr(answers, "record_unchanged_answers", away_in_bulk)
     with pytest.raises(OperationalError, match="server closed the connection"):
         run(installed, concurrency=concurrency)
     assert len(tried) == 1  # not once more per checkout of the batch, nor for the next checkouts
