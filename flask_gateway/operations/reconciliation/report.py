@@ -3,7 +3,8 @@
 With several merchant accounts the report also holds one :class:`AccountReport` per account the run
 covered, and its summary says per account what happened; with one account it reads as it always did.
 
-Imports no other module of the package.
+Imports no other module of the package. Statuses are shown in the words of ``flask_gateway.labels``, with
+their codes.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime
+
+from flask_gateway.labels import status_label
 
 
 @dataclass(frozen=True)
@@ -190,7 +193,14 @@ class ReconcileReport:
 
 
 def _counted(statuses: Counter[str]) -> str:
-    return ", ".join(f"{name} {count}" for name, count in sorted(statuses.items()))
+    """``Awaiting payment (PENDING_ORDER): 2, Expired (EXPIRED): 1``: each status in the words of
+    ``flask_gateway.labels`` with its code (what the gateway, the logs and ``--status`` say), by code."""
+    return ", ".join(f"{_status(code)}: {count}" for code, count in sorted(statuses.items()))
+
+
+def _status(code: str) -> str:
+    label = status_label(code)
+    return code if label.text == code else f"{label.text} ({code})"
 
 
 class _NotAsked(Exception):

@@ -80,7 +80,7 @@ def test_reconcile_command(installed):
     assert "Polled 1 of 1 due checkout(s): 1 changed, 1 payment(s) confirmed, 0 expired, 0 failed." in (
         result.output
     )
-    assert "Statuses now: PAID_PENDING_CALLBACK 1" in result.output
+    assert "Statuses now: Paid - confirming (PAID_PENDING_CALLBACK): 1" in result.output
     with installed.shop.app_context():
         assert load(installed, checkout_id).status == "PAID_PENDING_CALLBACK"
 

@@ -11,6 +11,7 @@ from sqlalchemy import update
 
 from flask_gateway import create_checkout, signals
 from flask_gateway.core.timestamps import format_timestamp, utcnow
+from flask_gateway.labels import describe_detail
 from flask_gateway.models import GatewayCheckout
 from flask_gateway.operations.reconciliation import ReconcileReport, reconcile
 from flask_gateway.state import get_state
@@ -261,3 +262,21 @@ def test_other_accounts_are_skipped(installed):
     report = run(installed)
     assert (report.polled, report.other_account) == (0, 1)
     assert checkout_id
+
+
+def test_the_summary_names_each_status_in_words_with_its_code() -> None:
+    """The statuses as the admin and the CLI word them, with the code an operator greps for; a status this
+    version does not know as its code alone; and the heartbeat's detail (shown through describe_detail)
+    says each once."""
+    report = ReconcileReport(started_at=utcnow(), paid_window_hours=72)
+    report.statuses.update({"PENDING_ORDER": 2, "PAID_PENDING_CALLBACK": 1, "NEW_STATUS": 1})
+    report.paid_statuses.update({"FULLY_REFUNDED": 1})
+    lines = report.summary().splitlines()
+    assert lines[1] == (
+        "Statuses now: NEW_STATUS: 1, Paid - confirming (PAID_PENDING_CALLBACK): 1, "
+        "Awaiting payment (PENDING_ORDER): 2"
+    )
+    assert lines[2].endswith(" Statuses now: Refunded (FULLY_REFUNDED): 1")
+    assert describe_detail(lines[1]) == (
+        "Statuses now: NEW_STATUS: 1, Paid - confirming: 1, Awaiting payment: 2"
+    )

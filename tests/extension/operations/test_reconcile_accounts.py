@@ -272,7 +272,7 @@ def test_one_account_reads_as_before(harness: Harness) -> None:
     assert list(report.accounts) == [ACCOUNT] and report.accounts[ACCOUNT].default
     assert report.summary().splitlines() == [
         "Polled 1 of 1 due checkout(s): 0 changed, 0 payment(s) confirmed, 0 expired, 0 failed.",
-        "Statuses now: PENDING_ORDER 1",
+        "Statuses now: Awaiting payment (PENDING_ORDER): 1",
         "Checked 0 of 0 paid checkout(s) due from the last 72 hour(s): 0 changed, 0 failed.",
     ]
 

@@ -141,7 +141,7 @@ def test_a_refund_made_at_the_gateway_in_two_parts_shows_up_in_one_run(installed
         summary = report.summary()
         assert (
             "Checked 1 of 1 paid checkout(s) due from the last 72 hour(s): 1 changed, 0 failed. "
-            "Statuses now: FULLY_REFUNDED 1" in summary
+            "Statuses now: Refunded (FULLY_REFUNDED): 1" in summary
         )
         assert f"Refunds learnt from the gateway: 1 checkout(s), {TOTAL} cents recorded" in summary
 
@@ -535,7 +535,7 @@ def test_the_command_says_what_the_paid_checkouts_told(installed: Harness) -> No
     assert "Polling checkouts" in result.output  # the progress bar counts the paid checkouts too
     assert (
         "Checked 1 of 1 paid checkout(s) due from the last 72 hour(s): 1 changed, 0 failed. "
-        "Statuses now: FULLY_REFUNDED 1" in result.output
+        "Statuses now: Refunded (FULLY_REFUNDED): 1" in result.output
     )
     assert f"Refunds learnt from the gateway: 1 checkout(s), {TOTAL} cents recorded" in result.output
     with installed.shop.app_context():
