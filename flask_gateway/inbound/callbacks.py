@@ -72,11 +72,11 @@ from __future__ import annotations
 
 import hmac
 import json
+from dataclasses import dataclass
 from typing import Final
 
 from pydantic import ValidationError
 from sqlalchemy import bindparam, select
-from sqlalchemy.orm import Session
 from werkzeug.datastructures import Headers
 
 from flask_gateway.core.auth import ACCOUNT_HEADER, SIGNATURE_HEADER
@@ -90,7 +90,7 @@ from flask_gateway.errors import (
     CallbackUnauthorized,
 )
 from flask_gateway.inbound.applying import CallbackResult, _process
-from flask_gateway.inbound.claims import _find
+from flask_gateway.inbound.claims import _find, _Found
 from flask_gateway.inbound.intake import (
     _REPLAY,
     _count_against,
@@ -98,6 +98,7 @@ from flask_gateway.inbound.intake import (
     _record_error,
     _refuse_unverified,
     _reject,
+    _statement_by_statement,
 )
 from flask_gateway.models import CallbackLog, CallbackOutcome, GatewayCheckout, Installation
 from flask_gateway.signing import verify
@@ -135,7 +136,7 @@ def process_callback(
                 else f"no merchant account {account[:255]!r} is installed for this callback path"
             ),
         )
-    installed_account, signing_key_encrypted = installed
+    installed_account, signing_key_encrypted = installed.account, installed.signing_key_encrypted
     if account is not None and not hmac.compare_digest(
         account.encode("utf-8", "replace"), installed_account.encode("utf-8")
     ):
@@ -167,13 +168,19 @@ def process_callback(
             f"{SIGNATURE_HEADER} is missing or does not match the body "
             f"(verified with merchant account {installed_account!r}'s key)",
         )
-    return _verified(_new_log(headers, body, client), body, installed_account, signing_key_encrypted, client)
+    return _verified(_new_log(headers, body, client), body, installed, client)
 
 
 #: The account and key that verify a callback about a checkout: the checkout's own account, in one
-#: statement (the token's checkout joined to its account's installation).
+#: statement (the token's checkout joined to its account's installation), with the checkout's id and
+#: status, which the callback needs once verified (``claims._find``'s two columns: not read again).
 _CHECKOUT_KEY: Final = (
-    select(Installation.merchant_account_id, Installation.signing_key_encrypted)
+    select(
+        Installation.merchant_account_id,
+        Installation.signing_key_encrypted,
+        GatewayCheckout.id,
+        GatewayCheckout.status,
+    )
     .join(GatewayCheckout, GatewayCheckout.merchant_account_id == Installation.merchant_account_id)
     .where(
         GatewayCheckout.token == bindparam("token"),
@@ -196,9 +203,27 @@ def _claimed_token(body: bytes) -> str | None:
     return token
 
 
-def _verifying_key(body: bytes, account: str | None) -> tuple[str, str] | None:
-    """(account, encrypted signing key) to verify ``body`` with: its checkout's account; for a token that
-    names none of our checkouts, the path's ``account`` or else the default account. None: no such key."""
+@dataclass(frozen=True)
+class _Key:
+    """The account and encrypted signing key a callback is verified with; and, when they were found by the
+    body's ``checkoutToken`` (its checkout's account), that checkout, read in the same statement."""
+
+    account: str
+    signing_key_encrypted: str
+    token: str | None = None
+    found: _Found | None = None
+
+    def checkout(self, token: str) -> _Found | None:
+        """The v2 checkout with ``token`` (after verification: the payload's token), not read again when
+        the key's statement found it."""
+        if self.found is not None and token == self.token:
+            return self.found
+        return _find(token)
+
+
+def _verifying_key(body: bytes, account: str | None) -> _Key | None:
+    """The key to verify ``body`` with: its checkout's account's; for a token that names none of our
+    checkouts, the path's ``account``'s or else the default account's. None: no such key."""
     state = get_state()
     token = _claimed_token(body)
     if token is not None:
@@ -206,23 +231,9 @@ def _verifying_key(body: bytes, account: str | None) -> tuple[str, str] | None:
             _CHECKOUT_KEY, {"token": token, "environment": state.config.environment}
         ).first()
         if row is not None:
-            return row[0], row[1]
-    return state.installation_key(account)
-
-
-def _statement_by_statement(session: Session) -> None:
-    """Until its next commit or rollback, each statement of ``session`` commits on its own (PostgreSQL:
-    autocommit, so no ``BEGIN`` and ``COMMIT`` round trips).
-
-    For a callback's first steps, up to the log row's commit: they read (the installation, the checkout)
-    and write one row (the log), one statement each, with nothing to undo together; under PostgreSQL's READ
-    COMMITTED each statement saw its own snapshot in the transaction too. The connection's mode is reset
-    when it goes back to the pool, so the transaction that applies the callback (row lock, changes, log
-    outcome) is a transaction as before. Other databases keep the transaction (SQLite: ``BEGIN IMMEDIATE``
-    takes the write lock the log row's INSERT needs, as before).
-    """
-    if not session.in_transaction() and session.get_bind().dialect.name == "postgresql":
-        session.connection(execution_options={"isolation_level": "AUTOCOMMIT"})
+            return _Key(row[0], row[1], token, _Found(id=row[2], status=row[3]))
+    installed = state.installation_key(account)
+    return None if installed is None else _Key(*installed)
 
 
 def replay_callback(log_id: int) -> CallbackResult:
@@ -252,19 +263,17 @@ def replay_callback(log_id: int) -> CallbackResult:
         raise AssertionError("unreachable")  # pragma: no cover
     log = _new_log(Headers(original.headers), body, None)
     log.detail = f"{_REPLAY} #{log_id}"
-    return _verified(log, body, installed[0], installed[1], None)
+    return _verified(log, body, installed, None)
 
 
-def _verified(
-    log: CallbackLog, body: bytes, installed_account: str, signing_key_encrypted: str, client: str | None
-) -> CallbackResult:
+def _verified(log: CallbackLog, body: bytes, installed: _Key, client: str | None) -> CallbackResult:
     """Steps 3 to 5 of a verified callback (stored, parsed, found, confirmed, applied)."""
     state = get_state()
     try:
         payload = CheckoutStatusPayload.from_json(body)
     except ValidationError as exc:
         _reject(CallbackBodyInvalid, log, describe_validation_error(exc), client=client)
-    found = _find(payload.checkoutToken)
+    found = installed.checkout(payload.checkoutToken)
     if found is None:
         _reject(
             CallbackCheckoutUnknown,
@@ -280,7 +289,12 @@ def _verified(
     log_id = log.id
     try:
         result = _process(
-            log, payload, found, installed_account, state.box.decrypt_cached(signing_key_encrypted), client
+            log,
+            payload,
+            found,
+            installed.account,
+            state.box.decrypt_cached(installed.signing_key_encrypted),
+            client,
         )
     except CallbackRejected:
         raise

@@ -7,7 +7,9 @@ Where the counters live (``GATEWAY_RATELIMIT_STORAGE_URI``):
   a shop on several gunicorn workers, or several machines on one database, shares them with no extra
   service. Each count is one short upsert (``INSERT ... ON CONFLICT DO UPDATE ... RETURNING``) on a
   connection of its own, committed at once, whatever the request's own transaction does; PostgreSQL and
-  SQLite (3.35+) are supported.
+  SQLite (3.35+) are supported. A read (is the client over its limit?) is one statement on the request's
+  own connection when the extension's session runs statement by statement there (a callback's first
+  steps on PostgreSQL), else a short read-only transaction on a connection of its own.
 - any storage URI of the ``limits`` library: ``redis://host:6379``, ``memcached://host:11211`` (with
   their client packages installed), or ``memory://`` (one process only: tests).
 
@@ -43,7 +45,7 @@ from limits.storage import Storage, storage_from_string
 from limits.strategies import FixedWindowRateLimiter
 from sqlalchemy import Table, case, delete, select
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from flask_gateway.core.outages import describe_database_error, is_database_outage
@@ -79,6 +81,24 @@ def _engine() -> Engine:
     return engine
 
 
+def _request_connection() -> Connection | None:
+    """The request's own connection, when a read may share it: the extension's session runs statement by
+    statement (PostgreSQL in autocommit: a callback's first steps, ``inbound.intake``), so the read is one
+    statement, committed on its own, with no ``BEGIN``/``COMMIT`` and no second connection from the pool.
+    None otherwise: inside a real transaction a failing read would abort the request's own work, and on
+    SQLite a transaction holds the write lock."""
+    state = get_state(current_app)
+    if state.engine.dialect.name != "postgresql":
+        return None
+    session = state.session
+    if not session.in_transaction():
+        return None
+    connection = session.connection()
+    if connection.get_execution_options().get("isolation_level") != "AUTOCOMMIT":
+        return None
+    return connection
+
+
 def _key(key: str) -> str:
     if len(key) <= _KEY_LENGTH:
         return key
@@ -89,7 +109,9 @@ class DatabaseStorage(Storage):
     """A ``limits`` storage on the current app's database (the ``gateway_rate_limits`` table).
 
     Fixed windows only (``FixedWindowRateLimiter``, Flask-Limiter's default strategy). Every call is its
-    own short transaction on its own connection. On SQLite a connection waits for the write lock: call it
+    own short transaction on its own connection, except a read while the extension's session runs
+    statement by statement on PostgreSQL (:func:`_request_connection`): one statement on that session's
+    connection. On SQLite a connection waits for the write lock: call it
     while the thread's own session holds no transaction (the extension does; Flask-Limiter's check runs in
     ``before_request``, before a view opens one).
     """
@@ -137,10 +159,13 @@ class DatabaseStorage(Storage):
 
     def _row(self, key: str) -> tuple[int, float] | None:
         table = _TABLE
-        with sqlite_read_transactions(), _engine().begin() as connection:
-            row = connection.execute(
-                select(table.c.count, table.c.expires_at).where(table.c.key == _key(key))
-            ).first()
+        query = select(table.c.count, table.c.expires_at).where(table.c.key == _key(key))
+        shared = _request_connection()
+        if shared is not None:
+            row = shared.execute(query).first()
+        else:
+            with sqlite_read_transactions(), _engine().begin() as connection:
+                row = connection.execute(query).first()
         if row is None or row[1] <= time.time():
             return None
         return int(row[0]), float(row[1])
