@@ -47,13 +47,14 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from blinker import Signal
 from flask import current_app
-from sqlalchemy import or_, select, update
+from sqlalchemy import Table, bindparam, or_, select, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
+from sqlalchemy.orm.attributes import set_committed_value
 
 from flask_gateway import signals
 from flask_gateway.core.outages import describe_database_error, is_database_outage
@@ -341,25 +342,80 @@ def _send(event: OutboxEvent, checkout: GatewayCheckout, kwargs: dict[str, Any])
     return None
 
 
+_TABLE: Final = cast(Table, OutboxEvent.__table__)
+
+#: The events whose receivers all returned, marked delivered in one statement (no row read first): only
+#: rows still claimed, i.e. held by a delivery (each delivery claims its events, and only a settling ends
+#: a claim). An event another delivery settled meanwhile (its lease ran out while the receivers ran, and
+#: that delivery took it) is left as that one settled it: not counted twice, and delivered again later if
+#: that attempt failed (at least once). ``RETURNING`` says which rows were marked, with their attempts.
+_MARK_DELIVERED: Final = (
+    update(_TABLE)
+    .where(_TABLE.c.id.in_(bindparam("ids", expanding=True)), _TABLE.c.claimed_until.is_not(None))
+    .values(
+        state=OutboxState.DELIVERED.value,
+        attempts=_TABLE.c.attempts + 1,
+        claimed_until=None,
+        delivered_at=bindparam("now", type_=_TABLE.c.delivered_at.type),
+        last_error=None,
+    )
+    .returning(_TABLE.c.id, _TABLE.c.attempts)
+)
+
+
+def _statement_by_statement(session: Session) -> None:
+    """Until its next commit, each statement of ``session`` commits on its own: on PostgreSQL autocommit
+    (no ``BEGIN`` and ``COMMIT`` round trips: the mark of a delivery is one statement, one round trip).
+    The pool resets the connection's mode when the session gives it back. Other databases: unchanged."""
+    if not session.in_transaction() and get_state().engine.dialect.name == "postgresql":
+        session.connection(execution_options={"isolation_level": "AUTOCOMMIT"})
+
+
+def _mark_delivered(session: Session, event_ids: list[int], now: datetime) -> None:
+    """``_MARK_DELIVERED``; the events this session holds get the values written (kept loaded, not
+    dirty: read afterwards without a query)."""
+    marked = {row[0]: row[1] for row in session.execute(_MARK_DELIVERED, {"ids": event_ids, "now": now})}
+    for event_id in event_ids:
+        attempts = marked.get(event_id)
+        if attempts is None:
+            _log.info(
+                "outbox event %s was settled by another delivery while this one ran: left as it is", event_id
+            )
+            continue
+        event = session.identity_map.get(session.identity_key(OutboxEvent, event_id))
+        if event is not None:
+            for name, value in (
+                ("state", OutboxState.DELIVERED.value),
+                ("attempts", attempts),
+                ("claimed_until", None),
+                ("delivered_at", now),
+                ("last_error", None),
+            ):
+                set_committed_value(event, name, value)
+
+
 def _settle(
     outcomes: list[tuple[int, GatewayCheckout, str | None]], report: DeliveryReport, *, again: bool = False
 ) -> None:
-    """Record the attempts in one short transaction; then tell the shop of a fulfilment that died."""
+    """Record the attempts in one short transaction (a delivery whose receivers all returned: one
+    statement); then tell the shop of a fulfilment that died."""
     state = get_state()
     session = state.session
     now = utcnow()
     died: list[tuple[GatewayCheckout, int, str]] = []
+    delivered = [event_id for event_id, _checkout, error in outcomes if error is None]
     try:
+        if delivered and len(delivered) == len(outcomes):
+            _statement_by_statement(session)
+        if delivered:
+            _mark_delivered(session, delivered, now)
+            report.delivered += len(delivered)
         for event_id, checkout, error in outcomes:
+            if error is None:
+                continue
             event = session.get_one(OutboxEvent, event_id, with_for_update=True, populate_existing=True)
             event.attempts += 1
             event.claimed_until = None
-            if error is None:
-                event.state = OutboxState.DELIVERED.value
-                event.delivered_at = now
-                event.last_error = None
-                report.delivered += 1
-                continue
             event.last_error = error
             report.failed += 1
             report.errors.append((event_id, error))
