@@ -15,17 +15,25 @@ spread), wrk getstatus alone again, then two runs of ``reconcile()`` at once on 
 again (the work split, no checkout polled twice; peak memory with ``tracemalloc`` there, as it slows the
 process too much to run during the timed run), then ``concurrency=1`` on a part of them (what a run was
 before the pool).
+
+Alone: ``.venv/bin/python benchmarks/figure_reconcile.py`` (``--help``): ``--reconcile-rows N`` (10,000),
+``--ratio-only`` (the yardstick, reconcile, the yardstick again: the ratio in a minute or two, no bound
+checked), ``--profile FOLDER`` (cProfile of the timed run's thread and of its polling threads).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import queue
+import sys
+import tempfile
 import threading
 import time
 import tracemalloc
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -257,7 +265,8 @@ def figure_reconcile(args: argparse.Namespace, folder: Path) -> None:
                 break
         else:
             raise SystemExit(f"the emulator does not answer getstatus: {warm}")
-        alone = [run_wrk(port, lines, folder, wrk_args, duration=WRK_SECONDS)]
+        ratio_only = getattr(args, "ratio_only", False)
+        alone = [] if ratio_only else [run_wrk(port, lines, folder, wrk_args, duration=WRK_SECONDS)]
 
         requests.Session.send = counted_send  # type: ignore[method-assign]
         urllib3.connectionpool.HTTPConnectionPool._new_conn = counted_conn  # type: ignore[method-assign]
@@ -289,12 +298,18 @@ def figure_reconcile(args: argparse.Namespace, folder: Path) -> None:
             made_due(session)
             emulator_cpu, shop_cpu = _server_cpu(port), time.process_time()
             started = time.perf_counter()
-            result = reconcile(older_than_seconds=60, concurrency=concurrency, account=SHOP_ACCOUNT)
+            with _profiled(getattr(args, "profile", None)):
+                result = reconcile(older_than_seconds=60, concurrency=concurrency, account=SHOP_ACCOUNT)
             seconds = time.perf_counter() - started
             emulator_cpu, shop_cpu = _server_cpu(port) - emulator_cpu, time.process_time() - shop_cpu
             timed = dict(sent)
             sent.clear()
             yardstick()
+            if ratio_only:
+                _print_ratio(
+                    checkouts, concurrency, yardsticks, result, seconds, timed, shop_cpu, emulator_cpu
+                )
+                return
             alone.append(run_wrk(port, lines, folder, wrk_args, duration=WRK_SECONDS))
 
             # Two runs at once, on the same checkouts made due again: the work split, none polled twice.
@@ -436,6 +451,97 @@ def figure_reconcile(args: argparse.Namespace, folder: Path) -> None:
     }
 
 
+def _print_ratio(
+    checkouts: int,
+    concurrency: int,
+    yardsticks: list[YardstickRun],
+    result: Any,
+    seconds: float,
+    timed: dict[str, int],
+    shop_cpu: float,
+    emulator_cpu: float,
+) -> None:
+    """``--ratio-only``: the yardstick, reconcile and their ratio (no reference, no split, no sequential)."""
+    rates = [run.rate for run in yardsticks]
+    rate = result.polled / seconds
+    ratio = rate / (sum(rates) / len(rates))
+    yardstick_cpu = sum(run.cpu_seconds for run in yardsticks) / len(yardsticks)
+    print(
+        f"[6] yardstick {' / '.join(f'{r:,.0f}' for r in rates)} checkouts/s (CPU "
+        f"{yardstick_cpu / checkouts * 1000:.2f} ms per checkout); reconcile {rate:,.0f} checkouts/s "
+        f"({seconds:.1f} s, CPU {shop_cpu / checkouts * 1000:.2f} ms per checkout, the emulator's "
+        f"{emulator_cpu / checkouts * 1000:.2f} ms), {ratio:.3f}x (target >= {TARGET}x); concurrency "
+        f"{concurrency}, {timed.get('requests', 0):,} requests for {checkouts:,} checkouts, polled "
+        f"{result.polled:,}, errors {len(result.errors)}",
+        flush=True,
+    )
+
+
+@contextlib.contextmanager
+def _profiled(folder: Path | None) -> Iterator[None]:
+    """``--profile FOLDER``: cProfile of the run's thread and of each polling thread of the timed run,
+    written to ``FOLDER`` (``run.pstats``, ``polling.pstats``: the threads' merged) and their top functions
+    printed (by own time). Slows the run: its figures are not comparable."""
+    if folder is None:
+        yield
+        return
+    import cProfile
+    import pstats
+
+    from flask_gateway.operations.reconciliation import pool
+
+    folder.mkdir(parents=True, exist_ok=True)
+    threads: list[cProfile.Profile] = []
+    work = pool._work
+
+    def profiled_work(*args: Any) -> None:
+        profile = cProfile.Profile()
+        threads.append(profile)
+        profile.runcall(work, *args)
+
+    pool._work = profiled_work  # type: ignore[assignment]
+    run = cProfile.Profile()
+    run.enable()
+    try:
+        yield
+    finally:
+        run.disable()
+        pool._work = work
+    run.dump_stats(folder / "run.pstats")
+    for name, stats in (("run's thread", pstats.Stats(run)), ("polling threads", pstats.Stats(*threads))):
+        if name == "polling threads":
+            stats.dump_stats(folder / "polling.pstats")
+        print(f"[6] profile, {name}, by own time:", flush=True)
+        stats.sort_stats("tottime").print_stats(25)
+        stats.sort_stats("cumulative").print_stats(25)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Figure 6 alone (see the module's docstring)."""
+    parser = argparse.ArgumentParser(description="figure 6: reconcile against a yardstick doing its work")
+    parser.add_argument("--reconcile-rows", type=int, default=10_000, help="due checkouts (10,000)")
+    parser.add_argument(
+        "--reconcile-concurrency",
+        type=int,
+        default=None,
+        help="the pool of polling threads (GATEWAY_RECONCILE_CONCURRENCY's default)",
+    )
+    parser.add_argument(
+        "--ratio-only",
+        action="store_true",
+        help="only the yardstick, reconcile and the yardstick again (no reference, no bounds): quick",
+    )
+    parser.add_argument("--profile", type=Path, default=None, help="cProfile the timed run into FOLDER")
+    parser.add_argument("--warmup", type=float, default=3.0, help="untimed seconds of wrk first (3)")
+    parser.add_argument("--wrk-threads", type=int, default=2, help="wrk threads (2)")
+    parser.add_argument("--workers", type=int, default=4, help="gunicorn worker processes (4)")
+    parser.add_argument("--threads", type=int, default=2, help="gunicorn threads per worker (2)")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="bench-") as scratch:
+        figure_reconcile(args, Path(scratch))
+    return 0
+
+
 def _server_cpu(port: int) -> float:
     """CPU seconds used so far by the processes serving ``port`` (gunicorn's arbiter and workers; Linux)."""
     import os
@@ -455,3 +561,7 @@ def _server_cpu(port: int) -> float:
             continue
         total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     return total
+
+
+if __name__ == "__main__":
+    sys.exit(main())
