@@ -5,16 +5,22 @@ work, so a request that dies (its worker killed, its connection cut by a databas
 and its retry runs at once.
 
 - **PostgreSQL**: ``pg_try_advisory_xact_lock(<64-bit hash of the key>)`` in the work's transaction, in
-  the same statement that looks for the stored answer. Not acquired: another request with the key is
-  running right now, 409 "still in flight" (the documented answer to a truly concurrent duplicate). The
-  lock ends with the transaction: at the commit, at a rollback, or at once when the connection dies.
-- **SQLite**: the work's transaction began ``BEGIN IMMEDIATE`` (``core.sql.configure_sqlite``) and holds
-  the database's write lock; a concurrent duplicate waits for it (the busy timeout) and then finds the
-  stored answer: a replay.
+  the same statement that looks for the stored answer. For create and refund that is the request's first
+  statement, the request state's (``clock.load_request_state``, ``clock.early_claim``: the account header and
+  the body's ``requestId`` name the key; the outcome is used only for the key the request claims once it
+  is authenticated and valid, and only while that transaction is open), otherwise a statement of its own.
+  Not acquired: another request with the key is running right now, 409 "still in flight" (the documented
+  answer to a truly concurrent duplicate). The lock ends with the transaction: at the commit, at a
+  rollback, or at once when the connection dies.
+- **SQLite**: the work's transaction began ``BEGIN IMMEDIATE`` (``core.sql.configure_sqlite``) at the
+  look-up and holds the database's write lock; a concurrent duplicate waits for it (the busy timeout) and
+  then finds the stored answer: a replay.
 
 Found a stored answer: a replay (``idempotent-replay: true``), or 422 when the body differs. None: the work
-runs, and its changes and the stored answer (the key row) are committed together. An ``ApiProblem`` (4xx)
-is stored and replayed too; any other exception rolls back the work, and no key is left.
+runs, and its changes and the stored answer (the key row) are committed together; work that defers its
+rows (:func:`defer_to_answer`: create) has them written with the key row, on PostgreSQL in one statement.
+An ``ApiProblem`` (4xx) is stored and replayed too; any other exception rolls back the work, and no key is
+left.
 
 The unique constraint on the key is the backstop: work that commits in its middle (an expiry kept while
 the request is refused) ends the lock early, so a duplicate may run beside it; the second of the two to
@@ -28,17 +34,25 @@ from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import Any, Final, cast
 
-from flask import Response
-from sqlalchemy import Table, and_, bindparam, delete, func, insert, literal, select, true
+from flask import Response, g
+from sqlalchemy import Connection, Table, and_, bindparam, delete, func, insert, literal, select, true
 from sqlalchemy.exc import IntegrityError
 
 from flask_gateway.core.signing import canonicalize
 from flask_gateway.emulator import clock
 from flask_gateway.emulator.api import json_response
+from flask_gateway.emulator.clock import lock_key
 from flask_gateway.emulator.models import IdempotencyKey, db
 from flask_gateway.emulator.problems import ApiProblem
 
-__all__ = ["REPLAY_HEADER", "RETENTION", "lock_key", "run_idempotent"]
+__all__ = [
+    "REPLAY_HEADER",
+    "RETENTION",
+    "DeferredWrite",
+    "defer_to_answer",
+    "lock_key",
+    "run_idempotent",
+]
 
 RETENTION: Final = timedelta(hours=24)
 REPLAY_HEADER: Final = "idempotent-replay"
@@ -47,15 +61,6 @@ REPLAY_HEADER: Final = "idempotent-replay"
 def _body_hash(raw: bytes) -> str:
     # Same canonical form as the signature: whitespace differences are the same request.
     return hashlib.sha256(canonicalize(raw)).hexdigest()
-
-
-def lock_key(account_id: str, operation: str, request_id: str) -> int:
-    """The PostgreSQL advisory lock key of an idempotency key: a signed 64-bit hash (``bigint``)."""
-    digest = hashlib.blake2b(
-        b"\x00".join(part.encode() for part in ("emulator-idempotency", account_id, operation, request_id)),
-        digest_size=8,
-    ).digest()
-    return int.from_bytes(digest, "big", signed=True)
 
 
 def run_idempotent(
@@ -79,16 +84,25 @@ def run_idempotent(
     found = _claim(key, body_hash)
     if found is not None:
         return found
+    deferred: list[DeferredWrite] = []
+    g._emulator_deferred_writes = deferred
     try:
         response = work()
     except ApiProblem as problem:
+        deferred.clear()  # the work's rows are not written
         db.session.rollback()  # PostgreSQL: the advisory lock goes with it; stored below all the same
         response = json_response(problem.body(), problem.status, problem.headers)
     except BaseException:
         db.session.rollback()  # the work's changes and the claim end together: a retry runs at once
         raise
+    finally:
+        g._emulator_deferred_writes = None
     try:
-        db.session.connection().execute(_INSERT, _stored(key, body_hash, response))
+        row = _stored(key, body_hash, response)
+        if deferred:
+            deferred[0](db.session.connection(), row)
+        else:
+            db.session.connection().execute(_INSERT, row)
         db.session.commit()
     except IntegrityError:
         # A duplicate stored its answer first (see the module docstring): ours is undone, theirs stands.
@@ -126,6 +140,26 @@ _LOOK_UP: Final = select(true().label("locked"), *_ANSWER_COLUMNS).select_from(_
 _DELETE: Final = delete(_KEYS).where(_KEYS.c.id == bindparam("key_id"))
 
 
+#: Writes the work's rows together with the key row it is given (one statement where the backend allows).
+DeferredWrite = Callable[[Connection, Mapping[str, Any]], object]
+
+
+def defer_to_answer(write: DeferredWrite) -> bool:
+    """Inside :func:`run_idempotent`'s work: let ``write`` make the work's rows when the answer is stored,
+    in the same transaction, given the key row to insert with them (on PostgreSQL one statement does both:
+    one round trip instead of one per row). Returns False outside a claimed key (no ``requestId``, or no
+    :func:`run_idempotent` at all): the caller writes its rows itself, at once.
+
+    The claim is taken before the work as ever (the lock is held while the work runs); only the writes
+    move to its end. The work must read nothing back from the rows it defers.
+    """
+    pending: list[DeferredWrite] | None = g.get("_emulator_deferred_writes")
+    if pending is None or pending:  # not claimed, or a write is already deferred: the caller writes
+        return False
+    pending.append(write)
+    return True
+
+
 def _stored(key: Mapping[str, str], body_hash: str, response: Response) -> dict[str, Any]:
     return {
         **key,
@@ -140,7 +174,10 @@ def _stored(key: Mapping[str, str], body_hash: str, response: Response) -> dict[
 def _claim(key: Mapping[str, str], body_hash: str) -> Response | None:
     """Take the key for this transaction: None (the work may run), or the answer (replay, 409, 422)."""
     connection = db.session.connection()
-    if connection.dialect.name == "postgresql":
+    early = clock.early_claim(key["account_id"], key["operation"], key["request_id"])
+    if early is not None:
+        row: Any = early
+    elif connection.dialect.name == "postgresql":
         params = {**key, "lock_key": lock_key(key["account_id"], key["operation"], key["request_id"])}
         row = connection.execute(_LOCK_AND_LOOK_UP, params).one()
     else:
