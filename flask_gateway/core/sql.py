@@ -10,8 +10,8 @@
 - ``configure_sqlite`` makes SQLite safe under a threaded server: WAL (synchronous=NORMAL), a busy timeout,
   and ``BEGIN IMMEDIATE`` so a transaction that reads then writes holds the write lock from its start
   (SQLite's stand-in for the row locks PostgreSQL takes with ``SELECT ... FOR UPDATE``); the threads of a
-  process that write to one file take turns in order before it, and the processes a lock file next to it
-  (``core.sqlite_queue``).
+  process that write to one file take turns in order before it (``core.sqlite_queue``; with
+  ``FLASK_GATEWAY_SQLITE_QUEUE=lock`` the processes too, through a lock file next to it).
 - ``sqlite_read_transactions`` lets read-only work (a status poll) begin its transactions DEFERRED: readers
   then never wait for, nor hold up, the write lock. Code inside that may write after all calls
   ``begin_writing`` first, which ends the read transaction so that the next one begins IMMEDIATE.
@@ -158,8 +158,8 @@ def configure_sqlite(
 
     With ``write_queue`` (the default unless ``FLASK_GATEWAY_SQLITE_QUEUE=0``) the threads of this process
     that write to the same database file take turns in order before ``BEGIN IMMEDIATE``, rather than
-    retrying in SQLite's busy handler, and the turn's holder takes a lock file next to the database that
-    orders the processes' writers too (``core.sqlite_queue``; ``FLASK_GATEWAY_SQLITE_QUEUE`` chooses)."""
+    retrying in SQLite's busy handler (``core.sqlite_queue``; ``FLASK_GATEWAY_SQLITE_QUEUE=lock`` also
+    orders the processes' writers, through a lock file next to the database)."""
     if engine.dialect.name != "sqlite" or getattr(engine, "_flask_gateway_configured", False):
         return
     mode = sqlite_queue.queue_mode()

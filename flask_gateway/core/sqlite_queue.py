@@ -25,19 +25,20 @@ a queue in front of ``BEGIN IMMEDIATE`` instead (``install``):
 - **Bounded wait.** A thread waits for its turn at most the busy timeout. Then (a turn never given back:
   a connection leaked without being closed) it tries ``BEGIN IMMEDIATE`` once without waiting: SQLite's
   own lock says whether the file is free, and "database is locked" comes after the same time as before.
-- **Across processes: a lock file** (the default, ``lock``). The thread holding its process's turn then
-  takes an exclusive ``flock`` on a file next to the database, ``<database>-writer.lock`` (created when
-  missing, never deleted, opened once per process and file), before its ``BEGIN IMMEDIATE``, and gives it
-  back with the turn, at every end of the transaction. Writers of other processes (gunicorn's workers)
-  wait in the kernel, and are woken as soon as it is given back, instead of sleeping in SQLite's busy
-  handler. The kernel hands a freed lock to whichever waiter runs first: no strict order between
-  processes, but no writer sleeps while the file is free. A process that dies holding the lock loses it
-  (the kernel releases it with the process's descriptors). The wait is bounded by the busy timeout too: a
-  helper thread of the process blocks in ``flock`` for the waiting thread, which waits for it at most the
-  busy timeout and then tries ``BEGIN IMMEDIATE`` once without waiting, as above (a lock the helper gets
-  afterwards for nobody is given back at once). Where the file cannot be opened or locked (a read-only
-  folder, a file system without ``flock``) the writers queue within their process only, with one WARNING
-  per file and process; a database in memory needs no lock file (no other process can open it).
+- **Across processes: a lock file** (``FLASK_GATEWAY_SQLITE_QUEUE=lock``; not the default: on a loaded machine
+  it did not measure better than ``poll``, see docs/performance.md). The thread holding its process's turn
+  then takes an exclusive ``flock`` on a file next to the database, ``<database>-writer.lock`` (created when
+  missing, never deleted, opened once per process and file), before its ``BEGIN IMMEDIATE``, and gives it back
+  with the turn, at every end of the transaction. Writers of other processes (gunicorn's workers) wait in the
+  kernel, and are woken as soon as it is given back, instead of sleeping in SQLite's busy handler. The kernel
+  hands a freed lock to whichever waiter runs first: no strict order between processes, but no writer sleeps
+  while the file is free. A process that dies holding the lock loses it (the kernel releases it with the
+  process's descriptors). The wait is bounded by the busy timeout too: a helper thread of the process blocks
+  in ``flock`` for the waiting thread, which waits for it at most the busy timeout and then tries ``BEGIN
+  IMMEDIATE`` once without waiting, as above (a lock the helper gets afterwards for nobody is given back at
+  once). Where the file cannot be opened or locked (a read-only folder, a file system without ``flock``) the
+  writers queue within their process only, with one WARNING per file and process; a database in memory needs
+  no lock file (no other process can open it).
 - **A forked child** (gunicorn's workers) starts with every queue empty: the parent's threads are not in
   it. It opens the lock file again (a descriptor inherited from the parent would share the parent's lock)
   and closes the inherited one, which leaves the parent's lock alone.
@@ -47,11 +48,12 @@ that use neither (the ``sqlite3`` shell, the shop's own engine, another program)
 lock and its busy handler. A turn or lock given back early costs a wait in the busy handler, never a
 wrong write. ``FLASK_GATEWAY_SQLITE_QUEUE`` in the environment chooses, for the engines configured from
 then on (a diagnostic: to compare, as ``benchmarks/figure_emulator.py --queue`` does): unset, ``1``,
-``on`` or ``true``: the default, ``lock``; ``lock``: the queue and the lock file; ``process``: the queue
-within each process only; ``poll`` (an experiment): the queue, then the thread holding the turn waits for
-the other processes in short steps (0.2 to 1 ms: a ``BEGIN IMMEDIATE`` tried with no busy timeout, rolled
-back at once when it succeeds); ``0``, ``off`` or ``false``: no queue, SQLite's busy handler alone. Any
-other value: the default, with a WARNING.
+``on`` or ``true``: the default, ``process``; ``process``: the queue within each process only (the
+processes' writers meet in SQLite's busy handler); ``lock``: the queue and the lock file; ``poll`` (an
+experiment): the queue, then the thread holding the turn waits for the other processes in short steps
+(0.2 to 1 ms: a ``BEGIN IMMEDIATE`` tried with no busy timeout, rolled back at once when it succeeds);
+``0``, ``off`` or ``false``: no queue, SQLite's busy handler alone. Any other value: the default, with a
+WARNING.
 """
 
 from __future__ import annotations
@@ -104,7 +106,7 @@ POLL: Final = "poll"
 LOCK: Final = "lock"
 MODES: Final = (OFF, PROCESS, POLL, LOCK)
 #: What an unset variable (or ``1``, ``on``, ``true``, ``yes``) means.
-DEFAULT_MODE: Final = LOCK
+DEFAULT_MODE: Final = PROCESS
 #: The lock file is the database file's path with this after it.
 LOCK_FILE_SUFFIX: Final = "-writer.lock"
 _ON: Final = ("", "1", "on", "true", "yes")

@@ -33,6 +33,14 @@ rows = Table("rows", metadata, Column("id", Integer, primary_key=True), Column("
 PROMPTLY = 10.0
 
 
+@pytest.fixture(autouse=True, params=["process", "lock"])
+def queue_setting(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test with the queue in each process only (the default) and with the lock file too."""
+    setting: str = request.param
+    monkeypatch.setenv("FLASK_GATEWAY_SQLITE_QUEUE", setting)
+    return setting
+
+
 @pytest.fixture
 def make_engine(tmp_path: Path) -> Iterator[Callable[..., Engine]]:
     engines: list[Engine] = []
@@ -101,7 +109,9 @@ def lock_file_of(engine: Engine) -> str:
 
 def writes_promptly(engine: Engine, value: str = "other") -> None:
     """Another thread can write at once: nobody holds the turn, the lock file (nor SQLite's lock)."""
-    assert not file_locked(lock_file_of(engine)), "the lock file was not given back"
+    file_lock = the_queue(engine).file_lock
+    if file_lock is not None:
+        assert not file_locked(file_lock.path), "the lock file was not given back"
     done = threading.Event()
 
     def other_thread() -> None:
