@@ -9,8 +9,8 @@ with the bare JSON endpoint of the first round printed for reference.
 ``--queue`` picks SQLite's write queue (``flask_gateway.core.sqlite_queue``) in the servers, a
 comma-separated list run one after the other, each on a database file of its own (the servers get
 ``FLASK_GATEWAY_SQLITE_QUEUE`` from the environment): ``on`` (the default of every engine
-``configure_sqlite`` sets up, ``lock``), ``lock`` (the queue in each process and the lock file the
-processes share), ``process`` (the queue in each process only), ``poll`` (an experiment), ``off``
+``configure_sqlite`` sets up, ``process``), ``process`` (the queue in each process only), ``lock`` (the
+queue in each process and the lock file the processes share), ``poll`` (an experiment), ``off``
 (writers wait in SQLite's busy handler alone, as before issue 30). The load options are ``bench.py``'s,
 with its defaults (``harness.add_load_options``)."""
 
