@@ -72,14 +72,12 @@ def _process(
             times.extend(mine)
 
     workers = [threading.Thread(target=work, args=(number,)) for number in range(threads)]
-    cpu = time.process_time()
     for worker in workers:
         worker.start()
     for worker in workers:
         worker.join()
-    cpu = time.process_time() - cpu
     engine.dispose()
-    out.put((times, cpu))
+    out.put(times)
 
 
 def measure(args: argparse.Namespace, folder: Path, mode: str, run: int) -> dict[str, float]:
@@ -101,16 +99,9 @@ def measure(args: argparse.Namespace, folder: Path, mode: str, run: int) -> dict
     ]
     for process in processes:
         process.start()
-    times: list[float] = []
-    cpu = 0.0
-    for _ in processes:
-        some, seconds = out.get(timeout=args.seconds + 120)
-        times.extend(some)
-        cpu += seconds
+    times = [value for _ in processes for value in out.get(timeout=args.seconds + 120)]
     for process in processes:
         process.join()
-    # CPU beyond the work itself (the spins inside and outside), per transaction: what waiting costs
-    overhead_us = (cpu / len(times) - (args.inside_ms + args.outside_ms) / 1000) * 1e6
     times.sort()
     p50 = statistics.median(times) * 1000
     p99 = times[int(len(times) * 0.99)] * 1000
@@ -120,7 +111,6 @@ def measure(args: argparse.Namespace, folder: Path, mode: str, run: int) -> dict
         "p99_ms": p99,
         "spread": p99 / p50,
         "max_ms": times[-1] * 1000,
-        "cpu_us": overhead_us,
     }
 
 
@@ -145,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(
                     f"round {run + 1} {mode:<8} {figure['per_s']:7.0f} tx/s  p50 {figure['p50_ms']:6.1f} ms  "
                     f"p99 {figure['p99_ms']:7.1f} ms  p99/p50 {figure['spread']:5.1f}x  "
-                    f"max {figure['max_ms']:7.1f} ms  CPU beyond the work {figure['cpu_us']:5.0f} us/tx",
+                    f"max {figure['max_ms']:7.1f} ms",
                     flush=True,
                 )
     print(f"load average at the end: {os.getloadavg()}", flush=True)
@@ -155,8 +145,7 @@ def main(argv: list[str] | None = None) -> int:
             f"  {mode:<8} {statistics.median(f['per_s'] for f in figures):7.0f} tx/s  "
             f"p50 {statistics.median(f['p50_ms'] for f in figures):6.1f} ms  "
             f"p99 {statistics.median(f['p99_ms'] for f in figures):7.1f} ms  "
-            f"p99/p50 {statistics.median(f['spread'] for f in figures):5.1f}x  "
-            f"CPU beyond the work {statistics.median(f['cpu_us'] for f in figures):5.0f} us/tx"
+            f"p99/p50 {statistics.median(f['spread'] for f in figures):5.1f}x"
         )
     return 0
 
