@@ -330,3 +330,21 @@ def test_the_bulk_path_writes_what_the_state_machine_writes(
         for case, one, twin in zip(cases, stored[:half], stored[half:], strict=True):
             assert {c: getattr(twin, c) for c in columns} == {c: getattr(one, c) for c in columns}, case
             assert events_of(twin.id) == events_of(one.id), case
+
+
+def test_a_checkout_loaded_in_the_session_shows_what_the_bulk_path_wrote(installed: Harness) -> None:
+    """The bulk path writes with SQL statements, not through the entity: one the session holds is kept in
+    step (its poll time and expiry), without a read."""
+    with installed.shop.app_context():
+        [row] = checkouts(installed, 1)
+        session = get_state().session
+        held = session.get(GatewayCheckout, row.id)
+        assert held is not None and held.last_polled_at is None
+        later = utcnow() + timedelta(hours=4)
+        said = answer(held.token or "", "PENDING_ORDER", expires=later)
+        found = polling.record_unchanged_answers([(held.id, "PENDING_ORDER", said)], "reconcile")
+        assert list(found) == [held.id]
+        with statements(installed) as seen:
+            assert held.last_polled_at is not None and held.expires_at == later
+        assert seen == []
+        session.commit()
