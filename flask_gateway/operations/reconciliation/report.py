@@ -13,6 +13,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from flask_gateway.core.money import format_money
 from flask_gateway.labels import status_label
 
 
@@ -120,6 +121,8 @@ class ReconcileReport:
     refunded: int = 0
     #: What those refunds add up to, in cents.
     refunded_cents: int = 0
+    #: The shop's currency symbol (``GATEWAY_CURRENCY_SYMBOL``): the summary shows money with it.
+    currency_symbol: str = "R"
     #: Checkouts (of either pass) this run flagged for a person.
     flagged: int = 0
 
@@ -154,8 +157,8 @@ class ReconcileReport:
             lines.append("Paid checkouts not checked (paid window 0).")
         if self.refunded:
             lines.append(
-                f"Refunds learnt from the gateway: {self.refunded} checkout(s), {self.refunded_cents} cents "
-                "recorded (refund_succeeded sent)."
+                f"Refunds learnt from the gateway: {self.refunded} checkout(s), "
+                f"{format_money(self.refunded_cents, self.currency_symbol)} recorded (refund_succeeded sent)."
             )
         if self.flagged:
             lines.append(

@@ -152,7 +152,7 @@ def _reconcile_once(
     concurrency = state.config.reconcile_concurrency if concurrency is None else concurrency
     session = state.session
     started = utcnow()
-    report = ReconcileReport(started_at=started)
+    report = ReconcileReport(started_at=started, currency_symbol=state.config.currency_symbol)
     older_than = timedelta(
         seconds=state.config.reconcile_after_seconds if older_than_seconds is None else older_than_seconds
     )

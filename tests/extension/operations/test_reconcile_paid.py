@@ -143,7 +143,7 @@ def test_a_refund_made_at_the_gateway_in_two_parts_shows_up_in_one_run(installed
             "Checked 1 of 1 paid checkout(s) due from the last 72 hour(s): 1 changed, 0 failed. "
             "Statuses now: Refunded (FULLY_REFUNDED): 1" in summary
         )
-        assert f"Refunds learnt from the gateway: 1 checkout(s), {TOTAL} cents recorded" in summary
+        assert "Refunds learnt from the gateway: 1 checkout(s), R 798.00 recorded" in summary
 
         assert [call["amount_cents"] for call in refunded.calls] == [TOTAL]  # once, the whole amount
         assert len(confirmed) == 0 and len(flagged) == 0
@@ -537,7 +537,7 @@ def test_the_command_says_what_the_paid_checkouts_told(installed: Harness) -> No
         "Checked 1 of 1 paid checkout(s) due from the last 72 hour(s): 1 changed, 0 failed. "
         "Statuses now: Refunded (FULLY_REFUNDED): 1" in result.output
     )
-    assert f"Refunds learnt from the gateway: 1 checkout(s), {TOTAL} cents recorded" in result.output
+    assert "Refunds learnt from the gateway: 1 checkout(s), R 798.00 recorded" in result.output
     with installed.shop.app_context():
         assert load(installed, checkout_id).refunded_cents == TOTAL
     for wrong in (["--paid-window", "-1"], ["--paid-window", "8761"], ["--paid-recheck", "-1"]):
