@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any, Final, cast
 
+from flask import g
 from sqlalchemy import ColumnElement, Connection, Select, Table, bindparam, insert, or_, select
 
 from flask_gateway.core.hosts import is_local_host
@@ -26,6 +27,7 @@ from flask_gateway.core.wire import (
     CheckoutStatus,
     CheckoutStatusPayload,
     CreateCheckoutRequest,
+    CreateOrderDetails,
     OrderDetailsEcho,
     RefundRequest,
     RefundResponse,
@@ -275,7 +277,9 @@ def create(account: Account, request: CreateCheckoutRequest) -> Checkout:
     # The answer is built from the values written: a checkout object outside the session (nothing of it
     # is loaded or flushed again). Its ``id`` is None when the rows are written with the answer (the
     # create's answer does not show it).
-    return Checkout(id=checkout_id, cancelled_at=None, **values)
+    checkout = Checkout(id=checkout_id, cancelled_at=None, **values)
+    g._emulator_created = (checkout, request.order_details)  # for checkout_response, this request only
+    return checkout
 
 
 def _insert_created(
@@ -582,6 +586,9 @@ _REDUCED_ECHO: Final = (
 def checkout_response(checkout: Checkout, base_url: str, *, reduced: bool = False) -> CheckoutResponse:
     """The create/update answer (full echo of the order details) or the cancel answer: a reduced echo and
     no ``expiresAt``, as the gateway's cancel example shows it."""
+    created = None if reduced else g.get("_emulator_created")
+    if created is not None and created[0] is checkout:
+        return _created_response(checkout, created[1], base_url)
     details: dict[str, Any] = dict(checkout.details)
     if reduced:
         echo = OrderDetailsEcho.model_validate({k: details[k] for k in _REDUCED_ECHO if k in details})
@@ -604,6 +611,36 @@ def checkout_response(checkout: Checkout, base_url: str, *, reduced: bool = Fals
         order_details=echo,
         merchantAccountId=checkout.account_id,
     )
+
+
+def _created_response(checkout: Checkout, order: CreateOrderDetails, base_url: str) -> CheckoutResponse:
+    """The answer to the create that made ``checkout`` from ``order`` moments ago: the same models with
+    the same values as :func:`checkout_response` gives, built without validating again what the request's
+    validation produced (``model_construct``: the order's lines, customer and addresses are the request's
+    own validated objects), so the same JSON (``tests/emulator/test_create_cost.py`` compares the two)."""
+    echo: dict[str, Any] = {name: value for name in _ECHOED if (value := getattr(order, name)) is not None}
+    echo.update((name, value) for name, value in (order.model_extra or {}).items() if value is not None)
+    echo["expiresAt"] = checkout.expires_at
+    echo["checkoutPaymentStatus"] = checkout.status
+    return CheckoutResponse.model_construct(
+        requestId=checkout.request_id,
+        checkoutToken=checkout.token,
+        checkoutTotalCents=checkout.total_cents,
+        paymentUrl=payment_url(checkout, base_url),
+        checkoutPaymentStatus=checkout.status,
+        merchantOrderReference=checkout.merchant_order_reference,
+        clickTraceId=checkout.click_trace_id,
+        createdAt=checkout.created_at,
+        updatedAt=checkout.updated_at,
+        expiresAt=checkout.expires_at,
+        cancelledAt=checkout.cancelled_at,
+        order_details=OrderDetailsEcho.model_construct(**echo),
+        merchantAccountId=checkout.account_id,
+    )
+
+
+#: The fields of a create's order details, in their declared order (what ``to_wire`` writes).
+_ECHOED: Final = tuple(CreateOrderDetails.model_fields)
 
 
 def status_payload(checkout: Checkout, base_url: str) -> CheckoutStatusPayload:

@@ -22,10 +22,12 @@ from sqlalchemy import event, func, select, text
 from sqlalchemy.engine import Engine
 from werkzeug.test import TestResponse
 
+from flask_gateway.core.wire.names import OPERATOR, SPEC, WireNames
 from flask_gateway.emulator import api, checkouts, idempotency
 from flask_gateway.emulator.idempotency import lock_key
 from flask_gateway.emulator.models import Checkout, CheckoutEvent, IdempotencyKey, db
 from tests.conftest import new_connection
+from tests.emulator.conftest import make_emulator
 from tests.emulator.support import ACCOUNT, Gateway, create_body
 
 pytestmark = pytest.mark.backends
@@ -245,3 +247,51 @@ def test_a_fault_used_before_the_work_ends_the_early_claim(
     created = installed.signed("/v2/create", create_body())
     assert created.status_code == 200 and "idempotent-replay" not in created.headers
     assert installed.signed("/v2/create", create_body()).headers["idempotent-replay"] == "true"
+
+
+def _bodies() -> list[dict[str, Any]]:
+    full = create_body(request_id="full", orderExpiryMinutes=30)
+    full["clickTraceId"] = "trace-1"
+    details = full["payjustnow"]
+    details["customer"] = {"firstName": "Thandi", "email": "thandi@example.com", "loyalty": {"tier": 2}}
+    details["billingAddress"] = {"addressLine1": "1 Long St", "city": "Cape Town", "postalCode": "8001"}
+    details["shippingAddress"] = {"city": "Durban", "note": "back door"}
+    details["giftWrap"] = True  # unknown fields are kept and echoed, in every object
+    details["orderItems"][0]["colour"] = "red"
+    clashing = create_body(request_id="clash")
+    clashing["payjustnow"].update({"expiresAt": "2030-01-01T00:00:00.000Z", "checkoutPaymentStatus": "PAID"})
+    bare = create_body(request_id=None)
+    del bare["payjustnow"]["orderItems"]
+    return [create_body(request_id="plain"), full, clashing, bare]
+
+
+@pytest.mark.parametrize("names", [OPERATOR, SPEC], ids=["operator", "spec"])
+def test_the_create_answer_is_the_models_answer(
+    database_url: str, names: WireNames, monkeypatch: pytest.MonkeyPatch
+):
+    """The create's answer is built without validating its values again: byte for byte what the wire
+    models give for the stored checkout (``checkout_response``, as update answers)."""
+    app = make_emulator(database_url, wire_names=names)
+    gateway = Gateway(app.test_client())
+    gateway.install()
+    validated: list[object] = []
+    real = checkouts.OrderDetailsEcho.model_validate
+
+    def model_validate(*args: Any, **kwargs: Any) -> Any:
+        validated.append(args)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(checkouts.OrderDetailsEcho, "model_validate", model_validate)
+    for body in _bodies():
+        answer = gateway.signed("/v2/create", body)
+        assert answer.status_code == 200, answer.get_data(as_text=True)
+        assert validated == []  # the echo was not validated again
+        with app.test_request_context(base_url="http://localhost"):
+            token = answer.json["checkoutToken"]
+            stored = db.session.scalars(select(Checkout).where(Checkout.token == token)).one()
+            expected = api.json_response(checkouts.checkout_response(stored, api.base_url())).get_data()
+            db.session.remove()
+        assert answer.get_data() == expected
+        validated.clear()
+    with app.app_context():
+        db.engine.dispose()
