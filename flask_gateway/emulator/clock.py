@@ -43,6 +43,8 @@ _REQUEST_STATE_AND_ACCOUNT: Final = select(_ACCOUNTS, _OFFSET, _ANY_FAULTS).wher
     _ACCOUNTS.c.merchant_account_id == bindparam("account_id")
 )
 
+#: The routes whose transactions are read-only ones (``views/v2.py``: ``operation(..., reads=True)``).
+_READERS: Final = frozenset({"emulator_v2.getstatus"})
 #: The routes whose idempotency key PostgreSQL claims in the request state's query, and their operation.
 _CLAIMED_EARLY: Final = {"emulator_v2.create": "create", "emulator_v2.refund": "refund"}
 _KEYS: Final = cast(Table, IdempotencyKey.__table__)
@@ -158,8 +160,13 @@ def load_request_state(account_id: str | None = None) -> None:
     # SQLite, at the start of a request: read in a transaction of its own, DEFERRED (no write lock), ended
     # at once, so that a writing operation takes the database's write lock only when it starts its work,
     # not while it authenticates and validates the request (every other writer would wait meanwhile).
-    # PostgreSQL: the request's one transaction (a second would cost round trips and gain nothing).
-    apart = not session.in_transaction() and db.engine.dialect.name == "sqlite"
+    # PostgreSQL: the request's one transaction (a second would cost round trips and gain nothing). Nor
+    # for an operation that only reads (getstatus): its transactions take no write lock anyway.
+    apart = (
+        not session.in_transaction()
+        and db.engine.dialect.name == "sqlite"
+        and not (has_request_context() and request.endpoint in _READERS)
+    )
     with sqlite_read_transactions() if apart else nullcontext():
         row = None
         if account_id and "\x00" not in account_id:  # PostgreSQL refuses U+0000 in a query

@@ -295,3 +295,15 @@ def test_the_create_answer_is_the_models_answer(
         validated.clear()
     with app.app_context():
         db.engine.dispose()
+
+
+def test_getstatus_reads_in_one_transaction(installed: Gateway, emulator_app: Flask, database_backend: str):
+    """getstatus only reads: its request state is read in the transaction it reads the checkout in (SQLite:
+    one DEFERRED ``BEGIN``, no second transaction)."""
+    token = installed.create()["checkoutToken"]
+    with counted(emulator_app) as seen:
+        installed.status(token)
+    expected = ["BEGIN"] if database_backend == "sqlite" else []
+    assert seen["statements"][: len(expected)] == expected
+    assert len(seen["statements"]) == len(expected) + 2, seen["statements"]
+    assert seen["checkouts"] == 1
