@@ -18,6 +18,10 @@
   ``tmp_path`` on SQLite, a new database in the session's throwaway cluster (``tests/postgres.py``) on
   PostgreSQL. After the test every engine is disposed and the PostgreSQL databases are dropped.
 - ``database_url`` is the test's main database (``databases.url("main")``).
+- ``databases.url(name, schema=...)``: the database holds the tables of that :class:`Schema` (and no row),
+  as if its app had created them: built once per worker process and backend, then copied for each test
+  (a SQLite file copied; PostgreSQL ``CREATE DATABASE ... TEMPLATE``) instead of every test running the
+  ``CREATE TABLE``s again. The app's own ``create_all`` then finds them there.
 
 The PostgreSQL cluster starts once per session, on first use (``--database=sqlite`` never starts it), and is
 stopped at the end. Missing PostgreSQL binaries fail those tests (``scripts/ensure-system-packages``
@@ -32,10 +36,14 @@ SQLite's own setting: they check what the pytest plugin does to it.
 
 from __future__ import annotations
 
+import atexit
 import re
+import shutil
 import sqlite3
+import tempfile
+import uuid
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -274,6 +282,65 @@ def postgres_cluster() -> Iterator[PostgresCluster]:
         pytest.fail("Some test databases could not be dropped:\n" + "\n".join(cluster.drop_errors))
 
 
+@dataclass(frozen=True)
+class Schema:
+    """The tables an app creates in its empty database (``databases.url(name, schema=...)``).
+
+    ``build(url)`` creates them, as the app does, in the empty database at ``url`` and closes every
+    connection it opened; it writes no row. ``key`` names the schema (one template per key and backend).
+    """
+
+    key: str
+    build: Callable[[str], None]
+
+
+class SchemaTemplates:
+    """Per worker process: each :class:`Schema` built once per backend into a database of its own, the
+    template each test's database is copied from. Nothing connects to a template after its build."""
+
+    def __init__(self) -> None:
+        self._directory: Path | None = None
+        self._sqlite: dict[str, Path] = {}
+
+    def sqlite_copy(self, schema: Schema, target: Path) -> None:
+        """``target`` (a new SQLite file): a copy of the schema's template file."""
+        template = self._sqlite.get(schema.key)
+        if template is None:
+            if self._directory is None:
+                self._directory = Path(tempfile.mkdtemp(prefix="flask-gateway-schemas-"))
+                atexit.register(shutil.rmtree, self._directory, ignore_errors=True)
+            template = self._directory / f"{schema.key}.sqlite3"
+            try:
+                schema.build(f"sqlite:///{template}")
+            except BaseException:
+                template.unlink(missing_ok=True)
+                raise
+            # Everything in the main file (the WAL checkpointed and removed): the copy is the whole database.
+            connection = sqlite3.connect(template)
+            try:
+                connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            finally:
+                connection.close()
+            leftovers = [p.name for p in template.parent.glob(f"{template.name}-*")]
+            assert not leftovers, f"the template {template} is still in use: {leftovers}"
+            self._sqlite[schema.key] = template
+        shutil.copyfile(template, target)
+
+    @staticmethod
+    def postgres_copy(schema: Schema, cluster: PostgresCluster) -> str:
+        """A new database of ``cluster``: a copy of the schema's template database there."""
+        template = cluster.templates.get(schema.key)
+        if template is None:
+            name = f"template_{re.sub(r'[^a-z0-9_]', '_', schema.key.lower())}_{uuid.uuid4().hex[:8]}"
+            schema.build(cluster.create_database(name))
+            template = cluster.templates[schema.key] = name
+        return cluster.create_database(template=template)
+
+
+#: The worker's templates (``Databases.url(name, schema=...)``).
+SCHEMA_TEMPLATES = SchemaTemplates()
+
+
 @dataclass
 class Databases:
     """Fresh databases for one test on one backend; ``url(name)`` creates one per name (then reuses it)."""
@@ -283,11 +350,18 @@ class Databases:
     cluster: PostgresCluster | None
     urls: dict[str, str] = field(default_factory=dict)
 
-    def url(self, name: str = "main") -> str:
+    def url(self, name: str = "main", *, schema: Schema | None = None) -> str:
+        """The database ``name``, created empty on first use; with ``schema`` (on first use), holding that
+        schema's tables and no row (a copy of its template: see :class:`SchemaTemplates`)."""
         if name not in self.urls:
             if self.cluster is None:
                 safe = re.sub(r"[^A-Za-z0-9_.-]", "_", name)
-                self.urls[name] = f"sqlite:///{self.directory / f'{safe}.sqlite3'}"
+                path = self.directory / f"{safe}.sqlite3"
+                if schema is not None:
+                    SCHEMA_TEMPLATES.sqlite_copy(schema, path)
+                self.urls[name] = f"sqlite:///{path}"
+            elif schema is not None:
+                self.urls[name] = SCHEMA_TEMPLATES.postgres_copy(schema, self.cluster)
             else:
                 self.urls[name] = self.cluster.create_database()
         return self.urls[name]

@@ -67,6 +67,8 @@ class PostgresCluster:
     _dropper: threading.Thread | None = None
     #: Databases the background thread could not drop (reported, never raised).
     drop_errors: list[str] = field(default_factory=list)
+    #: Template databases by schema key (``tests/conftest.py``'s ``SchemaTemplates``): never dropped.
+    templates: dict[str, str] = field(default_factory=dict)
 
     @property
     def data_dir(self) -> Path:
@@ -149,10 +151,12 @@ class PostgresCluster:
             )
         return connection
 
-    def create_database(self, name: str | None = None) -> str:
-        """A fresh, empty database; returns its SQLAlchemy URL."""
+    def create_database(self, name: str | None = None, *, template: str | None = None) -> str:
+        """A fresh, empty database; returns its SQLAlchemy URL. ``template``: a copy of that database
+        instead (``CREATE DATABASE ... TEMPLATE``: no connection may be open to it meanwhile)."""
         name = name or f"t_{uuid.uuid4().hex[:16]}"
-        self._admin("create").execute(f'CREATE DATABASE "{name}"')
+        copy_of = f' TEMPLATE "{template}"' if template else ""
+        self._admin("create").execute(f'CREATE DATABASE "{name}"{copy_of}')
         return self.url(name)
 
     def drop_database(self, name: str, *, wait: bool = True) -> None:

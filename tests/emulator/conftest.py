@@ -6,7 +6,9 @@ import pytest
 from flask import Flask
 from flask.testing import FlaskClient
 
+from flask_gateway.core.sql import create_all_safely
 from flask_gateway.emulator import EmulatorSettings, create_app
+from tests.conftest import Databases, Schema
 from tests.emulator.support import Gateway
 
 
@@ -23,9 +25,25 @@ def make_emulator(database_url: str, **settings: object) -> Flask:
     )
 
 
-@pytest.fixture
-def emulator_app(database_url: str) -> Iterator[Flask]:
+def _build_emulator_tables(database_url: str) -> None:
+    """The emulator's tables, as its first request creates them (no account seeded: no row)."""
+    from flask_gateway.emulator.models import db
+
     app = make_emulator(database_url)
+    with app.app_context():
+        create_all_safely(db.engine, db.metadata)
+        db.engine.dispose()
+
+
+#: ``databases.url(name, schema=EMULATOR_TABLES)``: a database with the emulator's tables already there (its
+#: first request then only seeds the accounts).
+EMULATOR_TABLES = Schema("emulator", _build_emulator_tables)
+
+
+@pytest.fixture
+def emulator_app(databases: Databases) -> Iterator[Flask]:
+    """An emulator on the test's main database (``database_url``), its tables there already."""
+    app = make_emulator(databases.url("main", schema=EMULATOR_TABLES))
     yield app
     from flask_gateway.emulator.models import db
 

@@ -22,8 +22,8 @@ from flask_gateway.payments.orders import Address, Customer, OrderDraft, OrderLi
 from flask_gateway.testing import EMULATOR_URL as EMULATOR_URL
 from flask_gateway.testing import SHOP_URL as SHOP_URL
 from flask_gateway.testing import GatewayEmulator, connect
-from tests.conftest import Databases
-from tests.emulator.conftest import make_emulator
+from tests.conftest import Databases, Schema
+from tests.emulator.conftest import EMULATOR_TABLES, make_emulator
 from tests.emulator.support import Gateway as EmulatorDriver
 
 ACCOUNT = "demo-merchant"
@@ -58,6 +58,16 @@ def make_shop(database_url: str, **config: Any) -> tuple[Flask, SQLAlchemy, Gate
     with app.app_context():
         db.create_all()
     return app, db, gateway
+
+
+def _build_shop_tables(database_url: str) -> None:
+    app, db, _ = make_shop(database_url)
+    with app.app_context():
+        db.engine.dispose()
+
+
+#: ``databases.url(name, schema=SHOP_TABLES)``: a database with ``make_shop``'s tables already there.
+SHOP_TABLES = Schema("extension-shop", _build_shop_tables)
 
 
 @dataclass
@@ -119,8 +129,8 @@ def harness(databases: Databases, monkeypatch: pytest.MonkeyPatch) -> Iterator[H
 
 def build_harness(databases: Databases, monkeypatch: pytest.MonkeyPatch, **config: Any) -> Harness:
     """The ``harness`` fixture's wiring, with extra shop configuration (e.g. ``GATEWAY_API_VERSION="v1"``)."""
-    emulator_app = make_emulator(databases.url("emulator"), public_url=EMULATOR_URL)
-    shop, db, gateway = make_shop(databases.url("main"), **config)
+    emulator_app = make_emulator(databases.url("emulator", schema=EMULATOR_TABLES), public_url=EMULATOR_URL)
+    shop, db, gateway = make_shop(databases.url("main", schema=SHOP_TABLES), **config)
     connect(shop, emulator_app)
     return Harness(shop=shop, db=db, gateway=gateway, emulator=EmulatorDriver(emulator_app.test_client()))
 
@@ -131,7 +141,7 @@ def build_harness(databases: Databases, monkeypatch: pytest.MonkeyPatch, **confi
 @pytest.fixture
 def plugin_parts(databases: Databases) -> tuple[Flask, SQLAlchemy, Gateway]:
     """The shop of ``harness`` (``make_shop`` on the test's backend), for the plugin to wire."""
-    return make_shop(databases.url("main"))
+    return make_shop(databases.url("main", schema=SHOP_TABLES))
 
 
 @pytest.fixture
@@ -143,7 +153,7 @@ def gateway_app(plugin_parts: tuple[Flask, SQLAlchemy, Gateway]) -> Flask:
 @pytest.fixture
 def gateway_emulator_database_url(databases: Databases) -> str:
     """The plugin's emulator on the test's backend, beside the shop (where ``build_harness`` puts it)."""
-    return databases.url("emulator")
+    return databases.url("emulator", schema=EMULATOR_TABLES)
 
 
 @pytest.fixture

@@ -28,8 +28,8 @@ from example_shop.models import Order, OrderEvent
 from example_shop.setup import auto_install
 from flask_gateway import clear_payment_plan_cache
 from flask_gateway.testing import GatewayEmulator, connect
-from tests.conftest import Databases
-from tests.emulator.conftest import make_emulator
+from tests.conftest import Databases, Schema
+from tests.emulator.conftest import EMULATOR_TABLES, make_emulator
 from tests.emulator.support import Gateway as EmulatorDriver
 from tests.extension.conftest import EMULATOR_URL as EMULATOR_URL
 from tests.extension.conftest import SHOP_URL as SHOP_URL
@@ -73,6 +73,12 @@ def create_shop(config: dict[str, Any]) -> Flask:
     return init_db(create_app(config))
 
 
+def _build_shop_tables(database_url: str) -> None:
+    app = create_shop(shop_config(database_url))
+    with app.app_context():
+        db.engine.dispose()
+
+
 def shop_config(database_url: str, **config: Any) -> dict[str, Any]:
     values: dict[str, Any] = {
         "TESTING": True,
@@ -89,6 +95,11 @@ def shop_config(database_url: str, **config: Any) -> dict[str, Any]:
     }
     values.update(config)
     return values
+
+
+#: ``databases.url(name, schema=SHOP_TABLES)``: a database with the tables ``shop init-db`` makes already there
+#: (``create_shop`` then runs ``init-db`` on it, as a user might run it twice).
+SHOP_TABLES = Schema("example-shop", _build_shop_tables)
 
 
 class Shopper:
@@ -202,8 +213,10 @@ def make_harness(
     emulator_settings: dict[str, Any] = {"public_url": EMULATOR_URL}
     if emulator_accounts is not None:
         emulator_settings["accounts"] = emulator_accounts
-    emulator_app = make_emulator(databases.url(f"{name}-emulator"), **emulator_settings)
-    app = create_shop(shop_config(databases.url(name), **config))
+    emulator_app = make_emulator(
+        databases.url(f"{name}-emulator", schema=EMULATOR_TABLES), **emulator_settings
+    )
+    app = create_shop(shop_config(databases.url(name, schema=SHOP_TABLES), **config))
 
     connect(app, emulator_app)
 
@@ -242,13 +255,13 @@ def shopper(shop: ShopHarness) -> Shopper:
 def gateway_app(databases: Databases) -> Flask:
     """The plugin's shop: the example shop configured as ``shop`` is, not yet installed (the plugin's
     ``gateway_emulator`` wires it to an emulator and installs it)."""
-    return create_shop(shop_config(databases.url("shop")))
+    return create_shop(shop_config(databases.url("shop", schema=SHOP_TABLES)))
 
 
 @pytest.fixture
 def gateway_emulator_database_url(databases: Databases) -> str:
     """The plugin's emulator on the test's backend, beside the shop (where ``make_harness`` puts it)."""
-    return databases.url("shop-emulator")
+    return databases.url("shop-emulator", schema=EMULATOR_TABLES)
 
 
 @pytest.fixture
