@@ -25,8 +25,8 @@ a queue in front of ``BEGIN IMMEDIATE`` instead (``install``):
 - **Bounded wait.** A thread waits for its turn at most the busy timeout. Then (a turn never given back:
   a connection leaked without being closed) it tries ``BEGIN IMMEDIATE`` once without waiting: SQLite's
   own lock says whether the file is free, and "database is locked" comes after the same time as before.
-- **Across processes: a lock file** (``FLASK_GATEWAY_SQLITE_QUEUE=lock``; not the default: on a loaded machine
-  it did not measure better than ``poll``, see docs/performance.md). The thread holding its process's turn
+- **Across processes: a lock file** (the default, ``lock``: on the quiet machine it gave the lowest tail and
+  the most writes, see docs/performance.md). The thread holding its process's turn
   then takes an exclusive ``flock`` on a file next to the database, ``<database>-writer.lock`` (created when
   missing, never deleted, opened once per process and file), before its ``BEGIN IMMEDIATE``, and gives it back
   with the turn, at every end of the transaction. Writers of other processes (gunicorn's workers) wait in the
@@ -48,7 +48,7 @@ that use neither (the ``sqlite3`` shell, the shop's own engine, another program)
 lock and its busy handler. A turn or lock given back early costs a wait in the busy handler, never a
 wrong write. ``FLASK_GATEWAY_SQLITE_QUEUE`` in the environment chooses, for the engines configured from
 then on (a diagnostic: to compare, as ``benchmarks/figure_emulator.py --queue`` does): unset, ``1``,
-``on`` or ``true``: the default, ``process``; ``process``: the queue within each process only (the
+``on`` or ``true``: the default, ``lock``; ``process``: the queue within each process only (the
 processes' writers meet in SQLite's busy handler); ``lock``: the queue and the lock file; ``poll`` (an
 experiment): the queue, then the thread holding the turn waits for the other processes in short steps
 (0.2 to 1 ms: a ``BEGIN IMMEDIATE`` tried with no busy timeout, rolled back at once when it succeeds);
@@ -106,7 +106,7 @@ POLL: Final = "poll"
 LOCK: Final = "lock"
 MODES: Final = (OFF, PROCESS, POLL, LOCK)
 #: What an unset variable (or ``1``, ``on``, ``true``, ``yes``) means.
-DEFAULT_MODE: Final = PROCESS
+DEFAULT_MODE: Final = LOCK
 #: The lock file is the database file's path with this after it.
 LOCK_FILE_SUFFIX: Final = "-writer.lock"
 _ON: Final = ("", "1", "on", "true", "yes")

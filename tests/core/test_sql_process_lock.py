@@ -324,7 +324,7 @@ def test_a_database_in_memory_needs_no_lock_file(caplog: pytest.LogCaptureFixtur
 
 @pytest.mark.parametrize(
     ("value", "file_lock"),
-    [(None, False), ("1", False), ("on", False), ("lock", True), ("process", False), ("poll", False)],
+    [(None, True), ("1", True), ("on", True), ("lock", True), ("process", False), ("poll", False)],
 )
 def test_the_setting_chooses_the_lock_file(
     value: str | None, file_lock: bool, make_engine: Callable[..., Engine], monkeypatch: pytest.MonkeyPatch
@@ -348,9 +348,9 @@ def test_an_unknown_setting_is_the_default_with_a_warning(
     monkeypatch.setattr(sqlite_queue, "_warned", set())  # warned once per value and process
     with caplog.at_level(logging.WARNING, logger=LOGGER):
         engine = make_engine()
-    assert the_queue(engine).file_lock is None  # the default: the queue in each process only
+    assert the_queue(engine).file_lock is not None  # the default: the lock file across processes
     assert "'sometimes'" in caplog.text and sqlite_queue.DEFAULT_MODE in caplog.text
-    assert sqlite_queue.DEFAULT_MODE == sqlite_queue.PROCESS
+    assert sqlite_queue.DEFAULT_MODE == sqlite_queue.LOCK
 
 
 def test_write_queue_true_or_false_overrides_the_setting(
@@ -358,6 +358,6 @@ def test_write_queue_true_or_false_overrides_the_setting(
 ):
     monkeypatch.setenv(sqlite_queue.QUEUE_ENVIRONMENT_VARIABLE, "0")
     assert queue_of(make_engine("off.db")) is None
-    assert the_queue(make_engine("forced.db", write_queue=True)).file_lock is None  # the default
+    assert the_queue(make_engine("forced.db", write_queue=True)).file_lock is not None  # the default
     monkeypatch.setenv(sqlite_queue.QUEUE_ENVIRONMENT_VARIABLE, "lock")
     assert queue_of(make_engine("unqueued.db", write_queue=False)) is None
