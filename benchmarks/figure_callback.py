@@ -367,7 +367,7 @@ def _figure(
     )
     figure = throughput_line("3", f"callback, confirmed, {name}, {_rows_label(rows)}", confirm, ours)
     suffix = "" if backend == "postgresql" else f", {name}"
-    reference = throughput_line("3", f"callback vs one-UPDATE (reference){suffix}", update, ours)
+    reference = throughput_line("3", f"callback vs one-UPDATE (reference){suffix}", update, ours, target=None)
     figure.update(
         yardstick="verify, one signed getstatus to the emulator (keep-alive), one indexed UPDATE, commit",
         confirm_callbacks=True,
