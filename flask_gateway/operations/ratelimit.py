@@ -110,7 +110,7 @@ class DatabaseStorage(Storage):
 
     Fixed windows only (``FixedWindowRateLimiter``, Flask-Limiter's default strategy). Every call is its
     own short transaction on its own connection, except a read while the extension's session runs
-    statement by statement on PostgreSQL (:func:`_request_connection`): one statement on that session's
+    statement by statement on PostgreSQL (``_request_connection``): one statement on that session's
     connection. On SQLite a connection waits for the write lock: call it
     while the thread's own session holds no transaction (the extension does; Flask-Limiter's check runs in
     ``before_request``, before a view opens one).
