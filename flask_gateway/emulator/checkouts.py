@@ -597,19 +597,9 @@ def checkout_response(checkout: Checkout, base_url: str, *, reduced: bool = Fals
             {**details, "expiresAt": checkout.expires_at, "checkoutPaymentStatus": checkout.status}
         )
     return CheckoutResponse(
-        requestId=checkout.request_id,
-        checkoutToken=checkout.token,
-        checkoutTotalCents=checkout.total_cents,
-        paymentUrl=payment_url(checkout, base_url),
-        checkoutPaymentStatus=checkout.status,
-        merchantOrderReference=checkout.merchant_order_reference,
-        clickTraceId=checkout.click_trace_id,
-        createdAt=checkout.created_at,
-        updatedAt=checkout.updated_at,
+        **_answer_fields(checkout, base_url),
         expiresAt=None if reduced else checkout.expires_at,
-        cancelledAt=checkout.cancelled_at,
         order_details=echo,
-        merchantAccountId=checkout.account_id,
     )
 
 
@@ -623,20 +613,27 @@ def _created_response(checkout: Checkout, order: CreateOrderDetails, base_url: s
     echo["expiresAt"] = checkout.expires_at
     echo["checkoutPaymentStatus"] = checkout.status
     return CheckoutResponse.model_construct(
-        requestId=checkout.request_id,
-        checkoutToken=checkout.token,
-        checkoutTotalCents=checkout.total_cents,
-        paymentUrl=payment_url(checkout, base_url),
-        checkoutPaymentStatus=checkout.status,
-        merchantOrderReference=checkout.merchant_order_reference,
-        clickTraceId=checkout.click_trace_id,
-        createdAt=checkout.created_at,
-        updatedAt=checkout.updated_at,
+        **_answer_fields(checkout, base_url),
         expiresAt=checkout.expires_at,
-        cancelledAt=checkout.cancelled_at,
         order_details=OrderDetailsEcho.model_construct(**echo),
-        merchantAccountId=checkout.account_id,
     )
+
+
+def _answer_fields(checkout: Checkout, base_url: str) -> dict[str, Any]:
+    """The fields of a checkout's answer that come from its row as they are (both builders above)."""
+    return {
+        "requestId": checkout.request_id,
+        "checkoutToken": checkout.token,
+        "checkoutTotalCents": checkout.total_cents,
+        "paymentUrl": payment_url(checkout, base_url),
+        "checkoutPaymentStatus": checkout.status,
+        "merchantOrderReference": checkout.merchant_order_reference,
+        "clickTraceId": checkout.click_trace_id,
+        "createdAt": checkout.created_at,
+        "updatedAt": checkout.updated_at,
+        "cancelledAt": checkout.cancelled_at,
+        "merchantAccountId": checkout.account_id,
+    }
 
 
 #: The fields of a create's order details, in their declared order (what ``to_wire`` writes).
