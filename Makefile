@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test test-min test-newest lint format setup system-packages bench docs clean
+.PHONY: demo test test-fast test-loaded test-min test-newest lint format setup system-packages bench docs clean
 
 # _version.py too: the editable install's metadata holds the version (importlib.metadata, the doctor).
 $(STAMP): pyproject.toml flask_gateway/_version.py
@@ -35,6 +35,17 @@ system-packages:
 TEST_WORKERS ?= auto
 test: setup system-packages
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --durations=25
+
+## The contributors' fast loop: the in-process tests only (no browser, gunicorn stacks, Celery workers or wheel
+## builds: noxfile.py's IN_PROCESS_TESTS), then how many ran and how long they took. TEST_ARGS adds pytest's
+## options (TEST_ARGS=--database=sqlite: SQLite only, no PostgreSQL).
+test-fast: setup system-packages
+	$(BIN)/python scripts/test-fast.py $(TEST_ARGS)
+
+## make test while busy-loop processes keep every core busy (scripts/test-loaded.py; BURNERS=N sets their number),
+## then the load average it saw: a test that passes only on a quiet machine fails here first.
+test-loaded: setup system-packages
+	scripts/test-loaded.py $(MAKE) test
 
 ## The tested version ranges (noxfile.py): the in-process suite with every runtime dependency, extras included,
 ## at its declared minimum in pyproject.toml (test-min; CI runs it), or at its newest (test-newest). Each keeps

@@ -9,13 +9,18 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import requests
 
 from tests import secret_watch
+
+#: How long :func:`wait_for` waits by default: a last resort, not a figure. The events waited for take
+#: well under a second on a quiet machine; a loaded 2-core CI machine can be 20 times slower.
+WAIT_DEADLINE = 60.0
+
 
 #: The ports the tests' servers listen on: below the kernel's ephemeral range (Linux: 32768-60999), so
 #: that no port handed out for an outgoing connection or a ``bind(0)`` is ever one of them.
@@ -91,7 +96,7 @@ def start_flask(
     *,
     port: int | None = None,
     ready_path: str = "/",
-    timeout: float = 30.0,
+    timeout: float = WAIT_DEADLINE * 2,
 ) -> Server:
     """``flask --app APP run`` (threaded, no reloader) on ``port`` (default: a free one); waits for HTTP."""
     port = port or free_port()
@@ -126,16 +131,42 @@ def start_flask(
     raise RuntimeError(f"{name} did not answer on port {port} within {timeout} s:\n{server.log_tail()}")
 
 
-def wait_for(predicate, *, timeout: float = 15.0, interval: float = 0.1, what: str = "condition"):  # type: ignore[no-untyped-def]
-    """Poll ``predicate`` until it returns something truthy (returned), bounded in time."""
+def wait_for(  # type: ignore[no-untyped-def]
+    predicate,
+    *,
+    timeout: float = WAIT_DEADLINE,
+    interval: float = 0.1,
+    what: str = "condition",
+    logs: Sequence[Server | Path] = (),
+):
+    """Poll ``predicate`` until it returns something truthy (returned).
+
+    The deadline is a last resort: its failure names ``what`` was waited for and shows the last lines of
+    each log in ``logs`` (servers or log files), so a slow machine and a broken feature can be told apart.
+    """
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}{log_tails(logs)}")
         time.sleep(interval)
+
+
+def log_tails(logs: Sequence[Server | Path], lines: int = 30) -> str:
+    """The last ``lines`` of each log, headed by its name, for a failure message ('' for none)."""
+    parts = []
+    for log in logs:
+        if isinstance(log, Server):
+            parts.append(f"\n--- {log.name} ({log.log_path}), last {lines} lines ---\n{log.log_tail(lines)}")
+        else:
+            try:
+                tail = "\n".join(Path(log).read_text(errors="replace").splitlines()[-lines:])
+            except OSError:
+                tail = "(no log)"
+            parts.append(f"\n--- {log}, last {lines} lines ---\n{tail}")
+    return "".join(parts)
 
 
 def child_pids(pid: int) -> list[int]:
