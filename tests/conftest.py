@@ -32,6 +32,12 @@ SQLite without fsync: every SQLite connection the tests' own process opens throu
 for the disk, which was half of an in-process request's time. Nothing is lost when a process dies (only
 when the machine does), and no test is about surviving a power cut. The tests of ``tests/plugin`` keep
 SQLite's own setting: they check what the pytest plugin does to it.
+
+URL builders compiled once per worker process: every Flask app the tests build (a shop, an emulator, the
+example shop: several a test) takes ``flask_gateway.core.routing.SharedBuilderRule`` as its rule class, so
+the functions Werkzeug compiles for each URL rule are compiled once per distinct rule, not once per app. The
+rules, their converters and the URLs they build are Werkzeug's own (the emulator's ``create_app`` does the
+same).
 """
 
 from __future__ import annotations
@@ -50,10 +56,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from flask import Flask
 from sqlalchemy import MetaData, Table, create_engine, event, inspect, select, text
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.pool import NullPool, Pool
 
+from flask_gateway.core.routing import SharedBuilderRule
 from tests import secret_watch
 from tests.postgres import PostgresCluster, start_cluster
 
@@ -61,6 +69,9 @@ from tests.postgres import PostgresCluster, start_cluster
 pytest_plugins = ["pytester"]
 
 BACKENDS = ("sqlite", "postgresql")
+
+# See the module's docstring: every app's URL builders compiled once per process.
+Flask.url_rule_class = SharedBuilderRule
 
 # Every engine that connected during the test (weakly) and every DB-API connection opened: after each test
 # the engines are disposed and any connection still open is closed (one a test left checked out, e.g. in
