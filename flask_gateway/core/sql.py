@@ -25,8 +25,8 @@ from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import Any, Final, Literal
 
-from sqlalchemy import DateTime, MetaData, Table, event
-from sqlalchemy.engine import Dialect, Engine
+from sqlalchemy import DateTime, MetaData, Table, event, inspect
+from sqlalchemy.engine import Connection, Dialect, Engine
 from sqlalchemy.orm import Session
 from sqlalchemy.types import TypeDecorator, TypeEngine
 
@@ -237,8 +237,29 @@ def commit_keeping_loaded(session: Session) -> None:
 
 
 def create_all_safely(engine: Engine, metadata: MetaData) -> None:
-    """``metadata.create_all`` that several processes may run at once (PostgreSQL: under an advisory lock)."""
+    """``metadata.create_all`` that several processes may run at once (PostgreSQL: under an advisory lock).
+
+    When every table is there already (each start after the first) it costs one query for the table names,
+    not one per table: ``create_all`` would create nothing. It runs whenever a table is missing, or the
+    metadata holds sequences, tables in a named schema or its own DDL listeners."""
     with engine.begin() as connection:
         if connection.dialect.name == "postgresql":
             connection.exec_driver_sql("SELECT pg_advisory_xact_lock(7305213)")
-        metadata.create_all(connection)
+        if not _all_tables_exist(connection, metadata):
+            metadata.create_all(connection)
+
+
+def _all_tables_exist(connection: Connection, metadata: MetaData) -> bool:
+    """Every table of ``metadata`` exists in the connection's default schema, and ``create_all`` would do
+    nothing else (no sequence, no table in another schema, no listener of the metadata's own)."""
+    tables = list(metadata.tables.values())
+    if (
+        not tables
+        or metadata._sequences
+        or metadata.dispatch.before_create
+        or metadata.dispatch.after_create
+        or any(table.schema is not None for table in tables)
+    ):
+        return False
+    existing = set(inspect(connection).get_table_names())
+    return all(table.name in existing for table in tables)
