@@ -42,11 +42,11 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from time import monotonic
 from typing import Any, Final, cast
 
 from blinker import Signal
@@ -92,7 +92,9 @@ _KIND_OF: Final = {id(signal): kind for kind, signal in KINDS.items()}
 #: How long a claim holds an event (real time) unless the delivery renews it: every third of it while the
 #: receivers run, so only a delivery that died (its process killed) lets it run out, and its event is free
 #: at most this long after the death. Read at each claim and renewal, so a test may shorten it
-#: (tests/tasks: a few seconds); a shop has no reason to.
+#: (tests/tasks: a few seconds); a shop has no reason to. The module reads the time through its names
+#: ``utcnow`` (the leases and due times written in the rows) and ``monotonic`` (when the heartbeat renews),
+#: so a test may put a clock of its own in their place.
 CLAIM_LEASE: timedelta = timedelta(seconds=10)
 #: The longest wait between two attempts.
 MAX_RETRY_DELAY: Final = timedelta(hours=6)
@@ -508,7 +510,7 @@ class _Heartbeat:
     def hold(self, engine: Engine, ids: Sequence[int]) -> _Hold:
         lease = CLAIM_LEASE
         period = lease.total_seconds() / 3
-        hold = _Hold(engine, tuple(ids), lease, period, time.monotonic() + period)
+        hold = _Hold(engine, tuple(ids), lease, period, monotonic() + period)
         with self._wake:
             self._holds.add(hold)
             if self._thread is None or not self._thread.is_alive():
@@ -529,7 +531,7 @@ class _Heartbeat:
             with self._wake:
                 due = self._wait_for_due()
                 for hold in due:
-                    hold.due = time.monotonic() + hold.period
+                    hold.due = monotonic() + hold.period
             self._renew(due)
 
     def _wait_for_due(self) -> list[_Hold]:
@@ -537,7 +539,7 @@ class _Heartbeat:
             if not self._holds:
                 self._wake.wait()
                 continue
-            now = time.monotonic()
+            now = monotonic()
             due = [hold for hold in self._holds if hold.due <= now]
             if due:
                 return due
