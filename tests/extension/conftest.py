@@ -30,8 +30,13 @@ ACCOUNT = "demo-merchant"
 API_KEY = "demo-api-key"
 
 
-def make_shop(database_url: str, **config: Any) -> tuple[Flask, SQLAlchemy, Gateway]:
-    """A shop app with the extension on ``database_url`` (the ``database_url`` fixture), tables created."""
+def make_shop(
+    database_url: str, *, create_tables: bool = True, **config: Any
+) -> tuple[Flask, SQLAlchemy, Gateway]:
+    """A shop app with the extension on ``database_url`` (the ``database_url`` fixture), tables created.
+
+    ``create_tables=False`` for a database that holds them already (``databases.url(name,
+    schema=SHOP_TABLES)``, built by this function): its ``create_all`` would find every table there."""
     app = Flask("test_shop")
     app.config.update(
         TESTING=True,
@@ -55,8 +60,9 @@ def make_shop(database_url: str, **config: Any) -> tuple[Flask, SQLAlchemy, Gate
     def order_page(reference: str) -> str:
         return f"order {reference}"
 
-    with app.app_context():
-        db.create_all()
+    if create_tables:
+        with app.app_context():
+            db.create_all()
     return app, db, gateway
 
 
@@ -130,7 +136,7 @@ def harness(databases: Databases, monkeypatch: pytest.MonkeyPatch) -> Iterator[H
 def build_harness(databases: Databases, monkeypatch: pytest.MonkeyPatch, **config: Any) -> Harness:
     """The ``harness`` fixture's wiring, with extra shop configuration (e.g. ``GATEWAY_API_VERSION="v1"``)."""
     emulator_app = make_emulator(databases.url("emulator", schema=EMULATOR_TABLES), public_url=EMULATOR_URL)
-    shop, db, gateway = make_shop(databases.url("main", schema=SHOP_TABLES), **config)
+    shop, db, gateway = make_shop(databases.url("main", schema=SHOP_TABLES), create_tables=False, **config)
     connect(shop, emulator_app)
     return Harness(shop=shop, db=db, gateway=gateway, emulator=EmulatorDriver(emulator_app.test_client()))
 
@@ -141,7 +147,7 @@ def build_harness(databases: Databases, monkeypatch: pytest.MonkeyPatch, **confi
 @pytest.fixture
 def plugin_parts(databases: Databases) -> tuple[Flask, SQLAlchemy, Gateway]:
     """The shop of ``harness`` (``make_shop`` on the test's backend), for the plugin to wire."""
-    return make_shop(databases.url("main", schema=SHOP_TABLES))
+    return make_shop(databases.url("main", schema=SHOP_TABLES), create_tables=False)
 
 
 @pytest.fixture
