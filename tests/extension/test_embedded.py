@@ -7,6 +7,7 @@ only gateway is the one inside it.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from flask_gateway import (
 from flask_gateway.emulator import EmbeddingRefused, embedded_emulator, mount
 from flask_gateway.emulator.models import db as emulator_db
 from flask_gateway.state import get_state
+from tests.extension.operations.cli_support import run_gateway
 
 
 def make_shop(tmp_path: Path, **config: Any) -> Flask:
@@ -165,6 +167,39 @@ def test_a_payment_taken_with_the_gateway_inside_the_shop(shop: Flask) -> None:
         assert confirmed == [("E-1", "callback")]
     finally:
         payment_confirmed.disconnect(receiver)
+
+
+@pytest.mark.parametrize("refresh", [False, True], ids=["status", "status --refresh"])
+def test_the_status_command_asks_the_gateway_inside_the_shop_without_waiting_on_its_own_lock(
+    tmp_path: Path, refresh: bool
+) -> None:
+    # `flask gateway status` reads the local record, then asks the emulator, which answers from the same
+    # SQLite file in the same process (and, a new process's first request, checks its tables with a write
+    # transaction): the command's reading transaction, still open, held the write lock the emulator waited
+    # for until its busy timeout, and the command ended "getstatus: HTTP 503" ("database is locked").
+    shop = make_shop(tmp_path)
+    with shop.test_request_context(base_url="http://127.0.0.1:5000"):
+        install_the_demo_account()
+        create_checkout(
+            OrderDraft(
+                reference="6E238593",
+                lines=(OrderLine(name="Kettle", sku="K-1", quantity=1, unit_price_cents=49900),),
+                customer=Customer(first_name="Thandi", last_name="Mokoena", email="thandi@example.com"),
+            )
+        )
+    close(shop)
+    command_line = make_shop(tmp_path)  # what `flask --app shop gateway status` starts: a new process's app
+    try:
+        arguments = ["status", "6E238593", *(["--refresh"] if refresh else [])]
+        result = run_gateway(command_line, *arguments)
+    finally:
+        close(command_line)
+    assert result.exit_code == 0, result.stdout + result.stderr
+    assert "Gateway (getstatus)" in result.stdout
+    assert re.search(r"checkoutPaymentStatus\s+PENDING_ORDER", result.stdout), result.stdout
+    assert "locked" not in result.stderr and "503" not in result.stderr, result.stderr
+    if refresh:
+        assert "Refreshed: " in result.stdout
 
 
 def test_a_v1_payment_taken_with_the_gateway_inside_the_shop(tmp_path: Path) -> None:
