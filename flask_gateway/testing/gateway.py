@@ -20,6 +20,7 @@ from sqlalchemy import select
 
 from flask_gateway.core.errors import AlreadyInstalledError
 from flask_gateway.core.hosts import local_host_kind
+from flask_gateway.core.references import AmbiguousReference, stored_reference
 from flask_gateway.core.timestamps import parse_timestamp
 from flask_gateway.core.wire import OPEN_STATUSES
 from flask_gateway.emulator import EmulatorSettings, embedded_emulator
@@ -367,6 +368,11 @@ class GatewayEmulator:
                 ).first()
                 by_reference = of_token is None and plain
                 reference = of_token if of_token is not None else given
+                if by_reference:
+                    try:
+                        reference = stored_reference(session, model.merchant_order_reference, given) or given
+                    except AmbiguousReference as error:
+                        raise GatewayEmulatorError(str(error)) from None
                 order = list(
                     session.scalars(
                         select(model.token)

@@ -160,3 +160,26 @@ def test_as_an_error_the_summary_line_starts_with_the_key(databases: Databases) 
     assert get_state(shop).client_options == before  # refused before it changed anything on the shop
     with shop.app_context():
         db.engine.dispose()
+
+
+@pytest.mark.backends
+def test_an_order_reference_in_another_case_names_its_order_when_that_is_one(
+    gateway_app: Flask, gateway_emulator: GatewayEmulator
+) -> None:
+    checkout = checkout_for(gateway_app, "6E238593")
+    assert gateway_emulator.resolve("6e238593") == CheckoutRef(
+        given="6e238593",
+        token=checkout.token or "",
+        order_reference="6E238593",  # as the shop stored it: the fulfilment helpers match on it
+        by_reference=True,
+        order_tokens=(checkout.token or "",),
+    )
+    assert gateway_emulator.pay("6e238593").status == "PAID_PENDING_CALLBACK"
+    gateway_emulator.deliver()
+    assert gateway_emulator.assert_fulfilled_once("6e238593").order_reference == "6E238593"
+
+    checkout_for(gateway_app, "ab-1")
+    checkout_for(gateway_app, "AB-1")
+    assert gateway_emulator.resolve("ab-1").order_reference == "ab-1"  # exactly as written: that one
+    with pytest.raises(GatewayEmulatorError, match=r"'Ab-1' matches the order references 'AB-1', 'ab-1'"):
+        gateway_emulator.resolve("Ab-1")

@@ -1,9 +1,10 @@
 """Which checkout a command was given, and how it shows the checkout to a person.
 
 Every command that takes a checkout (``status``, ``callbacks --checkout``) takes an order reference or a
-token alike, found in the shop's own records: a token first, then an order reference (its most recent
-checkout, saying so when the order has several); ``--account`` narrows the search to that account. What
-matches nothing here is one line and exit status 1: the gateway is not asked about a guess.
+token alike, found in the shop's own records: a token first, then an order reference in any case when that
+names one order (its most recent checkout, saying so when the order has several); ``--account`` narrows
+the search to that account. What matches nothing here is one line and exit status 1: the gateway is not
+asked about a guess.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from urllib.parse import urlsplit
 import click
 from sqlalchemy import select
 
+from flask_gateway.core.references import AmbiguousReference, stored_reference
 from flask_gateway.core.timestamps import format_timestamp, utcnow
 from flask_gateway.models import GatewayCheckout
 from flask_gateway.state import get_state
@@ -66,13 +68,18 @@ def find_checkout(given: str, account: str | None = None) -> Found:
                     f"{account}: a checkout is asked about with its own account (leave --account out)."
                 )
             return Found(by_token, "token")
-        query = select(GatewayCheckout).where(GatewayCheckout.order_reference == text)
-        if account is not None:
-            query = query.where(GatewayCheckout.merchant_account_id == account)
-        rows = session.scalars(
-            query.order_by(GatewayCheckout.created_at.desc(), GatewayCheckout.id.desc())
-        ).all()
-        if rows:
+        of_account = () if account is None else (GatewayCheckout.merchant_account_id == account,)
+        try:
+            reference = stored_reference(session, GatewayCheckout.order_reference, text, *of_account)
+        except AmbiguousReference as error:
+            session.rollback()
+            raise CheckoutNotFound(str(error)) from None
+        if reference is not None:
+            rows = session.scalars(
+                select(GatewayCheckout)
+                .where(GatewayCheckout.order_reference == reference, *of_account)
+                .order_by(GatewayCheckout.created_at.desc(), GatewayCheckout.id.desc())
+            ).all()
             return Found(rows[0], "order reference", tuple(rows[1:]))
     shown = given.replace("\x00", "\ufffd")
     shown = shown if len(shown) <= 80 else shown[:77] + "..."

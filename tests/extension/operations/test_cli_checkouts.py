@@ -322,3 +322,26 @@ def test_status_reads_in_words_and_money(installed: Harness) -> None:
     assert line.endswith(
         "  order ORD-1: Awaiting payment \u2192 Paid"
     )  # was: checkout #1: PENDING_ORDER -> PAID
+
+
+@pytest.mark.backends
+def test_an_order_reference_in_another_case_finds_its_order_when_that_names_one(installed: Harness) -> None:
+    _, token = new_checkout(installed, sample_order("6E238593"))
+    typed = invoke(installed, "status", "6e238593")  # as a person copies it from an e-mail in lower case
+    assert typed.exit_code == 0, typed.output
+    assert f"  token            {token}" in typed.stdout
+    assert "  order            6E238593" in typed.stdout
+    listed = invoke(installed, "callbacks", "--checkout", "6e238593")
+    assert listed.exit_code == 0, listed.output
+
+    # Two orders whose references differ only by case: the exact one wins, another spelling is refused.
+    _, lower = new_checkout(installed, sample_order("ab-1"))
+    _, upper = new_checkout(installed, sample_order("AB-1"))
+    assert f"  token            {lower}" in invoke(installed, "status", "ab-1").stdout
+    assert f"  token            {upper}" in invoke(installed, "status", "AB-1").stdout
+    ambiguous = invoke(installed, "status", "Ab-1")
+    assert ambiguous.exit_code == 1 and ambiguous.stdout == ""
+    assert ambiguous.stderr.strip().splitlines()[-1] == (
+        "Error: 'Ab-1' matches the order references 'AB-1', 'ab-1', which differ only by case: give the "
+        "reference exactly as the shop wrote it"
+    )
