@@ -40,6 +40,7 @@ from flask_gateway.testing import SHOP_URL, GatewayEmulator
 from tests.conftest import Databases
 from tests.extension.conftest import make_shop, sample_order
 from tests.extension.operations.cli_support import cli_runner
+from tests.processes import WAIT_DEADLINE, wait_for
 
 #: Small numbers so a test walks every state: retries after 10 s, then 20 s; dead after the third attempt.
 OUTBOX = {"GATEWAY_OUTBOX_RETRY_SECONDS": 10, "GATEWAY_OUTBOX_MAX_ATTEMPTS": 3}
@@ -52,22 +53,33 @@ def plugin_parts(databases: Databases, request: pytest.FixtureRequest) -> tuple[
 
 
 class Clock:
-    """The outbox's clock (real time, moved forward by the test)."""
+    """The outbox's clocks, standing still until the test moves them: the time it writes in the rows
+    (leases, due times: ``utcnow``) and the one its heartbeat renews leases by (``monotonic``). However
+    slow the machine, a lease runs out, or a renewal falls due, only when the test says."""
 
     def __init__(self) -> None:
+        self.start = utcnow()
+        self.ticks = time.monotonic()
         self.offset = timedelta()
 
     def __call__(self) -> datetime:
-        return utcnow() + self.offset
+        return self.start + self.offset
+
+    def monotonic(self) -> float:
+        return self.ticks + self.offset.total_seconds()
 
     def advance(self, seconds: float) -> None:
         self.offset += timedelta(seconds=seconds)
+        heartbeat = outbox_module._HEARTBEAT
+        with heartbeat._wake:  # the heartbeat sleeps until its next renewal is due: it looks again now
+            heartbeat._wake.notify_all()
 
 
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     moved = Clock()
     monkeypatch.setattr(outbox_module, "utcnow", moved)
+    monkeypatch.setattr(outbox_module, "monotonic", moved.monotonic)
     return moved
 
 
@@ -141,7 +153,7 @@ def test_a_receiver_that_raises_twice_fulfils_once_on_the_third_delivery(
     assert (report.delivered, report.failed, report.dead) == (0, 1, 0)
     [event] = events(gateway_app)
     assert event.attempts == 2
-    assert event.next_attempt_at > clock() + timedelta(seconds=15)  # twice as long: 20 s
+    assert event.next_attempt_at == clock() + timedelta(seconds=20)  # twice as long
 
     with gateway_app.app_context():
         clock.advance(21)
@@ -457,7 +469,7 @@ class Blocking:
         if len(self.calls) > 1:
             return
         self.inside.set()
-        if not self.release.wait(30):
+        if not self.release.wait(WAIT_DEADLINE):
             raise TimeoutError("the test never released the receiver")
 
 
@@ -486,15 +498,14 @@ def paid(app: Flask, checkout: GatewayCheckout) -> None:
     ids=["at-once", "deliver-due"],
 )
 def test_a_receiver_slower_than_the_lease_keeps_its_event(
-    gateway_emulator: GatewayEmulator,
-    gateway_app: Flask,
-    connected: list[tuple[Any, Any]],
-    monkeypatch: pytest.MonkeyPatch,
+    gateway_emulator: GatewayEmulator, gateway_app: Flask, connected: list[tuple[Any, Any]], clock: Clock
 ) -> None:
-    """The delivery renews its lease while the receiver runs: ``deliver_due`` run again and again for
-    2.5 leases by another worker never takes the event; the receiver runs once."""
-    lease = 1.2  # renewed every 0.4 s: a renewal may come late by 0.8 s on a busy machine
-    monkeypatch.setattr(outbox_module, "CLAIM_LEASE", timedelta(seconds=lease))
+    """The delivery renews its lease every third of it while the receiver runs. The clock is moved on a
+    little more than a third of the lease at a time, to well past the first claim's end: after each step
+    the heartbeat renews the lease from the new time, and ``deliver_due`` run by another worker never takes
+    the event; the receiver runs once."""
+    lease = outbox_module.CLAIM_LEASE
+    step = lease * 0.34  # each step passes one renewal's due time (a third of the lease after the last)
     receiver = connect(connected, gateway_app, payment_confirmed, Blocking())
     checkout = new_checkout(gateway_app)
     at_once = gateway_app.config["GATEWAY_OUTBOX_DELIVER_AT_ONCE"]
@@ -515,23 +526,21 @@ def test_a_receiver_slower_than_the_lease_keeps_its_event(
     worker = threading.Thread(target=first_delivery)
     worker.start()
     try:
-        assert receiver.inside.wait(30), "the first delivery never reached the receiver"
+        assert receiver.inside.wait(WAIT_DEADLINE), "the first delivery never reached the receiver"
         [event] = events(gateway_app)
-        first_claim = claimed_until(gateway_app, event.id)
-        assert first_claim is not None
-        started = time.monotonic()
-        with gateway_app.app_context():
-            while time.monotonic() - started < 2.5 * lease:  # the first claim ran out long ago
-                assert deliver_due().delivered == 0
-                time.sleep(0.05)
-        renewed = claimed_until(gateway_app, event.id)
-        assert renewed is not None and renewed >= first_claim + timedelta(seconds=lease), (
-            first_claim,
-            renewed,
-        )
+        assert claimed_until(gateway_app, event.id) == clock() + lease  # claimed now, for a lease
+        for number in range(1, 9):  # to 2.7 leases past the first claim, which ran out at the third step
+            clock.advance(step.total_seconds())
+            renewed = clock() + lease
+            wait_for(
+                lambda until=renewed: claimed_until(gateway_app, event.id) == until,
+                what=f"renewal {number} of the lease, to {renewed} (the clock at {clock()})",
+            )
+            with gateway_app.app_context():
+                assert deliver_due().delivered == 0, f"the event was taken at step {number}"
     finally:
         receiver.release.set()
-        worker.join(30)
+        worker.join(WAIT_DEADLINE)
     assert not failures, failures
     assert receiver.calls == [event.id]
     [event] = events(gateway_app)
@@ -547,35 +556,40 @@ def test_an_event_whose_delivery_died_is_taken_over_once_the_lease_is_out(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The callback's worker is killed right after its commit: the event, claimed for the request's own
-    delivery, is never delivered by it nor renewed. ``deliver_due`` leaves it alone for the lease (10 s),
-    then delivers it: with a beat tick every 5 s, within 15 s of the death."""
-    assert timedelta(seconds=10) == outbox_module.CLAIM_LEASE
+    delivery, is never delivered by it nor renewed. ``deliver_due`` leaves it alone to the end of the lease
+    (10 s), then delivers it, once (with a beat tick every 5 s: within 15 s of the death)."""
+    lease = outbox_module.CLAIM_LEASE
+    assert timedelta(seconds=10) == lease
     fulfilment = connect(connected, gateway_app, payment_confirmed, Fulfilment(failures=0))
     monkeypatch.setattr(outbox_module, "deliver_now", lambda queued: None)  # the process died here
     checkout = new_checkout(gateway_app)
     gateway_emulator.pay(checkout.token)
     assert gateway_emulator.deliver() == 1
     [event] = events(gateway_app)
-    assert event.state == OutboxState.PENDING and event.claimed_until is not None
+    assert event.state == OutboxState.PENDING and event.claimed_until == clock() + lease
     with gateway_app.app_context():
         assert deliver_due().delivered == 0  # still claimed: the request may be delivering it
-        clock.advance(8)  # and the real time this test took (well under 2 s)
+        clock.advance(lease.total_seconds())
+        assert deliver_due().delivered == 0  # to the lease's last instant
+        clock.advance(0.001)
+        assert deliver_due().delivered == 1  # the lease is out
         assert deliver_due().delivered == 0
-        clock.advance(2.5)
-        assert deliver_due().delivered == 1
+    assert fulfilment.calls == [event.id]
     assert fulfilment.fulfilled == [event.id]
     [event] = events(gateway_app)
-    assert (event.state, event.attempts) == (OutboxState.DELIVERED, 1)
+    assert (event.state, event.attempts, event.claimed_until) == (OutboxState.DELIVERED, 1, None)
 
 
 def test_a_fast_receiver_costs_no_renewal(
     gateway_emulator: GatewayEmulator,
     gateway_app: Flask,
     connected: list[tuple[Any, Any]],
+    clock: Clock,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Deliveries that end within a third of the lease make no database round trip for it; a slow one
-    renews every third of the lease."""
+    renews once per third of the lease it runs, the first time a third of the lease after it began. The
+    clock moves only when the test (or the slow receiver, while it runs) moves it."""
     renewals: list[tuple[int, ...]] = []
     real = outbox_module._HEARTBEAT._renew
 
@@ -584,26 +598,35 @@ def test_a_fast_receiver_costs_no_renewal(
         real(due)
 
     monkeypatch.setattr(outbox_module._HEARTBEAT, "_renew", spy)
-    monkeypatch.setattr(outbox_module, "CLAIM_LEASE", timedelta(seconds=0.6))
+    lease = outbox_module.CLAIM_LEASE.total_seconds()
     fulfilment = connect(connected, gateway_app, payment_confirmed, Fulfilment(failures=0))
     for number in range(5):
         checkout = new_checkout(gateway_app, f"ORD-{number}")
         gateway_emulator.pay(checkout.token)
         assert gateway_emulator.deliver() == 1
     assert len(fulfilment.fulfilled) == 5
-    time.sleep(0.5)  # past a third of the lease after the last delivery
-    assert renewals == []
+    clock.advance(lease)  # a whole lease after the last delivery: a hold left behind would be renewed now
+    problems: list[BaseException] = []
 
     def slow_receiver(sender: Any, checkout: GatewayCheckout, event_id: int, **extra: Any) -> None:
-        time.sleep(0.75)
+        try:
+            clock.advance(0.3 * lease)  # not yet a third of the lease into the delivery: nothing due
+            for number in (1, 2):  # past a third, then past two thirds: one renewal each
+                clock.advance(0.34 * lease)
+                wait_for(
+                    lambda count=number: len(renewals) >= count, what=f"renewal {number} of the slow delivery"
+                )
+        except BaseException as error:
+            problems.append(error)
+            raise
 
     connect(connected, gateway_app, payment_confirmed, slow_receiver)
     checkout = new_checkout(gateway_app, "ORD-SLOW")
     gateway_emulator.pay(checkout.token)
     gateway_emulator.deliver()
+    assert not problems, problems
     event_id = events(gateway_app)[-1].id
-    # Every 0.2 s while the receiver sleeps (0.75 s): at 0.2 s, 0.4 s, 0.6 s (fewer on a busy machine).
-    assert len(renewals) >= 2 and set(renewals) == {(event_id,)}, renewals
+    assert renewals == [(event_id,), (event_id,)]
     assert events(gateway_app)[-1].state == OutboxState.DELIVERED
 
 
