@@ -7,12 +7,17 @@
   the ``flask_gateway.reconcile`` task), two Celery workers (``--pool prefork --concurrency 1``, each in a
   process group of its own so a test can SIGKILL a whole worker) and one beat sending
   ``flask_gateway.deliver_outbox`` every :data:`DELIVER_EVERY` s (5 s in a shop). The workers' outbox lease
-  is :data:`LEASE_SECONDS` (10 s in a shop), renewed every third of it while a receiver runs.
+  is :data:`LEASE_SECONDS` (10 s in a shop), renewed every third of it while a receiver runs, and the
+  outbox's time in the workers is the stack's :class:`~tests.tasks.shop_app.SharedClock`, which stands
+  still until the test moves it (``stack.clock.advance``).
 - ``stack`` (each test): the same, with two live workers again (one killed by an earlier test is replaced)
   and the logs marked where the test begins.
 
-Every wait is bounded; every process is stopped at the end, on failure too (SIGTERM, then SIGKILL of its
-process group). The process logs are in the module's tmp folder and scanned by ``tests/secret_watch.py``.
+A test waits for the events themselves: a row, a marker file, a delivery run that began after a moment
+(:meth:`TaskStack.round_since`). Every wait has a deadline as a last resort (``tests.processes.wait_for``'s
+60 s), whose failure says what it waited for and shows the processes' logs. Every process is stopped at
+the end, on failure too (SIGTERM, then SIGKILL of its process group). The process logs are in the module's
+tmp folder and scanned by ``tests/secret_watch.py``.
 """
 
 from __future__ import annotations
@@ -23,9 +28,9 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Final
 
@@ -34,18 +39,21 @@ import requests
 from flask import Flask
 
 from flask_gateway import Address, Customer, OrderDraft, OrderLine, create_checkout
+from flask_gateway.core.timestamps import utcnow
 from flask_gateway.payments.installation import InstallSettings, install
 from flask_gateway.tasks import RECONCILE
 from tests import secret_watch
 from tests.conftest import dispose_engines, fetch_all, selected_backends
 from tests.postgres import PostgresCluster
-from tests.processes import Server, start_flask, wait_for
+from tests.processes import WAIT_DEADLINE, Server, start_flask, wait_for
 from tests.redis_server import RedisServer, start_redis
 from tests.tasks import shop_app
+from tests.tasks.shop_app import SharedClock
 
 ROOT: Final = Path(__file__).resolve().parents[2]
-#: The outbox's lease in the worker processes (seconds).
-LEASE_SECONDS: Final = 4.0
+#: The outbox's lease in the worker processes (seconds of the stack's clock; in real time, how often a
+#: delivery's heartbeat looks at that clock: every third of it).
+LEASE_SECONDS: Final = 3.0
 #: Beat's interval for ``flask_gateway.deliver_outbox`` (seconds).
 DELIVER_EVERY: Final = 0.5
 WORKERS: Final = 2
@@ -137,13 +145,21 @@ def spawn_celery(root: Path, name: str, app: str, env: Mapping[str, str], *argum
 
 
 def wait_ready(worker: Worker, text: str) -> None:
-    """Wait until ``text`` is in the process's log (bounded); stop it and raise if it never comes."""
-    deadline = time.monotonic() + START_TIMEOUT
-    while text not in worker.log():
-        if not worker.alive() or time.monotonic() > deadline:
-            worker.stop()
-            raise RuntimeError(f"{worker.name} did not start (no {text!r}):\n{worker.log()[-3000:]}")
-        time.sleep(0.1)
+    """Wait until ``text`` is in the process's log; stop it and raise, with its log, if it exits first or
+    the deadline (a last resort) passes."""
+
+    def ready() -> bool:
+        if text in worker.log():
+            return True
+        if not worker.alive():
+            raise RuntimeError(f"{worker.name} exited before it logged {text!r}:\n{worker.log()[-3000:]}")
+        return False
+
+    try:
+        wait_for(ready, timeout=START_TIMEOUT, what=f"{worker.name} to log {text!r}", logs=[worker.log_path])
+    except BaseException:
+        worker.stop()
+        raise
 
 
 @dataclass
@@ -155,6 +171,8 @@ class TaskStack:
     shop: Flask
     env: dict[str, str]
     client: Any
+    #: The outbox's time in the workers (unless the stack runs on real time: ``running_stack``).
+    clock: SharedClock
     workers: list[Worker] = field(default_factory=list)
     beat: Worker | None = None
     started: int = 0
@@ -221,12 +239,31 @@ class TaskStack:
             )
         return "\n".join(parts)
 
-    def wait(self, predicate: Callable[[], Any], *, timeout: float, what: str) -> Any:
+    def wait(self, predicate: Callable[[], Any], *, what: str, timeout: float = WAIT_DEADLINE) -> Any:
         """``wait_for``, with every process's log in the message when it times out."""
         try:
             return wait_for(predicate, timeout=timeout, interval=0.05, what=what)
         except AssertionError as exc:
             raise AssertionError(f"{exc}\n{self.logs()[-8000:]}") from None
+
+    def round_since(self, moment: datetime) -> tuple[Any, ...]:
+        """Wait until a ``deliver_outbox`` run that began after ``moment`` (real time) has finished: by then
+        every event due and free at the stack's clock has been taken. ``(pid, summary)`` of that run (its
+        heartbeat: ``gateway_job_runs``, one row written when a run ends)."""
+
+        def finished() -> tuple[Any, ...] | None:
+            found = self.rows(
+                "SELECT pid, last_summary FROM gateway_job_runs WHERE job = 'deliver' AND last_started_at > :m",
+                m=moment,
+            )
+            return found[0] if found else None
+
+        found: tuple[Any, ...] = self.wait(finished, what=f"a deliver_outbox run begun after {moment}")
+        return found
+
+    def round_now(self) -> tuple[Any, ...]:
+        """:meth:`round_since` now: what the workers do with the rows and the clock as they are."""
+        return self.round_since(utcnow())
 
     # --- the shop's side ------------------------------------------------------------------------------
 
@@ -263,17 +300,30 @@ class TaskStack:
         return self.rows("SELECT event_id, pid, at FROM tasks_fulfilments WHERE reference = :r", r=reference)
 
     def events(self, checkout_id: int) -> list[tuple[Any, ...]]:
-        """``(id, kind, state, attempts, last_error, created_at, delivered_at)`` of the checkout's outbox rows."""
+        """``(id, kind, state, attempts, last_error, created_at, delivered_at, next_attempt_at,
+        claimed_until)`` of the checkout's outbox rows."""
         return self.rows(
-            "SELECT id, kind, state, attempts, last_error, created_at, delivered_at FROM gateway_outbox "
-            "WHERE checkout_id = :c ORDER BY id",
+            "SELECT id, kind, state, attempts, last_error, created_at, delivered_at, next_attempt_at, "
+            "claimed_until FROM gateway_outbox WHERE checkout_id = :c ORDER BY id",
             c=checkout_id,
         )
 
-    def inside(self, reference: str, call: int, *, timeout: float) -> dict[str, int]:
+    def event(self, checkout_id: int, what: str, *, attempts: int | None = None) -> tuple[Any, ...]:
+        """Wait for the checkout's one outbox row (with ``attempts`` recorded, if given); the row."""
+
+        def found() -> tuple[Any, ...] | None:
+            rows = self.events(checkout_id)
+            if len(rows) == 1 and (attempts is None or rows[0][3] == attempts):
+                return rows[0]
+            return None
+
+        row: tuple[Any, ...] = self.wait(found, what=what)
+        return row
+
+    def inside(self, reference: str, call: int) -> dict[str, int]:
         """Wait until the receiver's ``call`` for the order is blocked inside it; its pid and parent pid."""
         marker = self.markers / f"inside-{reference}-{call}.json"
-        self.wait(marker.exists, timeout=timeout, what=f"call {call} for {reference} inside the receiver")
+        self.wait(marker.exists, what=f"call {call} for {reference} inside the receiver")
         found: dict[str, int] = json.loads(marker.read_text())
         return found
 
@@ -300,18 +350,22 @@ def order(reference: str) -> OrderDraft:
     )
 
 
-@pytest.fixture(scope="module")
-def task_stack(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+@contextlib.contextmanager
+def running_stack(
+    root: Path,
+    cluster: PostgresCluster,
+    redis_url: str,
+    *,
+    lease_seconds: float = LEASE_SECONDS,
+    deliver_every: float = DELIVER_EVERY,
+    controlled_clock: bool = True,
 ) -> Iterator[TaskStack]:
-    if "postgresql" not in selected_backends(request.config):
-        pytest.skip(
-            "the task queue tests run on PostgreSQL only (SKIP LOCKED), and --database=sqlite was chosen"
-        )
-    redis_url: str = request.getfixturevalue("redis_url")
-    cluster: PostgresCluster = request.getfixturevalue("postgres_cluster")
-    root = tmp_path_factory.mktemp("tasks")
+    """The stack of the module docstring in the folder ``root``, on a new database of ``cluster``, stopped
+    and dropped at the end. ``controlled_clock=False``: the outbox in the workers goes by real time, as in
+    a shop (``benchmarks/figure_takeover.py`` times what the tests leave to the clock)."""
     (root / "markers").mkdir()
+    clock = SharedClock(root / "clock")
+    clock.set(utcnow().replace(microsecond=0))
     database_url = cluster.create_database()
     emulator = start_flask(
         "emulator",
@@ -332,7 +386,7 @@ def task_stack(
             emulator_url=emulator.url,
             redis_url=redis_url,
             markers=root / "markers",
-            deliver_every=DELIVER_EVERY,
+            deliver_every=deliver_every,
         )
         shop_app.create_tables(shop)
         with shop.app_context():
@@ -355,8 +409,9 @@ def task_stack(
             "TASKS_EMULATOR_URL": emulator.url,
             "TASKS_REDIS_URL": redis_url,
             "TASKS_MARKERS": str(root / "markers"),
-            "TASKS_LEASE_SECONDS": str(LEASE_SECONDS),
-            "TASKS_DELIVER_EVERY": str(DELIVER_EVERY),
+            "TASKS_LEASE_SECONDS": str(lease_seconds),
+            "TASKS_DELIVER_EVERY": str(deliver_every),
+            **({"TASKS_CLOCK": str(clock.path)} if controlled_clock else {}),
         }
         stack = TaskStack(
             root=root,
@@ -366,6 +421,7 @@ def task_stack(
             shop=shop,
             env=env,
             client=client,
+            clock=clock,
         )
         stack.ensure_workers()
         stack.start_beat()
@@ -378,6 +434,20 @@ def task_stack(
         emulator.stop()
         dispose_engines()  # the shop's pool in this process
         cluster.drop_database(database_url.rsplit("/", 1)[1], wait=False)
+
+
+@pytest.fixture(scope="module")
+def task_stack(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[TaskStack]:
+    if "postgresql" not in selected_backends(request.config):
+        pytest.skip(
+            "the task queue tests run on PostgreSQL only (SKIP LOCKED), and --database=sqlite was chosen"
+        )
+    redis_url: str = request.getfixturevalue("redis_url")
+    cluster: PostgresCluster = request.getfixturevalue("postgres_cluster")
+    with running_stack(tmp_path_factory.mktemp("tasks"), cluster, redis_url) as stack:
+        yield stack
 
 
 @pytest.fixture

@@ -11,6 +11,9 @@ Everything the receiver does is in the database (or in marker files), so every p
 - ``tasks_calls``: one row per call of the receiver (committed before it fails or blocks);
 - ``tasks_fulfilments``: one row per fulfilment. No unique key, no idempotency in the receiver: an event
   delivered twice after it fulfilled would show as two rows.
+
+The outbox's time in every process is a :class:`SharedClock` (a file the test writes), standing still
+until the test moves it: leases run out, retries fall due and renewals are made when the test says.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Final
 
@@ -32,8 +36,9 @@ from flask_gateway.tasks import DELIVER_OUTBOX, RECONCILE
 
 #: Where the shop says it is (the emulator never calls it: its callback worker is off).
 PUBLIC_URL: Final = "https://shop.example"
-#: Seconds a blocked call waits for its release file before it gives up (raises).
-BLOCK_LIMIT: Final = 60.0
+#: Seconds a blocked call waits for its release file before it gives up (raises): a last resort, for a
+#: test that died before it released or killed the call.
+BLOCK_LIMIT: Final = 600.0
 
 metadata = MetaData()
 scenarios: Final = Table(
@@ -62,6 +67,38 @@ fulfilments: Final = Table(
     Column("pid", Integer, nullable=False),
     Column("at", DateTime(timezone=True), server_default=func.clock_timestamp(), nullable=False),
 )
+
+
+class SharedClock:
+    """A clock every process of the task tests reads, moved only by the test: the time in the file
+    ``path`` (ISO 8601, UTC).
+
+    The worker processes put it in place of the outbox's ``utcnow`` and ``monotonic``
+    (``tests/tasks/worker_app.py``), so the leases and due times written in the rows, and the heartbeat
+    that renews the leases, go by it: however slow the machine, a lease runs out only when the test moves
+    the clock past its end, and a renewal falls due only when the test moves it a third of a lease on.
+    The heartbeat looks at the clock when its wait ends (at most a third of a real lease later).
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def set(self, moment: datetime) -> None:
+        written = self.path.with_name(f"{self.path.name}.new")
+        written.write_text(moment.isoformat())
+        os.replace(written, self.path)  # a reader sees the old time or the new one, never half a line
+
+    def now(self) -> datetime:
+        return datetime.fromisoformat(self.path.read_text())
+
+    def monotonic(self) -> float:
+        return self.now().timestamp()
+
+    def advance(self, seconds: float) -> datetime:
+        """Move the clock ``seconds`` on; the new time."""
+        moved = self.now() + timedelta(seconds=seconds)
+        self.set(moved)
+        return moved
 
 
 class Fulfilment:
@@ -118,8 +155,9 @@ def create_app(
     """The shop: the extension on ``database_url``, the gateway at ``emulator_url``, Celery on ``redis_url``.
 
     Every outbox event is left to the ``deliver_outbox`` task (``GATEWAY_OUTBOX_DELIVER_AT_ONCE`` off);
-    a failed delivery is due again after 1 s, then 2 s, 4 s... Beat sends ``deliver_outbox`` every ``deliver_every`` seconds; ``reconcile`` is sent
-    by the test (after the payment: a run that polled the checkout before would leave it alone for a minute).
+    a failed delivery is due again after 1 s, then 2 s, 4 s... (of the outbox's clock). Beat sends
+    ``deliver_outbox`` every ``deliver_every`` seconds; ``reconcile`` is sent by the test (after the
+    payment: a run that polled the checkout before would leave it alone for a minute).
     """
     app = Flask("tasks_shop")
     app.config.update(
