@@ -1,22 +1,19 @@
 """The admin screens' forms (Flask-WTF: every form carries a CSRF token) and money in and out of them.
 
 Owners type amounts in the currency's major unit (``1234.50``); the gateway and our tables use whole
-cents. ``parse_amount`` is the one conversion: ``Decimal``, never a float, and it refuses what it cannot
-convert exactly (more than 2 decimals, negatives, commas, exponents).
+cents: ``flask_gateway.core.money.parse_amount`` is the one conversion, for the forms and the commands.
 """
 
 from __future__ import annotations
 
-import re
-from decimal import Decimal
-from typing import Any, Final
+from typing import Any
 from urllib.parse import urlsplit
 
 from flask_wtf import FlaskForm
 from wtforms import BooleanField, IntegerField, PasswordField, StringField
 from wtforms.validators import InputRequired, Length, NumberRange, Optional, ValidationError
 
-from flask_gateway.core.money import format_money, format_plain
+from flask_gateway.core.money import MAX_CENTS, format_money, format_plain, parse_amount
 from flask_gateway.core.wire import EMAIL_PATTERN
 from flask_gateway.errors import ConfigurationError
 from flask_gateway.state import get_state
@@ -32,35 +29,6 @@ __all__ = [
     "format_money",
     "parse_amount",
 ]
-
-#: The largest amount the gateway accepts (docs/decisions.md: amounts 0 to 10^12 cents).
-MAX_CENTS: Final = 10**12
-_SEPARATORS: Final = dict.fromkeys(map(ord, " \t\u00a0\u2009\u202f_"), None)
-_AMOUNT: Final = re.compile(r"([0-9]*)(?:\.([0-9]*))?")
-
-
-def parse_amount(text: str, *, symbol: str = "") -> int:
-    """Whole cents from an amount in the major unit: ``"1234.5"``, ``"1 234.50"``, ``"R 1 234.50"``.
-
-    Raises ``ValueError`` with a message for the owner when the text is not an exact, non-negative amount.
-    """
-    value = text.strip()
-    if symbol and value.startswith(symbol):
-        value = value[len(symbol) :]
-    value = value.translate(_SEPARATORS)
-    if value.startswith("-"):
-        raise ValueError("The amount must not be negative.")
-    if "," in value:
-        raise ValueError("Use '.' before the cents (1234.50); leave out thousands separators or use spaces.")
-    match = _AMOUNT.fullmatch(value)
-    if match is None or not (match.group(1) or match.group(2)):
-        raise ValueError("Enter an amount such as 1234.50 (digits, with '.' before the cents).")
-    if len(match.group(2) or "") > 2:
-        raise ValueError("Use at most 2 decimals: amounts are in whole cents.")
-    cents = int(Decimal(value) * 100)
-    if cents > MAX_CENTS:
-        raise ValueError(f"The amount must not exceed {format_amount(MAX_CENTS)}.")
-    return cents
 
 
 #: ``123450`` -> ``"1234.50"`` (for form inputs: what ``parse_amount`` reads back).

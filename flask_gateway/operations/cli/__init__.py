@@ -8,6 +8,8 @@
 - ``flask gateway status ORDER_OR_TOKEN [--refresh]``: the local record and the gateway's getstatus answer
   (a checkout given by its order reference or its token, found in the shop's database; see
   :mod:`~flask_gateway.operations.cli.lookup`).
+- ``flask gateway refund ORDER_OR_TOKEN [AMOUNT | --all] [--reason TEXT] [--yes]``: the admin screen's
+  refund (see :mod:`~flask_gateway.operations.cli.refunds`): exit 0 refunded, 1 not, 75 no answer.
 - ``flask gateway checkouts [--status S] [--account ID] [--limit N] [--json]``: the recent checkouts.
 - ``flask gateway check-settings``: compare the gateway's settings (callback URL, e-mail, limits) with the
   shop's (see :mod:`flask_gateway.operations.drift`); exits 1 when they differ or the gateway cannot be asked.
@@ -40,6 +42,14 @@ exit status 75 (``EX_TEMPFAIL``): a cron job or timer runs it again later.
 from __future__ import annotations
 
 # Importing the command modules registers their commands on the group.
-from flask_gateway.operations.cli import accounts, callbacks, checkouts, listing, outbox, setup  # noqa: F401
+from flask_gateway.operations.cli import (  # noqa: F401
+    accounts,
+    callbacks,
+    checkouts,
+    listing,
+    outbox,
+    refunds,
+    setup,
+)
 from flask_gateway.operations.cli.group import *  # noqa: F403
 from flask_gateway.operations.cli.group import __all__ as __all__

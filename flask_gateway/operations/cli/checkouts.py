@@ -10,7 +10,6 @@ import click
 
 from flask_gateway.config import MAX_PAID_WINDOW_HOURS, MAX_RECONCILE_CONCURRENCY
 from flask_gateway.core.errors import GatewayError
-from flask_gateway.core.sql import commit_keeping_loaded
 from flask_gateway.core.wire import status_payload_keys
 from flask_gateway.errors import NotInstalledError, SecretUnreadable, UnknownAccountError
 from flask_gateway.labels import describe_detail, source_label, status_label
@@ -24,11 +23,11 @@ from flask_gateway.operations.cli.group import (
     installed_account,
     when,
 )
-from flask_gateway.operations.cli.lookup import CheckoutNotFound, find_checkout, payment_page
+from flask_gateway.operations.cli.lookup import CheckoutNotFound, end_reading, find_checkout, payment_page
 from flask_gateway.operations.drift import AccountCheck, check_all_settings, check_settings, scheduled_check
 from flask_gateway.operations.reconciliation import PAID_RECHECK_SECONDS, reconcile
 from flask_gateway.payments.polling import refresh
-from flask_gateway.state import GatewayState, get_state
+from flask_gateway.state import get_state
 
 
 @gateway_cli.command("reconcile")
@@ -194,13 +193,13 @@ def status_command(checkout_given: str, apply_answer: bool, account: str | None,
             raise SystemExit(1)
     try:
         if apply_answer and checkout is not None:
-            _end_reading(state)
+            end_reading()
             transition = refresh(checkout, source="admin")
             verb = "applied" if transition.applied else f"not applied ({transition.reason})"
             click.echo(f"Refreshed: {transition.before} -> {transition.after}, {verb}.")
         asking = checkout.merchant_account_id if checkout is not None else account
         client = state.client(account=asking)
-        _end_reading(state)
+        end_reading()
         payload = client.get_status(token).data.to_wire(state.config.wire_names)
     except (GatewayError, NotInstalledError, UnknownAccountError, SecretUnreadable) as error:
         click.echo(f"The gateway could not be asked: {error}", err=True)
@@ -212,14 +211,6 @@ def status_command(checkout_given: str, apply_answer: bool, account: str | None,
         click.echo(f"  {key:<33}{shown}")
     if checkout is None:
         raise SystemExit(1)
-
-
-def _end_reading(state: GatewayState) -> None:
-    """End what the command read before it talks to the gateway: no transaction is held across a call.
-    On SQLite a transaction holds the database's write lock, and an embedded emulator answers from the same
-    database in this same process: it would wait for the lock until its busy timeout, then answer 503."""
-    if state.session.in_transaction():
-        commit_keeping_loaded(state.session)
 
 
 @gateway_cli.command("check-settings")

@@ -129,6 +129,7 @@ COMMAND_CHECKS: Final[dict[str, Checks]] = {
     "redeliver": Checks(),
     "replay-callback": Checks(),
     "status": Checks(),
+    "refund": Checks(),
     "check-settings": Checks(),
     "prune-callbacks": Checks(),
 }

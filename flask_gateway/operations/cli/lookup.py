@@ -17,11 +17,12 @@ import click
 from sqlalchemy import select
 
 from flask_gateway.core.references import AmbiguousReference, stored_reference
+from flask_gateway.core.sql import commit_keeping_loaded
 from flask_gateway.core.timestamps import format_timestamp, utcnow
 from flask_gateway.models import GatewayCheckout
 from flask_gateway.state import get_state
 
-__all__ = ["CheckoutNotFound", "Found", "age", "find_checkout", "iso_utc", "payment_page"]
+__all__ = ["CheckoutNotFound", "Found", "age", "end_reading", "find_checkout", "iso_utc", "payment_page"]
 
 
 class CheckoutNotFound(click.ClickException):
@@ -89,6 +90,16 @@ def find_checkout(given: str, account: str | None = None) -> Found:
         f"no checkout{on} has the token or order reference {shown!r} in this shop's database (`flask "
         "gateway checkouts` lists the recent ones); the gateway was not asked."
     )
+
+
+def end_reading() -> None:
+    """End what a command read before it talks to the gateway or waits for a person: no transaction is
+    held across either. On SQLite a transaction holds the database's write lock, and an embedded emulator
+    answers from the same database in this same process: it would wait for the lock until its busy timeout,
+    then answer 503 (and a prompt left open would stop the shop's own writes)."""
+    session = get_state().session
+    if session.in_transaction():
+        commit_keeping_loaded(session)
 
 
 def payment_page(url: str | None) -> str:

@@ -255,6 +255,7 @@ def _args(command: str) -> list[str]:
     """The fewest arguments each command runs with."""
     return {
         "status": ["status", "tok-1"],
+        "refund": ["refund", "tok-1", "--all", "--yes"],
         "redeliver": ["redeliver", "1"],
         "replay-callback": ["replay-callback", "1"],
         "prune-callbacks": ["prune-callbacks", "--refused"],
