@@ -1,13 +1,16 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import datetime, timedelta
 
 import pytest
 from flask import Flask
 from flask.testing import FlaskClient
 
 from flask_gateway.core.sql import create_all_safely
+from flask_gateway.core.timestamps import utcnow
 from flask_gateway.emulator import EmulatorSettings, create_app
+from flask_gateway.emulator import clock as emulator_clock
 from tests.conftest import Databases, Schema
 from tests.emulator.support import Gateway
 
@@ -66,3 +69,13 @@ def installed(gateway: Gateway) -> Gateway:
     """A gateway with the demo account installed (limits 100..10,000,000 cents)."""
     gateway.install()
     return gateway
+
+
+@pytest.fixture
+def stopped_clock(monkeypatch: pytest.MonkeyPatch) -> datetime:
+    """The emulator's clock stopped at the next whole second (never behind what it stamped before); only
+    its offset moves it (``/_emulator/clock/advance``). A time it stamps is exactly the one expected, and a
+    delay not yet due stays so, however long the test takes on a loaded machine."""
+    at = utcnow().replace(microsecond=0) + timedelta(seconds=1)
+    monkeypatch.setattr(emulator_clock, "utcnow", lambda: at)
+    return at

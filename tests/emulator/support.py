@@ -4,12 +4,20 @@ from __future__ import annotations
 
 import copy
 import json
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
+from flask import Flask
 from flask.testing import FlaskClient
+from sqlalchemy import event
+from sqlalchemy.engine import Connection, Engine
 from werkzeug.test import TestResponse
 
 from flask_gateway.core.signing import sign
+from flask_gateway.core.sql import _DEFERRED_BEGIN
+from flask_gateway.emulator.models import db
 
 ACCOUNT = "demo-merchant"
 API_KEY = "demo-api-key"
@@ -154,3 +162,25 @@ class Gateway:
 
     def v1(self, operation: str, body: Any, *, auth: tuple[str, str] = (ACCOUNT, API_KEY)) -> TestResponse:
         return self.client.post(f"/api/v1/merchant/{operation}", json=body, auth=auth)
+
+
+@contextmanager
+def write_lock_asked(app: Flask, thread: threading.Thread) -> Iterator[threading.Event]:
+    """SQLite: an event set when ``thread`` begins a writing transaction on ``app``'s database, that is
+    when it asks for the write lock (``BEGIN IMMEDIATE``, or its turn in the write queue before it), just
+    before it may have to wait for it. A read-only transaction (``BEGIN`` DEFERRED) does not count."""
+    asked = threading.Event()
+    with app.app_context():
+        engine = db.engine
+
+    def began(connection: Connection) -> None:
+        if connection.engine is engine and threading.current_thread() is thread and not _DEFERRED_BEGIN.get():
+            asked.set()
+
+    # Listened for on the Engine class, whose listeners run first: one on the engine itself would run after
+    # the engine's listener that takes the lock, registered before it (insert=True notwithstanding).
+    event.listen(Engine, "begin", began, insert=True)
+    try:
+        yield asked
+    finally:
+        event.remove(Engine, "begin", began)

@@ -30,7 +30,8 @@ from flask_gateway.emulator.idempotency import lock_key
 from flask_gateway.emulator.models import Checkout, CheckoutEvent, IdempotencyKey, db
 from tests.conftest import new_connection
 from tests.emulator.conftest import make_emulator
-from tests.emulator.support import ACCOUNT, Gateway, create_body
+from tests.emulator.support import ACCOUNT, Gateway, create_body, write_lock_asked
+from tests.processes import WAIT_DEADLINE
 
 pytestmark = pytest.mark.backends
 
@@ -149,7 +150,7 @@ def test_the_claim_is_held_until_the_rows_are_written(
     def held(*args: Any) -> int:
         if not inside.is_set():
             inside.set()
-            assert release.wait(30)
+            assert release.wait(WAIT_DEADLINE)
         return real(*args)
 
     monkeypatch.setattr(checkouts, "_insert_created", held)
@@ -158,24 +159,26 @@ def test_the_claim_is_held_until_the_rows_are_written(
         target=lambda: answers.setdefault("first", installed.signed("/v2/create", create_body()))
     )
     first.start()
-    assert inside.wait(10)
+    assert inside.wait(WAIT_DEADLINE), "the first create never reached the write of its rows"
     duplicate = Gateway(emulator_app.test_client())
     duplicate.keys = installed.keys
     if database_backend == "postgresql":
         answer = duplicate.signed("/v2/create", create_body())
         assert answer.status_code == 409 and "still in flight" in answer.json["message"]
         release.set()
-        first.join(30)
+        first.join(WAIT_DEADLINE)
     else:
         second = threading.Thread(
             target=lambda: answers.setdefault("second", duplicate.signed("/v2/create", create_body()))
         )
-        second.start()
-        second.join(0.5)
-        assert second.is_alive()  # waiting for the write lock
-        release.set()
-        first.join(30)
-        second.join(30)
+        with write_lock_asked(emulator_app, second) as asked:
+            second.start()
+            assert asked.wait(WAIT_DEADLINE), "the duplicate never asked for the write lock"
+            # It asked while the first holds the lock, and gets it only after the first's commit.
+            assert second.is_alive()
+            release.set()
+            first.join(WAIT_DEADLINE)
+            second.join(WAIT_DEADLINE)
         assert answers["second"].headers["idempotent-replay"] == "true"
         assert answers["second"].json == answers["first"].json
     assert answers["first"].status_code == 200 and "idempotent-replay" not in answers["first"].headers

@@ -9,7 +9,6 @@ import json
 import re
 import sqlite3
 import threading
-import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -17,6 +16,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 import responses
+from flask import current_app
 
 from flask_gateway.core.signing import verify
 from flask_gateway.core.timestamps import parse_timestamp
@@ -25,9 +25,17 @@ from flask_gateway.emulator.models import Checkout, Delivery, db
 from tests.conftest import fetch_all
 from tests.emulator.conftest import make_emulator
 from tests.emulator.support import ACCOUNT, CALLBACK_URL, Gateway, create_body, v1_checkout_body
+from tests.processes import WAIT_DEADLINE, wait_for
 
 # The outbox: SKIP LOCKED claims, leases and due times compared in SQL, no transaction open during a call.
 pytestmark = pytest.mark.backends
+
+
+@pytest.fixture(autouse=True)
+def _stopped(stopped_clock: datetime) -> None:
+    """The emulator's clock moves only when a test advances it: a retry due in 2 s is not due after 1 s,
+    however long the machine takes between the two calls."""
+
 
 STATUS_KEYS = {
     "requestId",
@@ -496,10 +504,11 @@ def test_background_worker_delivers_and_starts_once(emulator_app, installed, mer
         workers = [t for t in threading.enumerate() if t.name == "gateway-emulator-delivery"]
         assert len(workers) == 1
         token = paid(installed)
-        deadline = time.monotonic() + 10
-        while installed.status(token)["checkoutPaymentStatus"] != "PAID":
-            assert time.monotonic() < deadline, "the worker did not deliver the callback"
-            time.sleep(0.05)
+        wait_for(
+            lambda: installed.status(token)["checkoutPaymentStatus"] == "PAID",
+            interval=0.05,
+            what="the worker to deliver the callback (the checkout PAID)",
+        )
         # Outside a request the worker uses the address the app was last reached at.
         assert sent_bodies(merchant)[0]["paymentUrl"] == f"http://localhost/api/v2/app/checkout/{token}"
     finally:
@@ -564,24 +573,38 @@ def open_transactions(database_url: str) -> str:
     return "free" if not rows else repr(rows)
 
 
-def test_worker_waits_until_it_knows_the_emulators_address(database_url, emulator_app, installed, merchant):
+def test_worker_waits_until_it_knows_the_emulators_address(
+    database_url, emulator_app, installed, merchant, monkeypatch
+):
     answer(merchant, 200)
     token = paid(installed)
     # A second process on the same database that has served no request yet: it does not deliver.
     fresh = make_emulator(database_url)
     fresh.config["EMULATOR_WORKER_INTERVAL"] = 0.02
+    unknown = threading.Semaphore(0)  # released at each tick of the fresh worker that knew no address
+    known = delivery.address_known
+
+    def counted() -> bool:
+        found = known()
+        if not found and current_app._get_current_object() is fresh:  # type: ignore[attr-defined]
+            unknown.release()
+        return found
+
+    monkeypatch.setattr(delivery, "address_known", counted)
     delivery.start_worker(fresh)
     try:
-        time.sleep(0.3)
+        for tick in range(1, 6):  # five ticks with the callback due and no address: nothing sent
+            assert unknown.acquire(timeout=WAIT_DEADLINE), f"the fresh worker's tick {tick} never came"
         assert len(merchant.calls) == 0
         assert (
             fresh.test_client().get("/_emulator/clock", base_url="http://gateway.test:8080").status_code
             == 200
         )
-        deadline = time.monotonic() + 10
-        while installed.status(token)["checkoutPaymentStatus"] != "PAID":
-            assert time.monotonic() < deadline, "the worker did not deliver the callback"
-            time.sleep(0.02)
+        wait_for(
+            lambda: installed.status(token)["checkoutPaymentStatus"] == "PAID",
+            interval=0.02,
+            what="the fresh worker to deliver the callback once it knows its address",
+        )
     finally:
         delivery.stop_worker(fresh)
         with fresh.app_context():

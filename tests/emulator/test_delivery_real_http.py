@@ -13,7 +13,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from email import message_from_bytes, policy
@@ -31,26 +30,20 @@ from flask_gateway.core.signing import verify
 from flask_gateway.core.wire import CreateCheckoutRequest, InstallRequest
 from tests import secret_watch
 from tests.emulator.support import ACCOUNT, API_KEY, create_body
-from tests.processes import free_port
+from tests.processes import WAIT_DEADLINE, free_port, wait_for
 
 # A server process whose delivery worker thread writes beside the requests.
 pytestmark = pytest.mark.backends
 
-#: Upper bound of every wait in this module (the worker needs well under a second per attempt here).
-WAIT = 15.0
 EMAIL = "ops@shop.example"
 
 
-def wait_until(condition: Callable[[], Any], what: str, timeout: float = WAIT) -> Any:
-    """Poll ``condition`` until it returns something truthy; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(0.05)
+@dataclass
+class Emulator:
+    """The emulator's server process: its base URL and its log (shown when a wait fails)."""
+
+    url: str
+    log: Path
 
 
 # --- the merchant's callback receiver -----------------------------------------------------------------
@@ -146,8 +139,8 @@ def smtp() -> Iterator[tuple[Mailbox, int]]:
 
 
 @pytest.fixture
-def emulator(tmp_path: Path, database_url: str, smtp: tuple[Mailbox, int]) -> Iterator[str]:
-    """The emulator's base URL (on SQLite or PostgreSQL); the process is terminated afterwards whatever
+def emulator(tmp_path: Path, database_url: str, smtp: tuple[Mailbox, int]) -> Iterator[Emulator]:
+    """The emulator's server (on SQLite or PostgreSQL); the process is terminated afterwards whatever
     happens."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("EMULATOR_", "FLASK_"))}
@@ -177,12 +170,12 @@ def emulator(tmp_path: Path, database_url: str, smtp: tuple[Mailbox, int]) -> It
                 if process.poll() is not None:
                     pytest.fail(f"the emulator exited ({process.returncode}):\n{log_path.read_text()}")
                 try:
-                    return requests.get(f"{base}/_emulator/clock", timeout=1).status_code == 200
-                except requests.ConnectionError:
+                    return requests.get(f"{base}/_emulator/clock", timeout=10).status_code == 200
+                except requests.RequestException:  # not listening yet, or too busy starting to answer
                     return False
 
-            wait_until(answers, "the emulator to answer", timeout=30)
-            yield base
+            wait_for(answers, timeout=2 * WAIT_DEADLINE, what="the emulator to answer", logs=[log_path])
+            yield Emulator(base, log_path)
         finally:
             process.terminate()
             try:
@@ -217,15 +210,15 @@ def create_and_pay(base: str, client: GatewayClient) -> tuple[str, str]:
     return created.checkoutToken, str(created.paymentUrl)
 
 
-def test_worker_delivers_a_signed_callback_after_two_failures(emulator, receiver):
+def test_worker_delivers_a_signed_callback_after_two_failures(emulator: Emulator, receiver):
     merchant = receiver(500, 500, 200)
-    client, key = install(emulator, merchant.url)
-    token, payment_url = create_and_pay(emulator, client)
+    client, key = install(emulator.url, merchant.url)
+    token, payment_url = create_and_pay(emulator.url, client)
 
     def paid() -> bool:
         return client.get_status(token).data.checkoutPaymentStatus == "PAID"
 
-    wait_until(paid, "the background worker to deliver the callback")
+    wait_for(paid, interval=0.05, what="the background worker to deliver the callback", logs=[emulator.log])
     status = client.get_status(token).data
     assert status.lastCallbackAttemptStatusMessage == "OK"
 
@@ -240,26 +233,28 @@ def test_worker_delivers_a_signed_callback_after_two_failures(emulator, receiver
     assert all(b["checkoutPaymentStatus"] == "PAID_PENDING_CALLBACK" for b in bodies)
     assert all(b["paymentUrl"] == payment_url for b in bodies)  # the worker knows the emulator's address
 
-    log = requests.get(f"{emulator}/_emulator/callbacks", timeout=10).json()["callbacks"]
+    log = requests.get(f"{emulator.url}/_emulator/callbacks", timeout=10).json()["callbacks"]
     assert [(a["number"], a["httpStatus"], a["ok"]) for a in log] == [
         (1, 500, False),
         (2, 500, False),
         (3, 200, True),
     ]
     assert [a["requestBody"].encode() for a in log] == [body for _, body in received]
-    assert requests.get(f"{emulator}/_emulator/dead-letters", timeout=10).json()["deadLetters"] == []
+    assert requests.get(f"{emulator.url}/_emulator/dead-letters", timeout=10).json()["deadLetters"] == []
 
 
-def test_dead_letter_and_three_emails_over_smtp(emulator, receiver, smtp):
+def test_dead_letter_and_three_emails_over_smtp(emulator: Emulator, receiver, smtp):
     mailbox, _ = smtp
     merchant = receiver(500)
-    client, _ = install(emulator, merchant.url, email=EMAIL)
-    token, _ = create_and_pay(emulator, client)
+    client, _ = install(emulator.url, merchant.url, email=EMAIL)
+    token, _ = create_and_pay(emulator.url, client)
 
     def dead_letters() -> Any:
-        return requests.get(f"{emulator}/_emulator/dead-letters", timeout=10).json()["deadLetters"]
+        return requests.get(f"{emulator.url}/_emulator/dead-letters", timeout=10).json()["deadLetters"]
 
-    [dead] = wait_until(dead_letters, "the callback to be dead-lettered")
+    [dead] = wait_for(
+        dead_letters, interval=0.05, what="the callback to be dead-lettered", logs=[emulator.log]
+    )
     assert dead["checkoutToken"] == token
     assert dead["attempts"] == 3
     assert [a["httpStatus"] for a in dead["attemptLog"]] == [500, 500, 500]
@@ -268,7 +263,12 @@ def test_dead_letter_and_three_emails_over_smtp(emulator, receiver, smtp):
     assert status.checkoutPaymentStatus == "PAID_PENDING_CALLBACK"
     assert status.lastCallbackAttemptStatusMessage == "HTTP 500"
 
-    messages = wait_until(lambda: len(mailbox.snapshot()) >= 3 and mailbox.snapshot(), "three e-mails")
+    messages = wait_for(
+        lambda: len(mailbox.snapshot()) >= 3 and mailbox.snapshot(),
+        interval=0.05,
+        what="three e-mails at the SMTP server",
+        logs=[emulator.log],
+    )
     assert len(messages) == 3
     assert mailbox.envelopes == [("gateway-emulator@localhost", [EMAIL])] * 3
     for number, message in enumerate(messages, start=1):
@@ -283,7 +283,12 @@ def test_dead_letter_and_three_emails_over_smtp(emulator, receiver, smtp):
         assert detail["lastCallbackAttemptStatusMessage"] == "HTTP 500"
 
     def recorded_as_sent() -> bool:
-        stored = requests.get(f"{emulator}/_emulator/emails", timeout=10).json()["emails"]
+        stored = requests.get(f"{emulator.url}/_emulator/emails", timeout=10).json()["emails"]
         return [e["smtpResult"] for e in stored] == ["sent"] * 3
 
-    wait_until(recorded_as_sent, "the outbox to record the three e-mails as sent")
+    wait_for(
+        recorded_as_sent,
+        interval=0.05,
+        what="the outbox to record the three e-mails as sent",
+        logs=[emulator.log],
+    )

@@ -15,7 +15,6 @@ import json
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -29,8 +28,9 @@ from flask_gateway.core.timestamps import utcnow
 from flask_gateway.emulator import checkouts
 from flask_gateway.emulator.idempotency import _body_hash, lock_key
 from flask_gateway.emulator.models import Checkout, IdempotencyKey, db
-from tests.conftest import new_connection
-from tests.emulator.support import ACCOUNT, Gateway, create_body
+from tests.conftest import fetch_all, new_connection
+from tests.emulator.support import ACCOUNT, Gateway, create_body, write_lock_asked
+from tests.processes import WAIT_DEADLINE, wait_for
 
 
 def postgresql_only(database_backend: str) -> None:
@@ -67,7 +67,7 @@ def test_a_duplicate_during_the_work(
 
     def hold() -> None:
         inside.set()
-        assert release.wait(30)
+        assert release.wait(WAIT_DEADLINE)
 
     wrap_create(monkeypatch, hold)
     answers: dict[str, TestResponse] = {}
@@ -75,7 +75,7 @@ def test_a_duplicate_during_the_work(
         target=lambda: answers.setdefault("first", installed.signed("/v2/create", create_body()))
     )
     first.start()
-    assert inside.wait(10)
+    assert inside.wait(WAIT_DEADLINE), "the first create never reached its work"
     duplicate = Gateway(emulator_app.test_client())
     duplicate.keys = installed.keys
     if database_backend == "postgresql":
@@ -84,18 +84,20 @@ def test_a_duplicate_during_the_work(
         assert answer.status_code == 409, answer.get_data(as_text=True)
         assert "still in flight" in answer.json["message"]
         release.set()
-        first.join(30)
+        first.join(WAIT_DEADLINE)
     else:
         # SQLite: the first holds the write lock; the duplicate waits for its commit, then replays.
         second = threading.Thread(
             target=lambda: answers.setdefault("second", duplicate.signed("/v2/create", create_body()))
         )
-        second.start()
-        second.join(0.5)
-        assert second.is_alive()  # waiting for the write lock
-        release.set()
-        first.join(30)
-        second.join(30)
+        with write_lock_asked(emulator_app, second) as asked:
+            second.start()
+            assert asked.wait(WAIT_DEADLINE), "the duplicate never asked for the write lock"
+            # It asked while the first holds the lock, and gets it only after the first's commit.
+            assert second.is_alive()
+            release.set()
+            first.join(WAIT_DEADLINE)
+            second.join(WAIT_DEADLINE)
         answer = answers["second"]
         assert answer.status_code == 200 and answer.headers["idempotent-replay"] == "true"
         assert answer.json == answers["first"].json
@@ -220,7 +222,11 @@ app = create_app(
 )
 
 def create(*args, **kwargs):
-    print("inside the work", flush=True)
+    from flask_gateway.emulator.models import db
+    # PostgreSQL: the server process of the connection that holds the claim (its advisory lock).
+    connection = db.session.connection()
+    pid = connection.exec_driver_sql("SELECT pg_backend_pid()").scalar() if connection.dialect.name == "postgresql" else ""
+    print(f"inside the work {pid}", flush=True)
     time.sleep(120)
 
 checkouts.create = create
@@ -247,15 +253,23 @@ def test_a_request_whose_process_is_killed_mid_work_leaves_no_claim(
             assert worker.stdin is not None and worker.stdout is not None
             worker.stdin.write(raw)
             worker.stdin.close()
-            assert worker.stdout.readline() == b"inside the work\n"
+            said = worker.stdout.readline().decode()
+            assert said.startswith("inside the work"), said
         finally:
             worker.kill()
-    # PostgreSQL ends the dead client's transaction when it reads the closed socket: a moment, at most.
-    deadline = time.monotonic() + 2
-    retry = installed.signed("/v2/create", None, raw=raw)
-    while retry.status_code == 409 and time.monotonic() < deadline:
-        time.sleep(0.05)
-        retry = installed.signed("/v2/create", None, raw=raw)
+    backend = said.split()[-1] if said.split()[-1].isdigit() else None
+    if backend is not None:
+        # PostgreSQL ends the dead client's session (its transaction, so its lock) once it reads the
+        # closed socket: the retry comes after that, the one event the claim may last until.
+        wait_for(
+            lambda: (
+                not fetch_all(
+                    database_url, "SELECT 1 FROM pg_stat_activity WHERE pid = :pid", pid=int(backend)
+                )
+            ),
+            what=f"PostgreSQL to end the killed client's session (backend {backend})",
+        )
+    retry = installed.signed("/v2/create", None, raw=raw)  # once: no 409 to wait out
     assert retry.status_code == 200, retry.get_data(as_text=True)
     assert "idempotent-replay" not in retry.headers
     assert count(emulator_app, Checkout) == 1

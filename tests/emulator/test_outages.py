@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ from sqlalchemy import event, inspect
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
-from flask_gateway.core.outages import RETRY_AFTER_SECONDS
+from flask_gateway.core.outages import RETRY_AFTER_SECONDS, is_database_outage
 from flask_gateway.emulator import delivery, mount
 from flask_gateway.emulator.database import database_state
 from flask_gateway.emulator.delivery import start_worker, stop_worker
@@ -32,6 +31,7 @@ from tests.conftest import dispose_engines
 from tests.emulator.conftest import make_emulator
 from tests.emulator.support import Gateway, create_body
 from tests.postgres import PostgresCluster, start_cluster
+from tests.processes import wait_for
 
 UNREACHABLE = "postgresql+psycopg://gateway@127.0.0.1:1/emulator"
 LOGGER = "flask_gateway.emulator"
@@ -184,13 +184,26 @@ def test_the_delivery_worker_survives_an_outage_and_logs_it_once(caplog):
     caplog.set_level(logging.INFO, LOGGER)
     app = make_emulator(UNREACHABLE, public_url="http://emulator.test")
     app.config["EMULATOR_WORKER_INTERVAL"] = 0.02
+    state = database_state(app)
+    ensure = state.ensure
+    refused: list[BaseException] = []
+
+    def counted() -> None:  # each poll of the worker starts here
+        try:
+            ensure()
+        except BaseException as error:
+            refused.append(error)
+            raise
+
+    state.ensure = counted  # type: ignore[method-assign]
     start_worker(app)
     try:
-        time.sleep(0.5)  # about 25 polls, each refused
+        wait_for(lambda: len(refused) >= 25, what="25 polls of the delivery worker, each refused")
         worker = app.extensions["gateway_emulator_worker"]
         assert worker.is_alive()
     finally:
         stop_worker(app)
+    assert all(is_database_outage(error) for error in refused)
     assert len(outage_lines(caplog, "the database is unreachable")) == 1
     assert_no_traceback(caplog)
 
@@ -207,15 +220,6 @@ def restartable() -> Iterator[PostgresCluster]:
     finally:
         dispose_engines()  # the emulators' pooled connections, before the server goes
         cluster.stop()
-
-
-def wait_until(condition: Any, seconds: float = 10.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return bool(condition())
 
 
 def test_postgresql_stopped_then_started(restartable: PostgresCluster, caplog):
@@ -251,7 +255,12 @@ def test_postgresql_stopped_then_started(restartable: PostgresCluster, caplog):
         assert all(check["ok"] for check in ready.json["checks"].values()) and "failing" not in ready.json
         Gateway(late.test_client()).install()
         # The worker heals too: it keeps polling, and its own probe ends nothing twice.
-        assert wait_until(lambda: not database_state(running).watch.down)
+        wait_for(
+            lambda: not database_state(running).watch.down,
+            interval=0.05,
+            what="the delivery worker's watch to see the database back",
+            logs=[restartable.root / "log"],
+        )
         assert running.extensions["gateway_emulator_worker"].is_alive()
     finally:
         stop_worker(running)
