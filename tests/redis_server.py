@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.processes import free_port
+from tests.processes import WAIT_DEADLINE, free_port
 
 
 def find_redis_server() -> str | None:
@@ -71,8 +71,9 @@ class RedisServer:
             shutil.rmtree(self.root, ignore_errors=True)
 
 
-def start_redis(timeout: float = 20.0) -> RedisServer:
-    """Start ``redis-server`` on a free loopback port and wait until it answers PING."""
+def start_redis(timeout: float = WAIT_DEADLINE) -> RedisServer:
+    """Start ``redis-server`` on a free loopback port and wait until it answers PING (``timeout``: a last
+    resort; it answers in milliseconds on a quiet machine)."""
     binary = find_redis_server()
     if binary is None:
         raise RuntimeError(
