@@ -11,12 +11,14 @@ client's rate limit. A mark that is copied onto another body, made with another 
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 
 import pytest
 from sqlalchemy import select
 
 from flask_gateway import callback_rejected
 from flask_gateway.inbound import PROBE_HEADER, PROBE_WINDOW_SECONDS, doctor_probe_mark
+from flask_gateway.inbound import probe as probe_module
 from flask_gateway.models import CallbackLog
 from flask_gateway.operations.doctor import USER_AGENT
 from flask_gateway.operations.health import callback_health
@@ -112,6 +114,27 @@ def test_a_request_without_a_valid_mark_stays_a_refused_callback(installed: Harn
     assert len(rejected) == 1
     with installed.shop.app_context():
         assert callback_health().refused == 1
+
+
+def test_the_window_is_counted_either_way_on_the_receivers_clock(
+    installed: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A mark is the doctor's up to PROBE_WINDOW_SECONDS from the receiving process's clock, behind it or
+    ahead of it, and a refused callback one second further (the clock is the test's)."""
+    made_at = 1_900_000_000
+    clock = [float(made_at)]
+    monkeypatch.setattr(probe_module, "time", SimpleNamespace(time=lambda: clock[0]))
+    made = mark(installed)
+    assert made.startswith(f"t={made_at},v1=")
+    for moved in (
+        PROBE_WINDOW_SECONDS,
+        -PROBE_WINDOW_SECONDS,
+        PROBE_WINDOW_SECONDS + 1,
+        -PROBE_WINDOW_SECONDS - 1,
+    ):
+        clock[0] = made_at + moved
+        assert post(installed, probe=made).status_code == 401
+    assert outcomes(installed) == [("doctor-probe", 401)] * 2 + [("rejected-signature", 401)] * 2
 
 
 def test_no_mark_without_a_secret_key(installed: Harness) -> None:

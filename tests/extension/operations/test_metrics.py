@@ -3,12 +3,14 @@ for call latency and errors, the optional import, and docs/operations.md's recip
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -110,15 +112,28 @@ def client(retries: int = 2) -> GatewayClient:
 
 
 @responses.activate
-def test_the_transport_tells_its_observers_every_attempt(attempts):
-    responses.post(f"{BASE}/v2/getstatus", status=503, json={"message": "busy"})
-    responses.post(f"{BASE}/v2/getstatus", json=STATUS)
+def test_the_transport_tells_its_observers_every_attempt(attempts, monkeypatch):
+    # The transport's clock is the test's: each answer "takes" what its callback moves the clock by.
+    clock = [100.0]
+    monkeypatch.setattr(http, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+
+    def answer(status: int, body: dict[str, Any], takes: float) -> Any:
+        def respond(_request: Any) -> tuple[int, dict[str, str], str]:
+            clock[0] += takes
+            return status, {"Content-Type": "application/json"}, json.dumps(body)
+
+        return respond
+
+    responses.add_callback(
+        responses.POST, f"{BASE}/v2/getstatus", callback=answer(503, {"message": "busy"}, 0.25)
+    )
+    responses.add_callback(responses.POST, f"{BASE}/v2/getstatus", callback=answer(200, STATUS, 1.5))
     client().get_status(TOKEN)
     assert [(a.operation, a.method, a.attempt, a.http_status, a.failure) for a in attempts] == [
         ("getstatus", "POST", 1, 503, None),
         ("getstatus", "POST", 2, 200, None),
     ]
-    assert all(0 <= a.seconds < 5 for a in attempts)
+    assert [a.seconds for a in attempts] == [0.25, 1.5]  # from sending each request to its answer
 
     attempts.clear()
     responses.post(f"{BASE}/v2/cancel", body=requests.ReadTimeout("slow"))
@@ -189,7 +204,9 @@ def test_a_scrape_reads_the_figures_from_the_database(installed: Harness, regist
         )
         waiting_paid_at = load(installed, waiting).paid_at
 
+    scraped_from = utcnow()
     samples = scrape(registry)
+    scraped_by = utcnow()
 
     assert value(samples, "flask_gateway_up") == 1
     assert value(samples, "flask_gateway_metrics_window_seconds") == 3600
@@ -203,7 +220,12 @@ def test_a_scrape_reads_the_figures_from_the_database(installed: Harness, regist
     assert value(samples, "flask_gateway_refunds", state="SUCCEEDED") == 0
     assert value(samples, "flask_gateway_awaiting_callback_checkouts") == 1
     age = value(samples, "flask_gateway_awaiting_callback_oldest_age_seconds")
-    assert 0 <= age <= (utcnow() - waiting_paid_at).total_seconds() + 1
+    # Its age at the scrape: between the ages before and after it (the order of events, not a duration).
+    assert (
+        (scraped_from - waiting_paid_at).total_seconds()
+        <= age
+        <= (scraped_by - waiting_paid_at).total_seconds()
+    )
     last = value(samples, "flask_gateway_last_callback_timestamp_seconds")
     assert last == pytest.approx(received_at.timestamp(), abs=0.001)
     assert value(samples, "flask_gateway_callbacks_silent") == 0
@@ -498,11 +520,12 @@ def test_the_heartbeats_of_the_background_jobs(installed: Harness, registered: G
         session = get_state().session
         row = session.get(models.JobRun, "deliver")
         assert row is not None
-        row.last_finished_at = row.last_succeeded_at = utcnow() - 2 * bound
+        two_bounds_ago = utcnow() - 2 * bound
+        row.last_finished_at = row.last_succeeded_at = two_bounds_ago
         session.commit()
     stale = scrape(registered.registry)
     assert value(stale, "flask_gateway_job_overdue", job="deliver") == 1
-    assert value(stale, last_run, job="deliver") == pytest.approx((utcnow() - 2 * bound).timestamp(), abs=30)
+    assert value(stale, last_run, job="deliver") == pytest.approx(two_bounds_ago.timestamp())
 
 
 def test_heartbeats_that_cannot_be_read_leave_the_rest_scraped(
