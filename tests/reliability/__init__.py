@@ -17,8 +17,20 @@ database rows, across processes: fulfilments are the orders' ``paid`` history ro
   shoppers while PostgreSQL restarts fast and immediate and shop workers are SIGKILLed inside callbacks, then
   ``deliver`` and ``reconcile``: nothing lost, nothing twice, 503 + ``Retry-After`` only during the outages,
   the shop back without a person), both servers booting while PostgreSQL is down, SIGTERM mid-callback.
+- ``test_deployment.py``: the example shop deployed with its own files (gunicorn, Celery worker and beat,
+  Redis, ``/metrics``, the doctor); Redis and the worker stopped and started again.
+
+No test asserts how long something took: each waits for the event it needs (a row, a log line, a process,
+an answer), with a last-resort deadline whose failure says what it waited for and shows the logs' tails.
+How long recovery takes (the outbox after kills, the shop's return after a restart or a boot without its
+database, an outage's detection and clearing) is measured by the same scenarios in
+``benchmarks/figure_recovery.py``, against targets.
 
 Run: ``.venv/bin/pytest tests/reliability -q`` (part of the normal ``pytest``; skipped with
 ``--database=sqlite``). The figures each test checked are printed as ``[reliability] ...`` lines;
 ``RELIABILITY_SEED=<n>`` replays a chaos plan.
 """
+
+#: The line a gunicorn process of ``shop_wsgi`` writes to its log once it has built the app (a worker that
+#: cannot boot never does), with its pid: a test waits for it instead of giving a worker time to fail.
+APP_LOADED = "reliability: the shop's app is loaded in process"

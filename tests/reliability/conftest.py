@@ -30,8 +30,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,7 +40,7 @@ import requests
 
 from tests.conftest import fetch_all, selected_backends
 from tests.postgres import PostgresCluster
-from tests.processes import Server, free_port, wait_for
+from tests.processes import WAIT_DEADLINE, Server, free_port, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 OWNER_PASSWORD = "owner-password-for-reliability"
@@ -129,17 +129,29 @@ def start_gunicorn(
             command, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT
         )
     server = Server(name=name, port=port, process=process, log_path=log_path)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
+
+    def answers() -> bool:
         if process.poll() is not None:
             raise RuntimeError(f"{name} exited with {process.returncode} at start:\n{server.log_tail()}")
         try:
-            requests.get(server.url + ready_path, timeout=2)
-            return server
+            requests.get(server.url + ready_path, timeout=10)
         except requests.RequestException:
-            time.sleep(0.2)
-    server.stop()
-    raise RuntimeError(f"{name} did not answer on port {port}:\n{server.log_tail()}")
+            return False
+        return True
+
+    try:
+        # A worker imports the app before it answers: as start_flask, twice the usual last resort.
+        wait_for(
+            answers,
+            timeout=2 * WAIT_DEADLINE,
+            interval=0.2,
+            what=f"{name} to answer HTTP on port {port}",
+            logs=[server],
+        )
+    except BaseException:
+        server.stop()
+        raise
+    return server
 
 
 def plan_stack(
@@ -262,7 +274,7 @@ def start_stack(cluster: PostgresCluster, log_dir: Path) -> Stack:
     stack = launch(plan, log_dir)
     try:
         # The first shopper request auto-installs the shop (every worker may try at once).
-        requests.get(stack.shop.url + "/", timeout=30)
+        requests.get(stack.shop.url + "/", timeout=60)
         check_startup(stack)
     except BaseException:
         stack.shop.stop()
@@ -271,22 +283,28 @@ def start_stack(cluster: PostgresCluster, log_dir: Path) -> Stack:
     return stack
 
 
+def installed_on_first_use(stack: Stack) -> bool:
+    """A shopper request (the shop installs on first use, ``SHOP_AUTO_INSTALL``; a worker whose attempt
+    found the gateway not answering yet tries again on a request ``RETRY_SECONDS`` later), then: is the
+    shop installed?"""
+    with suppress(requests.RequestException):
+        requests.get(stack.shop.url + "/", timeout=60)
+    return fetch_all(stack.shop_db, "SELECT count(*) FROM gateway_installations") == [(1,)]
+
+
 def check_startup(stack: Stack, *, shop_workers: int = SHOP_WORKERS) -> None:
     """Every worker booted (none died racing its siblings over the tables, seeds or the installation), and
     the shop is installed exactly once."""
+    servers = [stack.shop, stack.emulator]
+    wait_for(lambda: installed_on_first_use(stack), what="the shop's auto-install", logs=servers)
     wait_for(
-        lambda: fetch_all(stack.shop_db, "SELECT count(*) FROM gateway_installations") == [(1,)],
-        timeout=30,
-        what="the shop's auto-install",
-    )
-    for _ in range(60):
-        logs = stack.logs()
-        if all(
+        lambda: all(
             text.count("Booting worker") >= n
-            for text, n in zip(logs.values(), (EMULATOR_WORKERS, shop_workers), strict=True)
-        ):
-            break
-        time.sleep(0.5)
+            for text, n in zip(stack.logs().values(), (EMULATOR_WORKERS, shop_workers), strict=True)
+        ),
+        what=f"{EMULATOR_WORKERS} emulator and {shop_workers} shop workers to boot",
+        logs=servers,
+    )
     for name, text in stack.logs().items():
         for bad in ("Traceback", "Worker failed to boot", "exited with code", "already installed"):
             assert bad not in text, f"{name} at start: {bad!r} in its log:\n{text[-3000:]}"

@@ -23,7 +23,9 @@ same module, as cron runs the same app as the server: the failing receiver is th
 Nothing here touches the database at import (a worker that boots while PostgreSQL is down must boot, like the
 shop it wraps): the tables are made by the deployment's step, run before the servers start
 (``conftest.init_shop_database``): the shop's ``flask ... shop init-db`` and this module's
-``flask --app tests.reliability.shop_wsgi:app reliability init-db``.
+``flask --app tests.reliability.shop_wsgi:app reliability init-db``. Under gunicorn, a process that has built
+the app writes one line to its log (``tests.reliability.APP_LOADED`` and its pid): a worker that cannot boot
+never writes it.
 
 Callback marks (``RELIABILITY_CALLBACK_MARKS=<folder>``, the fault tests): while a worker handles a request to
 the extension's callback endpoint, the file ``<folder>/<pid>-<thread>`` exists. A WSGI middleware outside the app
@@ -36,6 +38,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -62,6 +65,7 @@ from example_shop import create_app
 from example_shop.models import on_payment_confirmed
 from flask_gateway import signals
 from flask_gateway.core.sql import create_all_safely
+from tests.reliability import APP_LOADED
 
 #: The extension's callback endpoint (``GATEWAY_URL_PREFIX`` is the default ``/gateway``).
 CALLBACK_PATH: Final = "/gateway/callback"
@@ -106,6 +110,8 @@ _engine = create_engine(os.environ["SHOP_DATABASE_URL"], pool_size=2, max_overfl
 
 app = create_app()
 PROCESS: Final = os.environ.get("RELIABILITY_PROCESS", "server")
+if "gunicorn" in sys.modules:
+    print(f"{APP_LOADED} {os.getpid()}", file=sys.stderr, flush=True)  # noqa: T201 - read by the tests
 
 
 @click.group("reliability", help="The reliability tests' own tables.")
