@@ -13,7 +13,7 @@ database rows, across processes: fulfilments are the orders' ``paid`` history ro
   lost create answer, brand-new order).
 - ``test_chaos.py``: 200 seeded checkouts with faults on create, getstatus, callbacks and refunds, the
   clock moved on, ``flask --app example_shop gateway reconcile``; every order checked against the gateway.
-- ``test_faults.py``: faults an operator meets, on a cluster of its own with fsync on: the fault run (120
+- ``test_faults.py``: faults an operator meets, on a cluster of its own with fsync on: the fault run (60
   shoppers while PostgreSQL restarts fast and immediate and shop workers are SIGKILLed inside callbacks, then
   ``deliver`` and ``reconcile``: nothing lost, nothing twice, 503 + ``Retry-After`` only during the outages,
   the shop back without a person), both servers booting while PostgreSQL is down, SIGTERM mid-callback.
