@@ -28,8 +28,9 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Final
 
 import requests
@@ -37,7 +38,7 @@ import requests.adapters
 import requests.cookies
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.processes import wait_for
+from tests.processes import WAIT_DEADLINE, Server, wait_for
 from tests.redis_server import RedisServer
 from tests.reliability.conftest import ROOT
 from tests.reliability.support import Recorder, Shopper
@@ -172,13 +173,34 @@ class Scraper:
         with self._lock:
             return [scrape for scrape in self.scrapes if scrape.at >= moment]
 
-    def first(self, moment: float, predicate: Any, *, timeout: float, what: str) -> Scrape:
-        """The first scrape from ``moment`` on for which ``predicate(scrape)`` holds (bounded wait)."""
+    def first(
+        self,
+        moment: float,
+        predicate: Any,
+        *,
+        what: str,
+        timeout: float = WAIT_DEADLINE,
+        logs: Sequence[Server | Path] = (),
+    ) -> Scrape:
+        """The first scrape from ``moment`` on for which ``predicate(scrape)`` holds (a last-resort deadline,
+        whose failure shows the last scrape and the tails of ``logs``)."""
 
         def found() -> Scrape | None:
             return next((scrape for scrape in self.since(moment) if predicate(scrape)), None)
 
-        result: Scrape = wait_for(found, timeout=timeout, interval=0.1, what=what)
+        def last() -> str:
+            with self._lock:
+                scrape = self.scrapes[-1] if self.scrapes else None
+                errors = self.errors[-3:]
+            if scrape is None:
+                return f"no scrape; errors {errors}"
+            jobs = {job: (scrape.overdue(job), scrape.age(job)) for job in ("deliver", "reconcile")}
+            return f"the last scrape: HTTP {scrape.status}, (overdue, age) {jobs}; errors {errors}"
+
+        try:
+            result: Scrape = wait_for(found, timeout=timeout, interval=0.1, what=what, logs=logs)
+        except AssertionError as timed_out:
+            raise AssertionError(f"{timed_out}\n{last()}") from None
         return result
 
 
@@ -295,7 +317,12 @@ def start_redis_again(server: RedisServer) -> None:
         server.process = subprocess.Popen(
             server.process.args, stdout=log, stderr=subprocess.STDOUT, cwd=server.root
         )
-    wait_for(server.ping, timeout=20, interval=0.05, what=f"redis-server again on port {server.port}")
+    wait_for(
+        server.ping,
+        interval=0.05,
+        what=f"redis-server again on port {server.port}",
+        logs=[server.log_path],
+    )
 
 
 # --- gunicorn's access log ---------------------------------------------------------------------------------

@@ -28,9 +28,10 @@ through gunicorn's port, the test
 
 1. waits until both jobs have run, and the doctor finds no problem (exit 0; ``background-work`` and
    ``broker`` ok);
-2. stops Redis: the metric ``flask_gateway_job_overdue{job="deliver"}`` turns 1 within the deliver bound
-   plus a tick, the doctor says the delivery is overdue and the broker does not answer; starts Redis again:
-   both clear within :data:`CLEAR_WITHIN` s, with the same beat process. The worker either rides the outage
+2. stops Redis: the metric ``flask_gateway_job_overdue{job="deliver"}`` turns 1 (the scrape showing a last
+   delivery older than the deliver bound), then the doctor says the delivery is overdue and the broker does
+   not answer; starts Redis again: both clear, the delivery the metric shows having run after Redis was
+   started again, with the same beat process. The worker either rides the outage
    out (the same process), or exits with the one known crash: Redis gone while a late-acknowledged task
    runs, kombu's redis transport raises ``AttributeError("'NoneType' object has no attribute 'hostname'")``
    closing the lost connection (Celery's ``Unrecoverable error``, exit status 1; celery/kombu issues 582
@@ -43,8 +44,11 @@ through gunicorn's port, the test
    answered by several workers and each showed every ``create`` call made before it was sent (and none
    beyond those answered by then); no 5xx in gunicorn's access log, no traceback in the shop's log.
 
-The figures (heartbeat ages during each outage, time to detect and to clear, scrapes, calls, the worker's
-restarts) are printed:
+Every step waits for its event (a scrape, a doctor's run, a log line, a row), with a last-resort deadline
+whose failure shows the logs' tails; no step asserts how long it took. The time to detect and to clear each
+outage is ``benchmarks/figure_recovery.py``'s figure (``deployment_run`` returns the outages), held there
+against its target. The figures (heartbeat ages during each outage, time to detect and to clear, scrapes,
+calls, the worker's restarts) are printed too:
 ``pytest tests/reliability/test_deployment.py -p no:randomly -n 0 -s``.
 """
 
@@ -57,20 +61,27 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
 import pytest
-import requests
 from werkzeug.security import generate_password_hash
 
 from tests import secret_watch
 from tests.conftest import fetch_all, selected_backends
 from tests.postgres import PostgresCluster
-from tests.processes import Server, wait_for
+from tests.processes import WAIT_DEADLINE, Server, log_tails, wait_for
 from tests.redis_server import RedisServer, start_redis
-from tests.reliability.conftest import ROOT, Stack, StackPlan, plan_stack, start_gunicorn
+from tests.reliability.conftest import (
+    ROOT,
+    Stack,
+    StackPlan,
+    installed_on_first_use,
+    plan_stack,
+    start_gunicorn,
+)
 from tests.reliability.deployment import (
     ACCESS_FORMAT,
     DoctorRun,
@@ -105,10 +116,12 @@ RECONCILE_BOUND: Final = 20
 #: Beat's ticks (seconds).
 DELIVER_EVERY: Final = 2.0
 RECONCILE_EVERY: Final = 4.0
-#: Seconds within which an outage's end must show in the metric and the doctor.
-CLEAR_WITHIN: Final = 30.0
-#: Slack for a busy machine on top of "bound + tick" (scrape interval, the doctor's own run).
-SLACK: Final = 4.0
+#: GATEWAY_RECONCILE_AFTER_SECONDS: a checkout is reconciled once it is this old.
+RECONCILE_AFTER: Final = 2
+#: The last resort of the wait for every payment to be confirmed and fulfilled at the end: on a quiet
+#: machine the last lost callback's payment is confirmed by the next reconcile tick once it is old enough,
+#: and fulfilled by the next deliver tick; this is ten times that.
+SETTLE_DEADLINE: Final = 10 * (RECONCILE_AFTER + RECONCILE_EVERY + DELIVER_EVERY)
 #: The emulator's callback attempts for one payment (EMULATOR_CALLBACK_RETRY_DELAYS has two delays).
 CALLBACK_ATTEMPTS: Final = 3
 METRICS_TOKEN: Final = "deployment-test-metrics-token-0123456789"
@@ -145,6 +158,10 @@ class Deployment:
     def shop_log(self) -> str:
         return self.stack.shop.log_path.read_text(errors="replace")
 
+    def logs(self) -> list[Server | Path]:
+        """Every process's log, for a failure message: the servers, the Celery worker now and beat."""
+        return [self.stack.shop, self.stack.emulator, self.worker.log_path, self.beat.log_path]
+
 
 def _spawn_worker(root: Path, env: dict[str, str], name: str) -> Worker:
     """``celery -A example_shop.celery_app:celery worker --loglevel INFO`` as docs/example-shop.md runs it,
@@ -162,9 +179,16 @@ def deployment(
 ) -> Iterator[Deployment]:
     if "postgresql" not in selected_backends(request.config):
         pytest.skip("the deployment test runs on PostgreSQL only, and --database=sqlite was chosen")
-    began = time.monotonic()
     cluster: PostgresCluster = request.getfixturevalue("postgres_cluster")
-    root = tmp_path_factory.mktemp("deployment")
+    with deployed(cluster, tmp_path_factory.mktemp("deployment")) as running:
+        yield running
+
+
+@contextmanager
+def deployed(cluster: PostgresCluster, root: Path) -> Iterator[Deployment]:
+    """The deployment on ``cluster`` (its files and logs in ``root``), every process stopped afterwards and
+    its databases dropped."""
+    began = time.monotonic()
     redis = start_redis()
     plans: list[StackPlan] = []
     servers: list[Server] = []
@@ -198,7 +222,7 @@ def _plan(cluster: PostgresCluster, redis: RedisServer) -> StackPlan:
             "SHOP_DB_POOL_SIZE": "5",
             "GATEWAY_DELIVER_STALE_SECONDS": str(DELIVER_BOUND),
             "GATEWAY_RECONCILE_STALE_SECONDS": str(RECONCILE_BOUND),
-            "GATEWAY_RECONCILE_AFTER_SECONDS": "2",
+            "GATEWAY_RECONCILE_AFTER_SECONDS": str(RECONCILE_AFTER),
             "GATEWAY_OUTBOX_DELIVER_AT_ONCE": "0",
             # The emulator was started with EMULATOR_WAF=allow-local (its firewall lets 127.0.0.1 through).
             "GATEWAY_WAF": "allow-local",
@@ -239,12 +263,8 @@ def _deploy(
     stack = Stack(
         emulator=emulator, shop=shop, emulator_db=plan.emulator_db, shop_db=plan.shop_db, shop_env=env
     )
-    requests.get(shop.url + "/", timeout=60)  # the first request auto-installs the shop
-    wait_for(
-        lambda: fetch_all(plan.shop_db, "SELECT count(*) FROM gateway_installations") == [(1,)],
-        timeout=30,
-        what="the shop's auto-install",
-    )
+    # The first shopper requests auto-install the shop.
+    wait_for(lambda: installed_on_first_use(stack), what="the shop's auto-install", logs=servers)
     supervisor = Supervisor("worker", lambda name: _spawn_worker(root, env, name), restart_sec=1.0, say=say)
     workers.append(supervisor)
     worker = supervisor.start()
@@ -311,8 +331,8 @@ class Shoppers:
             for earlier in self._unsettled:
                 wait_for(
                     lambda token=earlier: self._callback_ok(token),
-                    timeout=30,
                     what=f"the callback of {earlier}",
+                    logs=[self.stack.shop, self.stack.emulator],
                 )
             self._unsettled.clear()
             add_fault(self.stack, operation="callback", kind="callback_fail", count=CALLBACK_ATTEMPTS)
@@ -321,8 +341,8 @@ class Shoppers:
             assert paid.status_code == 303, paid.status_code
             wait_for(
                 lambda: control_get(self.stack, "faults")["faults"] == [],
-                timeout=30,
                 what=f"the {CALLBACK_ATTEMPTS} failed callback attempts for {token}",
+                logs=[self.stack.shop, self.stack.emulator],
             )
         else:
             if paid.status_code != 200 or "/orders/view/" not in paid.url:
@@ -373,6 +393,9 @@ class Outage:
     #: When the doctor run that reported it began.
     doctor_began: float = 0.0
     ended: float = 0.0
+    #: ``time.time()`` right before the stopped part was started again: a job's run finished after it is
+    #: a run after the outage.
+    restarting_wall: float = 0.0
     cleared_metric: float = 0.0
     cleared_doctor: float = 0.0
     max_deliver_age: float = 0.0
@@ -409,8 +432,10 @@ def _ages(outage: Outage, scrapes: list[Scrape]) -> None:
         outage.max_reconcile_age = max(outage.max_reconcile_age, scrape.age("reconcile") or 0.0)
 
 
-def _until_doctor(deployment: Deployment, predicate: Any, *, timeout: float, what: str) -> DoctorRun:
-    """Run the doctor until ``predicate(run)`` holds (bounded); the first run that says so."""
+def _until_doctor(
+    deployment: Deployment, predicate: Any, *, what: str, timeout: float = WAIT_DEADLINE
+) -> DoctorRun:
+    """Run the doctor until ``predicate(run)`` holds (a last-resort deadline); the first run that says so."""
     deadline = time.monotonic() + timeout
     runs = []
     while True:
@@ -421,6 +446,7 @@ def _until_doctor(deployment: Deployment, predicate: Any, *, timeout: float, wha
         if time.monotonic() > deadline:
             raise AssertionError(
                 f"timed out after {timeout} s waiting for {what}; the doctor said:\n{run.output}"
+                + log_tails(deployment.logs())
             )
 
 
@@ -466,62 +492,62 @@ def _worker_rode_out_redis(deployment: Deployment, worker_pid: int, since: int) 
     wait_ready(restarted, " ready.")
     wait_for(
         lambda: re.search(r"Task flask_gateway\.deliver_outbox\[[^]]+\] succeeded", restarted.log()),
-        timeout=CLEAR_WITHIN,
         what=f"a deliver_outbox task run by {restarted.name}, the restarted worker",
+        logs=deployment.logs(),
     )
     return restarted.name
 
 
 def _outage_detected(deployment: Deployment, scraper: Scraper, outage: Outage, *, broker_down: bool) -> None:
-    """The doctor (its runs from the moment the bound has passed) and the metric report the outage within
-    the deliver bound plus a tick (and :data:`SLACK`)."""
-    limit = DELIVER_BOUND + DELIVER_EVERY + SLACK
-    # From the bound on, the last delivery is older than the bound (one in flight at the stop ends within
-    # half a second: a tick's run takes a few tens of milliseconds).
-    time.sleep(max(0.0, outage.began + DELIVER_BOUND + 0.5 - time.monotonic()))
+    """The metric turns overdue once the last delivery is older than the bound, and then the doctor says so
+    too (it reads the same heartbeats). How long after the outage began is a figure
+    (``benchmarks/figure_recovery.py``), not an assertion: the test waits for the event."""
+    seen = scraper.first(
+        outage.began,
+        lambda s: s.overdue("deliver") == 1,
+        what=f"deliver overdue in the metric ({outage.name})",
+        logs=deployment.logs(),
+    )
+    outage.detected_metric = seen.at
+    # Overdue means "the last finished run is older than the bound", as the scrape itself shows it.
+    age = seen.age("deliver")
+    assert age is not None and age >= DELIVER_BOUND, (outage.name, age)
 
     def overdue(run: DoctorRun) -> bool:
         return run.says("background-work", "problem", "deliver: last run finished") and (
             not broker_down or run.says("broker", "problem", "does not answer")
         )
 
-    run = _until_doctor(deployment, overdue, timeout=limit + 20, what=f"doctor to report the {outage.name}")
+    run = _until_doctor(deployment, overdue, what=f"doctor to report the {outage.name}")
     outage.detected_doctor = run.started + run.seconds
     outage.doctor_began = run.started
     outage.doctor_during = run.output
     assert run.returncode == 1, run.output
-    assert run.started - outage.began <= limit, (
-        f"{outage.name}: doctor reported it first in a run that began {run.started - outage.began:.1f} s in"
-    )
     if not broker_down:
         assert run.levels("broker") == ["ok"], run.output
-    seen = scraper.first(
-        outage.began, lambda s: s.overdue("deliver") == 1, timeout=limit, what="deliver overdue in the metric"
-    )
-    outage.detected_metric = seen.at
-    assert seen.at - outage.began <= limit, (
-        f"{outage.name}: the metric said overdue after {seen.at - outage.began:.1f} s"
-    )
 
 
 def _outage_cleared(deployment: Deployment, scraper: Scraper, outage: Outage) -> None:
-    """The doctor and the metric say both jobs are fine again within :data:`CLEAR_WITHIN` s of the end."""
-    run = _until_doctor(
-        deployment, _doctor_fine, timeout=CLEAR_WITHIN, what=f"doctor fine after the {outage.name}"
-    )
+    """The doctor and the metric say both jobs are fine again, and the delivery they show ran after the
+    stopped part was started again (waited for as events; how long it took is a figure)."""
+    run = _until_doctor(deployment, _doctor_fine, what=f"doctor fine after the {outage.name}")
     outage.cleared_doctor = run.started + run.seconds
-    seen = scraper.first(outage.ended, _both_fine, timeout=CLEAR_WITHIN, what="both jobs fine in the metric")
+    seen = scraper.first(
+        outage.ended, _both_fine, what=f"both jobs fine in the metric ({outage.name})", logs=deployment.logs()
+    )
     outage.cleared_metric = seen.at
-    assert seen.at - outage.ended <= CLEAR_WITHIN, (
-        f"{outage.name}: cleared after {seen.at - outage.ended:.1f} s"
-    )
-    assert run.started - outage.ended <= CLEAR_WITHIN, (
-        f"{outage.name}: doctor fine {run.started - outage.ended:.1f} s after"
-    )
+    last = seen.value("flask_gateway_job_last_run_timestamp_seconds", job="deliver")
+    assert last is not None and last >= outage.restarting_wall, (outage.name, last, outage.restarting_wall)
     _ages(outage, scraper.since(outage.began))
 
 
 def test_deployment_reports_each_outage_and_loses_no_payment(deployment: Deployment) -> None:
+    deployment_run(deployment)
+
+
+def deployment_run(deployment: Deployment) -> list[Outage]:
+    """The two outages and every check of the test; returns the outages with their figures (when each was
+    detected and cleared), which ``benchmarks/figure_recovery.py`` holds against their targets."""
     stack = deployment.stack
     began = time.monotonic()
     shoppers = Shoppers(stack)
@@ -531,12 +557,14 @@ def test_deployment_reports_each_outage_and_loses_no_payment(deployment: Deploym
         shoppers.start()
         scraper.start()
         # Both jobs ran (beat's first ticks), and the metric says so.
-        healthy = scraper.first(0.0, _both_fine, timeout=30, what="both jobs' heartbeats")
-        baseline = _until_doctor(deployment, _doctor_fine, timeout=30, what="doctor fine at the start")
+        healthy = scraper.first(0.0, _both_fine, what="both jobs' heartbeats", logs=deployment.logs())
+        baseline = _until_doctor(deployment, _doctor_fine, what="doctor fine at the start")
         say(
             f"at the start, doctor (exit {baseline.returncode}, {baseline.seconds:.1f} s):\n{baseline.output}"
         )
-        wait_for(lambda: shoppers.payments or shoppers.errors, timeout=60, what="the first payment")
+        wait_for(
+            lambda: shoppers.payments or shoppers.errors, what="the first payment", logs=deployment.logs()
+        )
         assert shoppers.errors == []
         calm = [(healthy.at, 0.0)]
 
@@ -552,6 +580,7 @@ def test_deployment_reports_each_outage_and_loses_no_payment(deployment: Deploym
         _outage_detected(deployment, scraper, redis, broker_down=True)
         _still_running(deployment.beat)
         _only_known_exits(deployment.workers.exits)
+        redis.restarting_wall = time.time()
         start_redis_again(deployment.redis)
         redis.ended = time.monotonic()
         shoppers.phase = "after redis"
@@ -571,6 +600,7 @@ def test_deployment_reports_each_outage_and_loses_no_payment(deployment: Deploym
         outages.append(stopped)
         _outage_detected(deployment, scraper, stopped, broker_down=False)
         assert not deployment.worker.alive(), "the stopped worker was started again"
+        stopped.restarting_wall = time.time()
         deployment.start_worker()
         stopped.ended = time.monotonic()
         shoppers.phase = "after worker"
@@ -583,8 +613,9 @@ def test_deployment_reports_each_outage_and_loses_no_payment(deployment: Deploym
         tokens = [payment.token for payment in shoppers.payments]
         wait_for(
             lambda: _all_fulfilled(stack, shoppers.payments),
-            timeout=RECONCILE_BOUND + 20,
+            timeout=SETTLE_DEADLINE,
             what="every payment confirmed and fulfilled, and its outbox event settled",
+            logs=deployment.logs(),
         )
         calm[-1] = (calm[-1][0], time.monotonic())
         scraper.scrape()
@@ -719,6 +750,7 @@ def test_deployment_reports_each_outage_and_loses_no_payment(deployment: Deploym
     )
     say(f"doctor during the Redis outage:\n{outages[0].doctor_during}")
     say(f"whole test {time.monotonic() - began:.0f} s")
+    return outages
 
 
 def _all_fulfilled(stack: Stack, payments: list[Payment]) -> bool:
