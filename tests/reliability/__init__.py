@@ -11,7 +11,7 @@ database rows, across processes: fulfilments are the orders' ``paid`` history ro
 - ``test_idempotency.py``: 20 parallel refunds over the paid total (gateway API, and the shop's admin);
   20 parallel creates with one ``requestId``; 20 parallel "Pay" submissions of one order (open checkout,
   lost create answer, brand-new order).
-- ``test_chaos.py``: 200 seeded checkouts with faults on create, getstatus, callbacks and refunds, the
+- ``test_chaos.py``: 100 seeded checkouts with faults on create, getstatus, callbacks and refunds, the
   clock moved on, ``flask --app example_shop gateway reconcile``; every order checked against the gateway.
 - ``test_faults.py``: faults an operator meets, on a cluster of its own with fsync on: the fault run (60
   shoppers while PostgreSQL restarts fast and immediate and shop workers are SIGKILLed inside callbacks, then

@@ -1,4 +1,4 @@
-"""Chaos run: 200 checkouts through the real shop and emulator with faults on, then ``deliver`` and
+"""Chaos run: 100 checkouts through the real shop and emulator with faults on, then ``deliver`` and
 reconciliation.
 
 Shoppers (``requests`` sessions in a thread pool) fill a cart, submit the checkout form and, on the
@@ -71,7 +71,9 @@ from tests.reliability.support import (
 )
 
 SEED: Final = int(os.environ.get("RELIABILITY_SEED", "20261122"))
-CHECKOUTS: Final = 200
+#: Enough for every plan to occur under the seed (the rarest, cancel-and-leave, twice) with the faults
+#: below, as dense as they were over 200: twice as many checkouts proved the same thing in twice the time.
+CHECKOUTS: Final = 100
 SHOPPERS: Final = 8
 OWNERS: Final = 4
 #: What a shopper does, with its weight.
@@ -113,15 +115,15 @@ SHOP_STATUS: Final = {
 GATEWAY_PAID: Final = frozenset({"PAID", "PAID_PENDING_CALLBACK", "PARTIALLY_REFUNDED", "FULLY_REFUNDED"})
 #: (operation, kind, extra): installed with a count before the shoppers start.
 FAULTS: Final = (
-    ("create", "status", {"status": 503, "retryAfter": 0, "count": 12}),
-    ("create", "status", {"status": 500, "count": 4}),
-    ("create", "delay", {"delayMs": 3500, "count": 4}),
-    ("create", "drop_response", {"count": 6}),
+    ("create", "status", {"status": 503, "retryAfter": 0, "count": 6}),
+    ("create", "status", {"status": 500, "count": 2}),
+    ("create", "delay", {"delayMs": 3500, "count": 2}),
+    ("create", "drop_response", {"count": 3}),
     # Two: a return page's getstatus makes 3 attempts, so it always gets through (a cancel the shopper
     # saw confirmed is "cancelled" in the shop, never left to expire: the outcome stays deterministic).
     ("getstatus", "status", {"status": 503, "count": 2}),
-    ("callback", "callback_fail", {"count": 60}),
-    ("callback", "callback_timeout", {"count": 15}),
+    ("callback", "callback_fail", {"count": 30}),
+    ("callback", "callback_timeout", {"count": 8}),
 )
 REFUND_FAULTS: Final = (
     ("refund", "drop_response", {"count": 5}),
