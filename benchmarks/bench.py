@@ -32,6 +32,13 @@ numbers included, in ``benchmarks/results/latest.json``. Figures (``--only`` pic
 8. How soon a SQLite writer of another process gets the file after a commit, with the lock file (median,
    target under 30 ms), and in SQLite's busy handler without it (the slowest round, target over 30 ms:
    the contrast) (sqlite_writers.py ``--handoff``).
+R. How long recovery takes in the reliability scenarios, run as the tests run them (their checks
+   included): the longest wait of an outbox event while shop workers are killed inside callbacks and
+   PostgreSQL restarts, the shop serving and ready again after each restart and after a boot without its
+   database (targets: the claim lease plus three rounds of the outbox service; under the 503s'
+   ``Retry-After``), an outage of Redis and of the Celery worker detected and cleared (the deliver bound plus
+   a tick and 4 s; 30 s) (figure_recovery.py, ``--recovery`` picks scenarios). The tests assert the events;
+   these are their durations.
 
 The load generator of 3 and 4 is wrk (Debian's package; ``make bench`` installs it) with
 ``benchmarks/wrk/requests.lua`` sending pre-built requests over keep-alive connections. Client and servers
@@ -73,6 +80,7 @@ from figure_callback import figure_callback, figure_callback_sqlite  # noqa: E40
 from figure_emulator import figure_emulator  # noqa: E402
 from figure_plugin import figure_plugin_test  # noqa: E402
 from figure_reconcile import figure_reconcile  # noqa: E402
+from figure_recovery import SCENARIOS, figure_recovery  # noqa: E402
 from figure_statements import figure_million, figure_statements  # noqa: E402
 from harness import (  # noqa: E402
     ACCOUNT,
@@ -337,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
         _stub_server_main(int(sys.argv[2]), sys.argv[3])
         return 0
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--only", default="1,2,3,4,5,6,7,8", help="figures to run, by number (all)")
+    parser.add_argument("--only", default="1,2,3,4,5,6,7,8,R", help="figures to run, by number (all)")
     add_load_options(parser)
     parser.add_argument("--pool", type=int, default=20_000, help="distinct requests per create/callback run")
     parser.add_argument("--rows", type=int, default=100_000, help="existing checkouts for figure 3")
@@ -368,6 +376,11 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=HANDOFF_ROUNDS,
         help=f"rounds per setting, figure 8 ({HANDOFF_ROUNDS})",
+    )
+    parser.add_argument(
+        "--recovery",
+        default=",".join(SCENARIOS),
+        help=f"figure R's scenarios, comma-separated ({','.join(SCENARIOS)})",
     )
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
@@ -408,6 +421,8 @@ def main(argv: list[str] | None = None) -> int:
             figure_plugin_test(args, folder)
         if "8" in wanted:
             figure_handoff(args, folder)
+        if "R" in wanted:
+            figure_recovery(args, folder)
         log = folder / "servers.log"
         if log.exists() and log.read_text().strip():
             print(
