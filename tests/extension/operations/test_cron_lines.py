@@ -26,7 +26,6 @@ import secrets
 import shlex
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
@@ -50,6 +49,7 @@ from flask_gateway.testing import GatewayEmulator
 from tests.conftest import Databases, dispose_engines
 from tests.extension.conftest import sample_order
 from tests.extension.operations.cli_support import run_gateway
+from tests.processes import wait_for
 
 ROOT = Path(__file__).resolve().parents[3]
 DOCS = ROOT / "docs"
@@ -242,10 +242,10 @@ def _age(app: Flask, checkout_id: int) -> None:
 def _written_event(app: Flask, checkout_id: int) -> OutboxEvent:
     """The checkout's outbox event once its first delivery attempt is over: the emulator's own delivery
     thread may be the one sending the callback (``deliver()`` then finds nothing due and returns at once)."""
-    deadline = time.monotonic() + 30
-    while True:
+
+    def attempted() -> OutboxEvent | None:
         with app.app_context():
-            event = (
+            return (
                 get_state()
                 .session.scalars(
                     select(OutboxEvent).where(
@@ -254,10 +254,11 @@ def _written_event(app: Flask, checkout_id: int) -> OutboxEvent:
                 )
                 .first()
             )
-        if event is not None or time.monotonic() > deadline:
-            assert event is not None, "the callback never confirmed the payment"
-            return event
-        time.sleep(0.05)
+
+    event: OutboxEvent = wait_for(
+        attempted, interval=0.05, what="the callback to confirm the payment (its event attempted once)"
+    )
+    return event
 
 
 def prepare(app: Flask, emulator: GatewayEmulator, job: str) -> Work:

@@ -17,7 +17,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -28,7 +27,7 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests import secret_watch
-from tests.processes import Server, child_pids, free_port, is_alive, wait_for
+from tests.processes import WAIT_DEADLINE, Server, child_pids, free_port, is_alive, wait_for
 
 ROOT = Path(__file__).resolve().parents[3]
 DOCS = ROOT / "docs"
@@ -181,18 +180,18 @@ def server(tmp_path: Path) -> Iterator[MultiWorkerServer]:
     running = Server(name="multiprocess", port=port, process=process, log_path=log_path)
     secret_watch.watch_file(log_path)
     try:
-        deadline = time.monotonic() + 60
-        while True:
+
+        def answers() -> bool:
             if process.poll() is not None:
                 raise RuntimeError(f"gunicorn exited with {process.returncode}:\n{running.log_tail()}")
             try:
-                requests.get(f"{running.url}/metrics", timeout=5)
-                break
+                requests.get(f"{running.url}/metrics", timeout=60)
             except requests.RequestException:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"gunicorn did not answer:\n{running.log_tail()}") from None
-                time.sleep(0.2)
-        wait_for(lambda: len(child_pids(process.pid)) == WORKERS, timeout=60, what="4 workers")
+                return False
+            return True
+
+        wait_for(answers, timeout=2 * WAIT_DEADLINE, interval=0.2, what="gunicorn to answer", logs=[running])
+        wait_for(lambda: len(child_pids(process.pid)) == WORKERS, what="4 workers", logs=[running])
         yield MultiWorkerServer(running, metrics_dir)
     finally:
         # SIGTERM: gunicorn's graceful stop, each worker finishes the request it is writing (SIGINT, the quick
@@ -251,11 +250,11 @@ def test_every_scrape_counts_every_workers_calls_and_never_goes_down(server: Mul
     # calls stay counted; the totals never go down.
     victim = max(set(served) & set(server.workers()), key=served.count)
     os.kill(victim, signal.SIGKILL)
-    wait_for(lambda: not is_alive(victim), timeout=30, what="the killed worker to end")
+    wait_for(lambda: not is_alive(victim), what="the killed worker to end", logs=[server.server])
     replaced = wait_for(
         lambda: len(workers := server.workers()) == WORKERS and victim not in workers and workers,
-        timeout=60,
         what="the master to start a new worker",
+        logs=[server.server],
     )
     assert victim not in replaced
     after_kill = [server.scrape() for _ in range(8)]
