@@ -28,6 +28,7 @@ from tests.extension.operations.cli_support import SECOND, break_signing_key, ch
 from tests.extension.operations.operations_support import load, spy
 from tests.extension.operations.test_reconcile_concurrency import StubGateway
 from tests.extension.payments.test_statement_counts import seed
+from tests.processes import WAIT_DEADLINE
 
 # Claims of several accounts in one IN (...) under SKIP LOCKED / BEGIN IMMEDIATE.
 pytestmark = pytest.mark.backends
@@ -308,7 +309,8 @@ def test_two_runs_at_once_split_every_accounts_work(two: Harness, concurrency: i
         session.commit()
         rows = session.execute(select(GatewayCheckout.token, GatewayCheckout.merchant_account_id))
         owner = {str(row[0]): str(row[1]) for row in rows}
-    gateway = AccountsSeen(delay=0.05)  # each run lasts a second or more: both get some of the work
+    # No answer until one more request is in flight than one run's pool holds: both runs are polling.
+    gateway = AccountsSeen(together=concurrency + 1)
     get_state(two.shop).client_options["session"].mount(EMULATOR_URL, gateway)
     start = threading.Barrier(2)
     reports: list[ReconcileReport] = []
@@ -317,7 +319,7 @@ def test_two_runs_at_once_split_every_accounts_work(two: Harness, concurrency: i
     def one_run() -> None:
         try:
             with two.shop.app_context():
-                start.wait(timeout=20)
+                start.wait(timeout=WAIT_DEADLINE)
                 reports.append(reconcile(older_than_seconds=0, paid_window_hours=0, concurrency=concurrency))
         except BaseException as error:
             failures.append(error)
@@ -326,8 +328,9 @@ def test_two_runs_at_once_split_every_accounts_work(two: Harness, concurrency: i
     for thread in runs:
         thread.start()
     for thread in runs:
-        thread.join(timeout=120)
+        thread.join(timeout=2 * WAIT_DEADLINE)
     assert not failures
+    assert gateway.were_together.is_set()
     first, second = reports
     assert first.polled + second.polled == 80 and first.polled > 0 and second.polled > 0
     assert not first.errors and not second.errors

@@ -37,6 +37,7 @@ from flask_gateway.state import get_state
 from tests.extension.conftest import EMULATOR_URL, Harness
 from tests.extension.operations.operations_support import recording
 from tests.extension.payments.test_statement_counts import seed
+from tests.processes import WAIT_DEADLINE
 
 # Claims under SKIP LOCKED / BEGIN IMMEDIATE from several threads and runs, one transaction per batch.
 pytestmark = pytest.mark.backends
@@ -52,13 +53,18 @@ class StubGateway(BaseAdapter):
         *,
         barrier: threading.Barrier | None = None,
         delay: float = 0.0,
+        together: int | None = None,
     ) -> None:
+        """``together``: no request is answered until that many were in flight at once (once it happened,
+        none waits): more than one run's pool can hold proves that two runs were polling together."""
         super().__init__()
         self.answer, self.barrier, self.delay = answer, barrier, delay
         self.lock = threading.Lock()
         self.in_flight = self.most_in_flight = 0
         self.asked: list[str] = []
         self.threads: set[int] = set()
+        self.together = together
+        self.were_together = threading.Event()
 
     def send(self, request: Any, *_args: Any, **_kwargs: Any) -> requests.Response:  # type: ignore[override]
         token = json.loads(request.body)["checkoutToken"]
@@ -67,9 +73,14 @@ class StubGateway(BaseAdapter):
             self.threads.add(threading.get_ident())
             self.in_flight += 1
             self.most_in_flight = max(self.most_in_flight, self.in_flight)
+            if self.together is not None and self.in_flight >= self.together:
+                self.were_together.set()
         try:
             if self.barrier is not None:
-                self.barrier.wait(timeout=20)  # raises (so the checkout fails) unless enough are in flight
+                # Raises (so the checkout fails) unless enough come in flight; the deadline is a last resort.
+                self.barrier.wait(timeout=WAIT_DEADLINE)
+            if self.together is not None and not self.were_together.wait(WAIT_DEADLINE):
+                raise requests.ConnectionError(f"never {self.together} requests in flight at once")
             if self.delay:
                 time.sleep(self.delay)
             answer = self.answer(token)
@@ -328,9 +339,9 @@ def test_two_runs_at_once_split_the_work(installed: Harness, concurrency: int) -
     """Two runs started together, each with its own pool: every checkout is asked about once, by one of
     them, and both do some of the work."""
     tokens = pending(installed, 80)
-    # Each answer takes 50 ms: a run lasts a second or more, so on a loaded machine the other run is not
-    # left waiting for the CPU until every checkout is taken (both must do some of the work).
-    gateway = stub(installed, StubGateway(delay=0.05))
+    # No answer until one more request is in flight than one run's pool holds: the other run is polling
+    # too, so both do some of the work, however the machine schedules the two.
+    gateway = stub(installed, StubGateway(together=concurrency + 1))
     start = threading.Barrier(2)
     reports: list[ReconcileReport] = []
     failures: list[BaseException] = []
@@ -338,7 +349,7 @@ def test_two_runs_at_once_split_the_work(installed: Harness, concurrency: int) -
     def one_run() -> None:
         try:
             with installed.shop.app_context():
-                start.wait(timeout=20)
+                start.wait(timeout=WAIT_DEADLINE)
                 reports.append(reconcile(older_than_seconds=0, paid_window_hours=0, concurrency=concurrency))
         except BaseException as error:
             failures.append(error)
@@ -347,8 +358,9 @@ def test_two_runs_at_once_split_the_work(installed: Harness, concurrency: int) -
     for thread in runs:
         thread.start()
     for thread in runs:
-        thread.join(timeout=120)
+        thread.join(timeout=2 * WAIT_DEADLINE)
     assert not failures
+    assert gateway.were_together.is_set()
     first, second = reports
     assert first.polled + second.polled == 80
     assert first.polled > 0 and second.polled > 0
