@@ -108,11 +108,15 @@ def paid(harness: Harness, order: OrderDraft | None = None) -> int:
 def test_create_checkout_saves_then_creates_and_signals_once(installed):
     transport = spy(installed)
     with installed.shop.app_context(), recording(signals.checkout_created) as created:
+        before = utcnow()
         checkout = create_checkout(sample_order())
+        after = utcnow()
         assert checkout.status == "PENDING_ORDER"
         assert checkout.token and checkout.token.startswith("v2.demo-merchant.")
         assert checkout.payment_url == f"http://emulator.test/api/v2/app/checkout/{checkout.token}"
-        assert checkout.expires_at is not None and checkout.expires_at > utcnow() + timedelta(minutes=55)
+        # The gateway's default expiry, an hour from when it created it (between before and after).
+        assert checkout.expires_at is not None
+        assert before + timedelta(minutes=60) <= checkout.expires_at <= after + timedelta(minutes=60)
         assert checkout.total_cents == 79800 and checkout.merchant_account_id == "demo-merchant"
         assert checkout.order == order_snapshot(sample_order())
         assert [e.source for e in checkout.events] == ["create"]
