@@ -24,10 +24,12 @@ from example_shop import EXIT_DATABASE_AWAY, create_app
 from example_shop.extensions import db
 from example_shop.links import order_url
 from example_shop.outages import MESSAGE
+from flask_gateway.core.outages import OutageWatch
+from flask_gateway.state import get_state
 from tests import secret_watch
 from tests.conftest import Databases
 from tests.postgres import PostgresCluster, start_cluster
-from tests.processes import free_port, wait_for
+from tests.processes import WAIT_DEADLINE, child_pids, free_port, wait_for
 from tests.shop.conftest import (
     SHOP_URL,
     Shopper,
@@ -255,6 +257,12 @@ def test_postgresql_stopped_and_started(
     one line when the outage starts, one when it ends."""
     cluster, databases = own_cluster
     shop = make_harness(databases, monkeypatch)
+    # The extension's outage watch on a clock of the test's: the probe interval passes when the test says.
+    clock = [1000.0]
+    state = get_state(shop.app)
+    state.outages = OutageWatch(
+        state.outages.name, logging.getLogger("flask_gateway.outages"), clock=lambda: clock[0]
+    )
     shopper, owner = shop.shopper(), shop.shopper()
     assert owner.log_in().status_code == 303
     shopper.add("enamel-kettle")
@@ -276,13 +284,15 @@ def test_postgresql_stopped_and_started(
     back = shopper.get(link)
     assert back.status_code == 200, back.get_data(as_text=True)[:500]
     assert "Enamel stovetop kettle" in back.get_data(as_text=True)
-    # The extension probes the database at most once a second while its watch is down: the line that
-    # ends the outage comes with the first request past that.
-    time.sleep(1.1)
+    # The extension probes the database at most once a second while its watch is down (each request
+    # above ended with a probe, the first one counted): within that second, no probe and no line yet.
+    assert state.outages.down and _lines(caplog, ANSWERS_AGAIN) == []
+    clock[0] += 1.0  # the probe interval passed: the line that ends the outage comes with the next request
     assert owner.get("/admin/").status_code == 200  # still logged in
+    assert not state.outages.down
     assert len(_lines(caplog, UNREACHABLE)) == 1
     [ended] = _lines(caplog, ANSWERS_AGAIN)
-    assert re.search(r"after \d+\.\d s", ended.getMessage())
+    assert re.search(r"after 1\.0 s \(\d+ request\(s\) answered 503 meanwhile\)", ended.getMessage()), ended
     _no_traceback(caplog)
 
 
@@ -360,7 +370,12 @@ def test_gunicorn_workers_booting_while_postgresql_is_down_serve_once_it_is_back
             raise AssertionError(f"GET {path}: {error!r}\n{log.read_text(errors='replace')}") from error
 
     try:
-        live = wait_for(lambda: answers("/gateway/livez"), timeout=30, what="gunicorn to answer")
+        live = wait_for(
+            lambda: answers("/gateway/livez"),
+            timeout=2 * WAIT_DEADLINE,
+            what="gunicorn to answer",
+            logs=[log],
+        )
         assert live.status_code == 200
         down = get("/")
         assert down.status_code == 503
@@ -370,8 +385,11 @@ def test_gunicorn_workers_booting_while_postgresql_is_down_serve_once_it_is_back
         cluster.start_server()
         back = get("/")
         assert back.status_code == 200, back.text[:500]
-        time.sleep(1)
-        assert server.poll() is None  # the master and its workers are still there
+        # The master and both of its workers are there, each booted while the database was down.
+        wait_for(lambda: len(child_pids(server.pid)) == 2, what="gunicorn's two workers", logs=[log])
+        assert server.poll() is None
+        booted = [line for line in log.read_text(errors="replace").splitlines() if "Booting worker" in line]
+        assert len(booted) == 2, booted  # none replaced: no worker exited
     finally:
         server.terminate()
         server.wait(timeout=20)
