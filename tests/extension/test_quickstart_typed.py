@@ -20,7 +20,6 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -135,7 +134,7 @@ def test_the_quickstart_typed_top_to_bottom_with_flask_migrate(newcomer: Newcome
     for step in first:
         newcomer.type(step)
     assert newcomer.server is not None
-    walk(newcomer.url, newcomer.server, newcomer.log, time.monotonic())
+    walk(newcomer.url, newcomer.server, newcomer.log)
     assert "gateway_installations" in newcomer.tables()  # init-db made them
     newcomer.stop()  # "stop the shop (Ctrl+C)"
 
@@ -167,7 +166,7 @@ def test_the_quickstart_typed_top_to_bottom_with_flask_migrate(newcomer: Newcome
     assert "`flask --app manage run`" in text
     newcomer.start(["flask", "--app", "manage", "run"])
     assert newcomer.server is not None
-    walk(newcomer.url, newcomer.server, newcomer.log, time.monotonic())
+    walk(newcomer.url, newcomer.server, newcomer.log)
     newcomer.stop()
     again = subprocess.run(
         ["flask", "--app", "manage", "db", "migrate", "-m", "after a day of trading"],
