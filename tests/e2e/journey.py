@@ -22,8 +22,9 @@ from playwright.sync_api import Page, expect
 from tests.e2e.conftest import OWNER_PASSWORD, Stack
 
 ROOT = Path(__file__).resolve().parents[2]
-#: The longest wait for something the shop or the emulator does by itself (a callback, a poll).
-SETTLE_MS = 20_000
+#: The longest wait for something the shop or the emulator does by itself (a callback, a poll): a last
+#: resort (about a second on a quiet machine), as long as ``tests.processes.WAIT_DEADLINE``.
+SETTLE_MS = 60_000
 #: The emulator's hosted payment pages (v2 ``paymentUrl``, v1 ``redirect_to``); group 1 is the token.
 #: (Plain groups: Playwright hands the pattern to the browser's JavaScript RegExp.)
 PAYMENT_PAGE = re.compile(r"/api/v[12]/app/checkout/([^/?#]+)$")

@@ -69,7 +69,11 @@ def test_buys_two_products_pays_and_sees_paid(stack: Stack, page: Page) -> None:
     assert_not_reloaded(page)
 
     # The emulator's worker delivered the signed callback to the shop over HTTP, and the shop took it.
-    delivered = wait_for(lambda: delivered_callbacks(stack, token), timeout=15, what="a delivered callback")
+    delivered = wait_for(
+        lambda: delivered_callbacks(stack, token),
+        what="a delivered callback",
+        logs=[stack.emulator, stack.shop],
+    )
     assert delivered[0]["url"] == f"{stack.shop.url}/gateway/callback"
     assert '"checkoutPaymentStatus":"PAID' in delivered[0]["requestBody"].replace(" ", "")
     assert emulator_get(stack, f"checkouts/{token}")["checkoutPaymentStatus"] == "PAID"
@@ -90,7 +94,9 @@ def test_order_page_turns_paid_by_itself_when_the_callback_comes_late(stack: Sta
     expect(page.get_by_role("heading", name="We're confirming your payment")).to_be_visible()
 
     dead = wait_for(
-        lambda: emulator_get(stack, "dead-letters")["deadLetters"], timeout=15, what="the dead letter"
+        lambda: emulator_get(stack, "dead-letters")["deadLetters"],
+        what="the dead letter",
+        logs=[stack.emulator, stack.shop],
     )
     emulator_delete(stack, "faults")  # the getstatus faults the return page did not use, if any
     # The page polls about once a second; the next answer still says "processing": nothing proved it yet.

@@ -84,12 +84,16 @@ def test_each_brand_is_paid_and_refunded_on_its_own_account(
         assert (checkout["merchantAccountId"], checkout["checkoutTotalCents"]) == (account, total)
         # The order page may have turned paid on the return page's getstatus (PAID_PENDING_CALLBACK) before
         # the callback came: the shop's 200 to the callback makes it PAID.
-        delivered = wait_for(lambda t=token: delivered_callbacks(stack, t), timeout=15, what="the callback")
+        delivered = wait_for(
+            lambda t=token: delivered_callbacks(stack, t),
+            what="the callback",
+            logs=[stack.emulator, stack.shop],
+        )
         assert delivered[0]["url"] == stack.shop.url + path
         wait_for(
             lambda t=token: emulator_get(stack, f"checkouts/{t}")["checkoutPaymentStatus"] == "PAID",
-            timeout=15,
             what="PAID at the gateway",
+            logs=[stack.emulator, stack.shop],
         )
 
     # The owner sees each order's merchant account in the list, and refunds part of each order.
@@ -184,7 +188,9 @@ def test_a_lost_callback_on_the_second_account_is_found_by_reconcile(
     expect(page.get_by_role("heading", name="We're confirming your payment")).to_be_visible()
 
     dead = wait_for(
-        lambda: emulator_get(stack, "dead-letters")["deadLetters"], timeout=15, what="the dead letter"
+        lambda: emulator_get(stack, "dead-letters")["deadLetters"],
+        what="the dead letter",
+        logs=[stack.emulator, stack.shop],
     )
     assert [(d["checkoutToken"], d["merchantAccountId"]) for d in dead] == [(token, SECOND)]
     assert dead[0]["url"] == f"{stack.shop.url}/gateway/callback/{SECOND}"

@@ -83,7 +83,11 @@ def test_the_owner_reads_words_and_the_shop_and_gateway_agree(
     try:
         shopper_page = shopper.new_page()
         reference, token = buy_and_pay(shopper_page, stack, {"enamel-kettle": 1})
-        wait_for(lambda: delivered_callbacks(stack, token), timeout=15, what="the delivered callback")
+        wait_for(
+            lambda: delivered_callbacks(stack, token),
+            what="the delivered callback",
+            logs=[stack.emulator, stack.shop],
+        )
         assert emulator_get(stack, f"checkouts/{token}")["checkoutPaymentStatus"] == "PAID"
 
         # A second order: the checkout form starts with the details of the first.
