@@ -12,7 +12,7 @@ a duration the test measured, that is
   ``per_request = (time.perf_counter() - t0) / 6``), or from an expression holding such a name;
 - ``statistics.median``/``mean``/``fmean`` or ``max``/``min``/``sum`` of (or an item of) a list built
   from such values: assigned a list, tuple, set or comprehension of them, or given one by ``append``,
-  ``extend``, ``insert`` or ``+=``.
+  ``extend``, ``insert`` or ``+=``; and each item of such a list, taken by a ``for`` or a comprehension.
 
 Names are followed within each top-level function (its nested functions included) and at module level;
 attributes across the module: one assigned a reading or a duration anywhere in it (``outage.ended =
