@@ -10,8 +10,10 @@ shop answers those requests with the extension's outage interface (``flask_gatew
   refused meanwhile and notices the recovery at the end of the first request after it), no traceback per
   request.
 
-Errors that are not an outage (a missing table, a constraint, a bug) are raised again: a 500 with its
-traceback, as before. The extension's own endpoints (``/gateway/...``) answer outages themselves.
+Missing tables (the shop started before ``flask --app example_shop shop init-db``, or a migration not run)
+are answered the same way, 503 with one WARNING per spell, the page and the log naming the command. Other
+errors (a constraint, a bug) are raised again: a 500 with its traceback. The extension's own endpoints
+(``/gateway/...``) answer outages and missing tables themselves.
 """
 
 from __future__ import annotations
@@ -21,12 +23,21 @@ from typing import Final
 from flask import Flask, g, jsonify, render_template, request
 from flask.typing import ResponseReturnValue
 
-from flask_gateway import DATABASE_ERRORS, database_unavailable, is_database_outage
+from flask_gateway import (
+    DATABASE_ERRORS,
+    SCHEMA_ERRORS,
+    database_unavailable,
+    is_database_outage,
+    is_missing_schema,
+    tables_missing,
+)
 
-__all__ = ["MESSAGE", "database_away", "register"]
+__all__ = ["INIT_COMMAND", "MESSAGE", "database_away", "register"]
 
 #: What a JSON client reads (the page says the same in more words).
 MESSAGE: Final = "We'll be right back: the shop cannot reach its records for a moment. Try again shortly."
+#: The command that creates the shop's tables and the gateway's, named where they are missing.
+INIT_COMMAND: Final = "`flask --app example_shop shop init-db`"
 
 
 def database_away() -> bool:
@@ -42,17 +53,23 @@ def _wants_json() -> bool:
 
 
 def _answer(error: Exception) -> ResponseReturnValue:
-    if not is_database_outage(error):
-        raise error  # not an outage: Flask's 500, with its traceback in the log
-    problem = database_unavailable(error)  # counted; the first of an outage logs one line
+    missing = is_missing_schema(error)
+    if not missing and not is_database_outage(error):
+        raise error  # neither an outage nor missing tables: Flask's 500, with its traceback in the log
+    # Counted; the first failure of a spell logs one line.
+    problem = tables_missing(error, INIT_COMMAND) if missing else database_unavailable(error)
     headers = {"Retry-After": str(problem.retry_after), "Cache-Control": "no-store"}
     if _wants_json():
-        return jsonify(message=MESSAGE), 503, headers
+        return jsonify(message=problem.description if missing else MESSAGE), 503, headers
     g.shop_database_away = True
-    return render_template("shop/unavailable.html", retry_after=problem.retry_after), 503, headers
+    page = render_template(
+        "shop/unavailable.html", retry_after=problem.retry_after, missing=missing, command=INIT_COMMAND
+    )
+    return page, 503, headers
 
 
 def register(app: Flask) -> None:
-    """Answer database outages on every shop page (the extension's blueprints handle their own first)."""
-    for error_class in DATABASE_ERRORS:
+    """Answer database outages and missing tables on every shop page (the extension's blueprints handle
+    their own first)."""
+    for error_class in {*DATABASE_ERRORS, *SCHEMA_ERRORS}:
         app.register_error_handler(error_class, _answer)

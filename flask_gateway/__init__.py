@@ -90,7 +90,14 @@ if TYPE_CHECKING:
     from flask_gateway.operations.drift import ScheduledCheck, scheduled_check
     from flask_gateway.operations.health import CallbackHealth, callback_health, check_callback_health
     from flask_gateway.operations.metrics import register_metrics
-    from flask_gateway.operations.outages import DATABASE_ERRORS, database_unavailable, is_database_outage
+    from flask_gateway.operations.outages import (
+        DATABASE_ERRORS,
+        SCHEMA_ERRORS,
+        database_unavailable,
+        is_database_outage,
+        is_missing_schema,
+        tables_missing,
+    )
     from flask_gateway.operations.ratelimit import DatabaseStorage
     from flask_gateway.operations.reconciliation import ReconcileReport, reconcile
     from flask_gateway.payments.accounts import open_checkouts, reopen_account, retire_account
@@ -197,7 +204,14 @@ _LAZY: dict[str, tuple[str, ...]] = {
         "settings_under_attack",
     ),
     "flask_gateway.payments.outbox": ("DeliveryReport", "deliver_due", "redeliver"),
-    "flask_gateway.operations.outages": ("DATABASE_ERRORS", "database_unavailable", "is_database_outage"),
+    "flask_gateway.operations.outages": (
+        "DATABASE_ERRORS",
+        "SCHEMA_ERRORS",
+        "database_unavailable",
+        "is_database_outage",
+        "is_missing_schema",
+        "tables_missing",
+    ),
     "flask_gateway.errors": (
         "CallbackRejected",
         "CheckoutStateError",
@@ -224,6 +238,7 @@ __all__ = [
     "PAID_STATUSES",
     "PAYMENT_STATUSES",
     "REFUNDABLE_STATUSES",
+    "SCHEMA_ERRORS",
     "Address",
     "AlreadyInstalledError",
     "AuthenticationError",
@@ -311,6 +326,7 @@ __all__ = [
     "install",
     "is_available",
     "is_database_outage",
+    "is_missing_schema",
     "open_checkouts",
     "payment_after_close",
     "payment_confirmed",
@@ -334,6 +350,7 @@ __all__ = [
     "source_label",
     "start_checkout",
     "status_label",
+    "tables_missing",
     "update_checkout",
     "utcnow",
     "verify",

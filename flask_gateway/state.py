@@ -81,6 +81,18 @@ class Limit(Protocol):
         """Count one use by ``client``."""
 
 
+def missing_tables_watch() -> OutageWatch:
+    """A watch of missing tables (never created, a migration not run): one WARNING when requests start
+    failing on them, one when a request is answered again."""
+    return OutageWatch(
+        "flask_gateway",
+        logging.getLogger("flask_gateway.outages"),
+        problem="tables are missing in the database",
+        until="they are created (`flask gateway init-db`, the shop's init command or the migrations)",
+        back="the tables are there again",
+    )
+
+
 @dataclass
 class AdminGuard:
     """Who may use the admin screens: the callback the app registers with ``Gateway.admin_guard``.
@@ -138,6 +150,9 @@ class GatewayState:
         default_factory=lambda: OutageWatch("flask_gateway", logging.getLogger("flask_gateway.outages")),
         repr=False,
     )
+    #: The same for tables that are missing (never created, a migration not run): one WARNING when
+    #: requests start failing on them, one when they answer again.
+    missing_tables: OutageWatch = field(default_factory=lambda: missing_tables_watch(), repr=False)
     _sessions: scoped_session[Session] | None = field(default=None, repr=False)
     _engine: Engine | None = field(default=None, repr=False)
     _uses_host_session: bool = field(default=False, repr=False)

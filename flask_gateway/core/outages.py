@@ -24,15 +24,17 @@ from typing import Final
 
 from sqlalchemy import text
 from sqlalchemy.engine import Engine
-from sqlalchemy.exc import DBAPIError, DisconnectionError, InterfaceError, OperationalError
+from sqlalchemy.exc import DBAPIError, DisconnectionError, InterfaceError, OperationalError, ProgrammingError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
 __all__ = [
     "DATABASE_ERRORS",
     "RETRY_AFTER_SECONDS",
+    "SCHEMA_ERRORS",
     "OutageWatch",
     "describe_database_error",
     "is_database_outage",
+    "is_missing_schema",
     "ping",
 ]
 
@@ -48,6 +50,14 @@ DATABASE_ERRORS: Final[tuple[type[Exception], ...]] = (
 #: The ``Retry-After`` (seconds) of a 503 answered while the database is away: about the time a
 #: PostgreSQL restart or failover takes, short enough for a gateway's callback retry to land after it.
 RETRY_AFTER_SECONDS: Final = 5
+
+#: The exception classes a missing table or column raises (SQLite: ``OperationalError`` "no such table";
+#: PostgreSQL: ``ProgrammingError``, SQLSTATE 42P01 or 42703): ``is_missing_schema`` decides for each.
+SCHEMA_ERRORS: Final[tuple[type[Exception], ...]] = (OperationalError, ProgrammingError)
+
+#: PostgreSQL's SQLSTATEs for a table or a column that does not exist.
+_UNDEFINED_SQLSTATES: Final = frozenset({"42P01", "42703"})
+_MISSING_MARKERS: Final = ("no such table", "no such column")
 
 #: A missing table is an ``OperationalError`` on SQLite, but a schema problem, not an outage.
 _NOT_OUTAGES: Final = ("no such table", "no such column", "syntax error")
@@ -67,6 +77,24 @@ def is_database_outage(error: BaseException) -> bool:
             if isinstance(current, (OperationalError, InterfaceError)):
                 message = str(current.orig).lower()
                 return not any(marker in message for marker in _NOT_OUTAGES)
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def is_missing_schema(error: BaseException) -> bool:
+    """Whether ``error`` (or an error it was raised from) says a table or column does not exist: the tables
+    were never created, or a migration was not run. Not an outage: waiting does not fix it, a command does."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, SCHEMA_ERRORS) and isinstance(current, DBAPIError):
+            original = current.orig
+            sqlstate = getattr(original, "sqlstate", None) or getattr(original, "pgcode", None)
+            if sqlstate in _UNDEFINED_SQLSTATES:
+                return True
+            message = str(original).lower()
+            return any(marker in message for marker in _MISSING_MARKERS)
         current = current.__cause__ or current.__context__
     return False
 
@@ -91,6 +119,8 @@ class OutageWatch:
 
     ``name`` starts each log line (``"flask_gateway"``, ``"emulator"``); ``clock`` is a monotonic clock in
     seconds (tests replace it); ``probe_interval`` is the least time between two probes while away.
+    ``problem``, ``until`` and ``back`` word the two lines, for a spell of another failure than an outage
+    (the tables missing).
     """
 
     def __init__(
@@ -100,8 +130,12 @@ class OutageWatch:
         *,
         clock: Callable[[], float] = time.monotonic,
         probe_interval: float = 1.0,
+        problem: str = "the database is unreachable",
+        until: str = "it answers again",
+        back: str = "the database answers again",
     ) -> None:
         self.name = name
+        self._problem, self._until, self._back = problem, until, back
         self._log = logger
         self._clock = clock
         self._probe_interval = probe_interval
@@ -128,9 +162,11 @@ class OutageWatch:
                 return False
             self._since = self._clock()
         self._log.warning(
-            "%s: the database is unreachable (%s): answering 503 with Retry-After until it answers again",
+            "%s: %s (%s): answering 503 with Retry-After until %s",
             self.name,
+            self._problem,
             describe_database_error(error),
+            self._until,
         )
         return True
 
@@ -145,16 +181,23 @@ class OutageWatch:
             seconds, refused = self._clock() - self._since, self._refused
             self._since, self._refused = None, 0
         self._log.warning(
-            "%s: the database answers again after %.1f s (%d request(s) answered 503 meanwhile)",
+            "%s: %s after %.1f s (%d request(s) answered 503 meanwhile)",
             self.name,
+            self._back,
             seconds,
             refused,
         )
         return True
 
-    def probe(self, connect: Callable[[], object]) -> bool:
+    def probe(
+        self,
+        connect: Callable[[], object],
+        *,
+        still_down: Callable[[BaseException], bool] = is_database_outage,
+    ) -> bool:
         """While down, call ``connect`` (a round trip, e.g. ``lambda: ping(engine)``) at most once per
-        ``probe_interval``; a success ends the outage. True when the database is (now) up."""
+        ``probe_interval``; a success ends the spell. A database error ``still_down`` accepts keeps it (any
+        other is raised). True when the database is (now) up."""
         if self._since is None:
             return True
         now = self._clock()
@@ -164,8 +207,8 @@ class OutageWatch:
             self._last_probe = now
         try:
             connect()
-        except DATABASE_ERRORS as error:
-            if is_database_outage(error):
+        except (*DATABASE_ERRORS, *SCHEMA_ERRORS) as error:
+            if still_down(error):
                 return False
             raise
         self.succeeded()

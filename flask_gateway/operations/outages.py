@@ -35,26 +35,31 @@ from __future__ import annotations
 import logging
 from typing import Final
 
-from flask import Flask, current_app, has_app_context
+from flask import Flask, current_app, has_app_context, request
 from werkzeug.wrappers import Response
 
 from flask_gateway.core.outages import (
     DATABASE_ERRORS,
     RETRY_AFTER_SECONDS,
+    SCHEMA_ERRORS,
     OutageWatch,
     is_database_outage,
+    is_missing_schema,
     ping,
 )
 from flask_gateway.errors import DatabaseUnavailable
-from flask_gateway.state import EXTENSION_KEY, GatewayState
+from flask_gateway.state import EXTENSION_KEY, GatewayState, missing_tables_watch
 
 __all__ = [
     "DATABASE_ERRORS",
     "RETRY_AFTER_SECONDS",
+    "SCHEMA_ERRORS",
     "DatabaseUnavailable",
     "database_unavailable",
     "is_database_outage",
+    "is_missing_schema",
     "probe_while_down",
+    "tables_missing",
     "watch_recovery",
 ]
 
@@ -63,11 +68,17 @@ _log = logging.getLogger("flask_gateway.outages")
 #: The watch of a process whose app has no Flask-Gateway registered (or no app context): the shop's
 #: handler still answers 503 and logs once per outage.
 _UNREGISTERED: Final = OutageWatch("flask_gateway", _log)
+_UNREGISTERED_TABLES: Final = missing_tables_watch()
 
 
 def _watch(app: Flask | None) -> OutageWatch:
     state = app.extensions.get(EXTENSION_KEY) if app is not None else None
     return state.outages if isinstance(state, GatewayState) else _UNREGISTERED
+
+
+def _tables_watch() -> OutageWatch:
+    state = current_app.extensions.get(EXTENSION_KEY) if has_app_context() else None
+    return state.missing_tables if isinstance(state, GatewayState) else _UNREGISTERED_TABLES
 
 
 def database_unavailable(error: BaseException) -> DatabaseUnavailable:
@@ -80,6 +91,19 @@ def database_unavailable(error: BaseException) -> DatabaseUnavailable:
     app = current_app._get_current_object() if has_app_context() else None  # type: ignore[attr-defined]
     _watch(app).failed(error)
     return DatabaseUnavailable(retry_after=RETRY_AFTER_SECONDS)
+
+
+def tables_missing(
+    error: BaseException, command: str = "`flask gateway init-db` or the migrations"
+) -> DatabaseUnavailable:
+    """Record ``error`` (a missing table or column, :func:`is_missing_schema`) in the current app's watch
+    and return the 503 to raise or answer, naming ``command``, what creates the tables. The first failure
+    of a spell logs one WARNING; the spell ends on the first request answered with a 2xx afterwards."""
+    _tables_watch().failed(error)
+    return DatabaseUnavailable(
+        f"The shop's database has no tables for this yet: run {command}, then try again.",
+        retry_after=RETRY_AFTER_SECONDS,
+    )
 
 
 def probe_while_down(app: Flask) -> bool:
@@ -107,6 +131,8 @@ def watch_recovery(app: Flask, state: GatewayState) -> None:
     def probe_after(response: Response) -> Response:
         if state.outages.down:  # else nothing: the cost of a request while the database is up
             _probe(state)
+        if state.missing_tables.down and 200 <= response.status_code < 300 and request.endpoint != "static":
+            state.missing_tables.succeeded()  # a request answered: the tables are there again
         return response
 
     app.after_request(probe_after)

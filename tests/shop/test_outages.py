@@ -18,7 +18,7 @@ import pytest
 import requests
 from flask import Flask
 from sqlalchemy import inspect, text
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import ProgrammingError
 
 from example_shop import EXIT_DATABASE_AWAY, create_app
 from example_shop.extensions import db
@@ -35,6 +35,7 @@ from tests.shop.conftest import (
     Shopper,
     create_shop,
     csrf_token,
+    init_db,
     make_harness,
     shop_config,
 )
@@ -156,11 +157,19 @@ def test_the_login_answers_the_outage_page_not_a_swallowed_traceback(
     _no_traceback(caplog)
 
 
-def test_a_database_error_that_is_not_an_outage_stays_a_500(databases: Databases) -> None:
-    """A missing table is a deployment mistake, not "try again shortly": Flask's 500, with its traceback."""
-    app = create_app(shop_config(databases.url()))  # no init-db
-    with pytest.raises(OperationalError, match="no such table"):  # TESTING: Flask raises what a 500 logs
-        Shopper(app.test_client()).get(_order_link(app))
+def test_a_database_error_that_is_neither_an_outage_nor_a_missing_table_stays_a_500(
+    databases: Databases,
+) -> None:
+    """A constraint or a bug is not "try again shortly": Flask's 500, with its traceback (a missing table is
+    a 503 naming init-db: tests/shop/test_missing_tables.py)."""
+    app = init_db(create_app(shop_config(databases.url())))
+
+    @app.get("/constraint")
+    def constraint() -> str:
+        raise ProgrammingError("SELECT", {}, Exception('syntax error at or near "FORM"'))
+
+    with pytest.raises(ProgrammingError, match="syntax error"):  # TESTING: Flask raises what a 500 logs
+        app.test_client().get("/constraint")
 
 
 def test_first_use_install_waits_while_the_database_is_away(

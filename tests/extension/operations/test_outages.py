@@ -167,11 +167,13 @@ def test_the_v1_urls_and_the_return_page_answer_503_during_an_outage(
     assert_quiet(caplog)
 
 
-def test_a_database_error_that_is_not_an_outage_is_still_a_500(tmp_path: Any) -> None:
-    """A missing table is a bug of the deployment (run the migrations), not "try again": raised."""
+def test_missing_tables_are_a_503_naming_the_command_not_a_500(tmp_path: Any) -> None:
+    """A database without the gateway's tables (never initialised, a migration not run): the callback is
+    answered 503 with Retry-After (the gateway sends it again) and the command that creates them."""
     app = shop_on(f"sqlite:///{tmp_path / 'empty.sqlite3'}", TESTING=True)
-    with pytest.raises(OperationalError, match="no such table"):
-        app.test_client().post("/gateway/callback", data=b"{}", content_type="application/json")
+    answer = app.test_client().post("/gateway/callback", data=b"{}", content_type="application/json")
+    assert answer.status_code == 503 and answer.headers["Retry-After"] == str(RETRY_AFTER_SECONDS)
+    assert "`flask gateway init-db` or the migrations" in answer.json["message"]
 
 
 def test_the_probes_during_an_outage(caplog: pytest.LogCaptureFixture) -> None:
