@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import datetime, timedelta
+from datetime import datetime
 
 import pytest
 from flask import Flask
@@ -73,9 +73,10 @@ def installed(gateway: Gateway) -> Gateway:
 
 @pytest.fixture
 def stopped_clock(monkeypatch: pytest.MonkeyPatch) -> datetime:
-    """The emulator's clock stopped at the next whole second (never behind what it stamped before); only
-    its offset moves it (``/_emulator/clock/advance``). A time it stamps is exactly the one expected, and a
-    delay not yet due stays so, however long the test takes on a loaded machine."""
-    at = utcnow().replace(microsecond=0) + timedelta(seconds=1)
+    """The emulator's clock stopped at the last whole second (never ahead of the wall clock, which the
+    delivery worker's leases and its look for due work still read); only its offset moves it
+    (``/_emulator/clock/advance``). A time it stamps is exactly the one expected, and a delay not yet due
+    stays so, however long the test takes on a loaded machine."""
+    at = utcnow().replace(microsecond=0)
     monkeypatch.setattr(emulator_clock, "utcnow", lambda: at)
     return at

@@ -635,7 +635,9 @@ def test_a_changed_callback_url_is_followed_by_retries_and_redelivery(installed,
 
 
 @pytest.mark.backends
-def test_the_worker_looks_for_due_work_without_taking_the_write_lock(emulator_app, installed, merchant):
+def test_the_worker_looks_for_due_work_without_taking_the_write_lock(
+    emulator_app, installed, merchant, stopped_clock
+):
     """``anything_due`` (the worker's check before ``run_due``) sees exactly what ``run_due`` would do:
     nothing, a due attempt, a held one, an expiry."""
     answer(merchant, 200)
@@ -656,7 +658,7 @@ def test_the_worker_looks_for_due_work_without_taking_the_write_lock(emulator_ap
     second = installed.create(create_body(request_id="due-2"))["checkoutToken"]
     with emulator_app.test_request_context():
         overdue = db.session.query(Checkout).filter_by(token=second).one()
-        overdue.expires_at = datetime.now(UTC) - timedelta(seconds=1)
+        overdue.expires_at = stopped_clock - timedelta(seconds=1)  # past, by the emulator's clock
         db.session.commit()
     with emulator_app.test_request_context():
         assert delivery.anything_due() is True  # the second checkout's expiry is due
