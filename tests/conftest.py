@@ -33,11 +33,13 @@ for the disk, which was half of an in-process request's time. Nothing is lost wh
 when the machine does), and no test is about surviving a power cut. The tests of ``tests/plugin`` keep
 SQLite's own setting: they check what the pytest plugin does to it.
 
-URL builders compiled once per worker process: every Flask app the tests build (a shop, an emulator, the
-example shop: several a test) takes ``flask_gateway.core.routing.SharedBuilderRule`` as its rule class, so
-the functions Werkzeug compiles for each URL rule are compiled once per distinct rule, not once per app. The
-rules, their converters and the URLs they build are Werkzeug's own (the emulator's ``create_app`` does the
-same).
+URL builders and templates compiled once per worker process: every Flask app the tests build (a shop, an
+emulator, the example shop: several a test) takes ``flask_gateway.core.routing.SharedBuilderRule`` as its
+rule class, so the functions Werkzeug compiles for each URL rule are compiled once per distinct rule, not
+once per app; and its Jinja environment takes ``flask_gateway.core.templates.SHARED_TEMPLATE_CODE`` as its
+bytecode cache, so a template is compiled once for all the environments that would compile it the same
+way. The rules, the URLs they build, the templates and what they render are Werkzeug's and Jinja's own (the
+emulator's ``create_app`` does the same).
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.pool import NullPool, Pool
 
 from flask_gateway.core.routing import SharedBuilderRule
+from flask_gateway.core.templates import SHARED_TEMPLATE_CODE
 from tests import secret_watch
 from tests.postgres import PostgresCluster, start_cluster
 
@@ -70,8 +73,9 @@ pytest_plugins = ["pytester"]
 
 BACKENDS = ("sqlite", "postgresql")
 
-# See the module's docstring: every app's URL builders compiled once per process.
+# See the module's docstring: every app's URL builders and templates compiled once per process.
 Flask.url_rule_class = SharedBuilderRule
+Flask.jinja_options = {**Flask.jinja_options, "bytecode_cache": SHARED_TEMPLATE_CODE}
 
 # Every engine that connected during the test (weakly) and every DB-API connection opened: after each test
 # the engines are disposed and any connection still open is closed (one a test left checked out, e.g. in

@@ -22,6 +22,7 @@ from flask_gateway.core.framing import never_framed
 from flask_gateway.core.outages import DATABASE_ERRORS, describe_database_error, is_database_outage
 from flask_gateway.core.routing import SharedBuilderRule
 from flask_gateway.core.sql import configure_sqlite
+from flask_gateway.core.templates import SHARED_TEMPLATE_CODE
 from flask_gateway.emulator.api import (
     MAX_BODY_BYTES,
     refuse_malformed_json,
@@ -50,8 +51,9 @@ def create_app(test_config: Mapping[str, Any] | None = None, *, instance_path: s
     means no secret file is written.
     """
     app = Flask(__name__, instance_relative_config=True, instance_path=instance_path)
-    # Its URL builders compiled once per process, not once per app (a test suite builds many).
+    # Its URL builders and templates compiled once per process, not once per app (a test suite builds many).
     app.url_rule_class = SharedBuilderRule
+    app.jinja_options = {"bytecode_cache": SHARED_TEMPLATE_CODE, **app.jinja_options}
     config = dict(test_config or {})
     settings = config.pop("EMULATOR_SETTINGS", None) or EmulatorSettings.from_env()
     Path(app.instance_path).mkdir(parents=True, exist_ok=True)
