@@ -348,13 +348,16 @@ class SchemaTemplates:
 
     @staticmethod
     def postgres_copy(schema: Schema, cluster: PostgresCluster) -> str:
-        """A new database of ``cluster``: a copy of the schema's template database there."""
+        """A database of ``cluster`` shaped as the schema's template database there and holding no row: one
+        an earlier test used and the cluster emptied since (``PostgresCluster.recycle_database``: only when
+        it was still shaped exactly as the template), else a new copy of the template."""
         template = cluster.templates.get(schema.key)
         if template is None:
             name = f"template_{re.sub(r'[^a-z0-9_]', '_', schema.key.lower())}_{uuid.uuid4().hex[:8]}"
             schema.build(cluster.create_database(name))
+            cluster.template_shapes[schema.key] = cluster.shape_of(name)
             template = cluster.templates[schema.key] = name
-        return cluster.create_database(template=template)
+        return cluster.reuse_database(schema.key) or cluster.create_database(template=template)
 
 
 #: The worker's templates (``Databases.url(name, schema=...)``).
@@ -369,6 +372,8 @@ class Databases:
     directory: Path
     cluster: PostgresCluster | None
     urls: dict[str, str] = field(default_factory=dict)
+    #: The schema key of each PostgreSQL database copied from a template (recycled after the test).
+    schemas: dict[str, str] = field(default_factory=dict)
 
     def url(self, name: str = "main", *, schema: Schema | None = None) -> str:
         """The database ``name``, created empty on first use; with ``schema`` (on first use), holding that
@@ -382,17 +387,24 @@ class Databases:
                 self.urls[name] = f"sqlite:///{path}"
             elif schema is not None:
                 self.urls[name] = SCHEMA_TEMPLATES.postgres_copy(schema, self.cluster)
+                self.schemas[name] = schema.key
             else:
                 self.urls[name] = self.cluster.create_database()
         return self.urls[name]
 
     def drop(self, name: str) -> None:
         """Dispose every engine and remove the database ``name`` (PostgreSQL, in the background while the
-        tests go on; SQLite: forget the name, ``tmp_path`` goes with its files)."""
+        tests go on: a copy of a template is emptied for another test when it is still shaped as the
+        template, any other database dropped; SQLite: forget the name, ``tmp_path`` goes with its files)."""
         dispose_engines()
         url = self.urls.pop(name, None)
+        key = self.schemas.pop(name, None)
         if url is not None and self.cluster is not None:
-            self.cluster.drop_database(url.rsplit("/", 1)[1], wait=False)
+            database = url.rsplit("/", 1)[1]
+            if key is not None:
+                self.cluster.recycle_database(database, key)
+            else:
+                self.cluster.drop_database(database, wait=False)
 
     def drop_all(self) -> None:
         for name in list(self.urls):

@@ -21,6 +21,7 @@ import subprocess
 import tempfile
 import threading
 import uuid
+from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +35,113 @@ TIMEZONE = "America/St_Johns"
 #: ``pg_ctl``'s shutdown modes: ``smart`` waits for the clients to leave, ``fast`` ends their sessions
 #: (a clean shutdown, with a checkpoint), ``immediate`` kills the server (crash recovery at the next start).
 ShutdownMode = Literal["smart", "fast", "immediate"]
+
+
+#: Everything a database holds besides its rows, one text a line, in a stable order: its schemas, relations
+#: (kind, persistence, owner, privileges), columns (type, nullability, default, identity, generation),
+#: indexes, constraints, triggers, functions, types, sequences' parameters, extensions, rules, policies,
+#: comments, large objects, publications and its own settings. Two databases that answer the same are
+#: shaped the same (``PostgresCluster.recycle_database`` compares a used one with its template's).
+_SHAPE_SQL = """
+WITH user_ns AS (
+    SELECT oid, nspname FROM pg_namespace
+    WHERE nspname NOT IN ('pg_catalog', 'information_schema', 'pg_toast') AND nspname NOT LIKE 'pg_temp_%'
+      AND nspname NOT LIKE 'pg_toast_temp_%'
+), rels AS (
+    SELECT c.oid, c.relname, c.relkind, n.nspname FROM pg_class c JOIN user_ns n ON n.oid = c.relnamespace
+)
+SELECT 'namespace ' || nspname || ' ' || pg_get_userbyid(n.nspowner) || ' ' || coalesce(n.nspacl::text, '')
+FROM pg_namespace n JOIN user_ns USING (nspname)
+UNION ALL
+SELECT 'relation ' || n.nspname || '.' || c.relname || ' ' || c.relkind::text || ' ' || c.relpersistence::text || ' '
+       || pg_get_userbyid(c.relowner) || ' ' || coalesce(c.relacl::text, '') || ' ' || c.relhasrules::text
+FROM pg_class c JOIN user_ns n ON n.oid = c.relnamespace
+UNION ALL
+SELECT 'column ' || r.nspname || '.' || r.relname || '.' || a.attname || ' '
+       || format_type(a.atttypid, a.atttypmod) || ' ' || a.attnotnull::text || ' ' || a.attidentity::text
+       || ' ' || a.attgenerated::text || ' ' || a.attcollation::text || ' '
+       || coalesce(pg_get_expr(d.adbin, d.adrelid), '')
+FROM pg_attribute a JOIN rels r ON r.oid = a.attrelid
+LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+WHERE a.attnum > 0 AND NOT a.attisdropped
+UNION ALL
+SELECT 'index ' || pg_get_indexdef(i.indexrelid) FROM pg_index i JOIN rels r ON r.oid = i.indrelid
+UNION ALL
+SELECT 'constraint ' || n.nspname || ' ' || conname || ' ' || contype::text || ' ' || pg_get_constraintdef(c.oid)
+FROM pg_constraint c JOIN user_ns n ON n.oid = c.connamespace
+UNION ALL
+SELECT 'trigger ' || pg_get_triggerdef(t.oid) FROM pg_trigger t JOIN rels r ON r.oid = t.tgrelid
+WHERE NOT t.tgisinternal
+UNION ALL
+SELECT 'function ' || p.oid::regprocedure::text || ' ' || md5(coalesce(p.prosrc, ''))
+FROM pg_proc p JOIN user_ns n ON n.oid = p.pronamespace
+UNION ALL
+SELECT 'type ' || n.nspname || '.' || t.typname || ' ' || t.typtype::text
+FROM pg_type t JOIN user_ns n ON n.oid = t.typnamespace
+UNION ALL
+SELECT 'sequence ' || r.nspname || '.' || r.relname || ' ' || s.seqtypid::regtype::text || ' ' || s.seqstart || ' '
+       || s.seqincrement || ' ' || s.seqmin || ' ' || s.seqmax || ' ' || s.seqcache || ' ' || s.seqcycle::text
+FROM pg_sequence s JOIN rels r ON r.oid = s.seqrelid
+UNION ALL
+SELECT 'extension ' || extname || ' ' || extversion FROM pg_extension
+UNION ALL
+SELECT 'rule ' || r.nspname || '.' || r.relname || ' ' || w.rulename FROM pg_rewrite w JOIN rels r ON r.oid = w.ev_class
+UNION ALL
+SELECT 'policy ' || r.nspname || '.' || r.relname || ' ' || p.polname FROM pg_policy p JOIN rels r ON r.oid = p.polrelid
+UNION ALL
+SELECT 'comment ' || d.classoid::regclass::text || ' ' || d.objoid || ' ' || d.objsubid || ' ' || md5(d.description)
+FROM pg_description d JOIN rels r ON r.oid = d.objoid
+UNION ALL
+SELECT 'large objects ' || count(*) FROM pg_largeobject_metadata
+UNION ALL
+SELECT 'publications ' || count(*) FROM pg_publication
+UNION ALL
+SELECT 'settings ' || coalesce(array_to_string(s.setconfig, ','), '') FROM pg_db_role_setting s
+JOIN pg_database d ON d.oid = s.setdatabase WHERE d.datname = current_database()
+UNION ALL
+SELECT 'database ' || datconnlimit || ' ' || pg_get_userbyid(datdba) || ' ' || coalesce(datacl::text, '')
+FROM pg_database WHERE datname = current_database()
+"""
+
+#: The tables and sequences of a database (schema-qualified, quoted), and whether each was written to since
+#: it was copied: a table whose heap or TOAST table has a page (a template's tables have none), a sequence
+#: that handed out a value. Only those a recycled database truncates and restarts.
+_TABLES_SQL = """
+SELECT format('%I.%I', n.nspname, c.relname), c.relkind = 'S',
+       CASE WHEN c.relkind = 'S' THEN pg_sequence_last_value(c.oid) IS NOT NULL
+            ELSE pg_relation_size(c.oid) + coalesce(pg_total_relation_size(nullif(c.reltoastrelid, 0)), 0) > 0
+       END
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE c.relkind IN ('r', 'p', 'S')
+  AND n.nspname NOT IN ('pg_catalog', 'information_schema', 'pg_toast') AND n.nspname NOT LIKE 'pg_temp_%'
+  AND n.nspname NOT LIKE 'pg_toast_temp_%'
+"""
+
+
+@dataclass(frozen=True)
+class DatabaseShape:
+    """What ``_SHAPE_SQL`` answered for a database, and its tables and sequences."""
+
+    lines: tuple[str, ...]
+    tables: tuple[str, ...]
+    sequences: tuple[str, ...]
+
+
+def database_shape(connection: Any) -> DatabaseShape:
+    """The shape of the database of ``connection`` (a psycopg connection)."""
+    lines = tuple(sorted(str(row[0]) for row in connection.execute(_SHAPE_SQL).fetchall()))
+    found = connection.execute(_TABLES_SQL).fetchall()
+    tables = tuple(sorted(name for name, sequence, _written in found if not sequence))
+    sequences = tuple(sorted(name for name, sequence, _written in found if sequence))
+    return DatabaseShape(lines=lines, tables=tables, sequences=sequences)
+
+
+def written_to(connection: Any) -> tuple[list[str], list[str]]:
+    """The tables and the sequences of the database of ``connection`` written to since it was copied."""
+    found = connection.execute(_TABLES_SQL).fetchall()
+    tables = sorted(name for name, sequence, written in found if written and not sequence)
+    sequences = sorted(name for name, sequence, written in found if written and sequence)
+    return tables, sequences
 
 
 def find_bindir() -> Path | None:
@@ -63,12 +171,18 @@ class PostgresCluster:
     durable: bool = False
     _as_user: list[str] = field(default_factory=list)
     _connections: dict[str, Any] = field(default_factory=dict)
-    _to_drop: queue.Queue[str | None] = field(default_factory=queue.Queue)
+    _to_drop: queue.Queue[Callable[[], None] | None] = field(default_factory=queue.Queue)
     _dropper: threading.Thread | None = None
     #: Databases the background thread could not drop (reported, never raised).
     drop_errors: list[str] = field(default_factory=list)
     #: Template databases by schema key (``tests/conftest.py``'s ``SchemaTemplates``): never dropped.
     templates: dict[str, str] = field(default_factory=dict)
+    #: The shape of each template (by schema key): what a database copied from it is recycled against.
+    template_shapes: dict[str, DatabaseShape] = field(default_factory=dict)
+    #: Databases used by a test and emptied since, by schema key: ready for another test
+    #: (``recycle_database``, ``reuse_database``). No connection is allowed to them while they wait.
+    _recycled: dict[str, list[str]] = field(default_factory=dict)
+    _recycled_lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
     def data_dir(self) -> Path:
@@ -159,6 +273,15 @@ class PostgresCluster:
         self._admin("create").execute(f'CREATE DATABASE "{name}"{copy_of}')
         return self.url(name)
 
+    def shape_of(self, name: str) -> DatabaseShape:
+        """The shape of the database ``name`` (``_SHAPE_SQL``), on a connection of its own, closed after."""
+        import psycopg
+
+        with psycopg.connect(
+            host="127.0.0.1", port=self.port, user=self.user, dbname=name, autocommit=True
+        ) as connection:
+            return database_shape(connection)
+
     def drop_database(self, name: str, *, wait: bool = True) -> None:
         """Drop a database made by ``create_database`` (connections still open to it are ended).
 
@@ -167,17 +290,82 @@ class PostgresCluster:
         if wait:
             self._admin("create").execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
             return
+        self._in_background(lambda: self._drop_now(name))
+
+    def _drop_now(self, name: str) -> None:
+        try:
+            self._admin("dropper").execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        except Exception as exc:  # the cluster is thrown away anyway: never stop dropping the rest
+            self.drop_errors.append(f"{name}: {exc}")
+
+    def recycle_database(self, name: str, key: str) -> None:
+        """A test is done with ``name``, a copy of the template of ``key`` (``template_shapes[key]``): in the
+        background, empty it for another test, or drop it.
+
+        It is kept only when nothing is connected to it any more (connections are refused from the
+        start: none can come back), no prepared transaction is left, and it is shaped exactly as the
+        template (``_SHAPE_SQL``: every table, column, index, constraint, sequence, function, type,
+        setting). Then every table written to is truncated (new, empty data files) and every sequence that
+        handed out a value restarted, as in a fresh copy, and it waits for ``reuse_database``. Anything
+        else, or any error: dropped.
+        """
+        self._in_background(lambda: self._recycle_now(name, key))
+
+    def _recycle_now(self, name: str, key: str) -> None:
+        import psycopg
+
+        expected = self.template_shapes.get(key)
+        kept = False
+        try:
+            if expected is not None:
+                with psycopg.connect(
+                    host="127.0.0.1", port=self.port, user=self.user, dbname=name, autocommit=True
+                ) as connection:
+                    admin = self._admin("dropper")
+                    admin.execute(f'ALTER DATABASE "{name}" WITH ALLOW_CONNECTIONS false')
+                    others = admin.execute(
+                        "SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND pid <> %s",
+                        (name, connection.info.backend_pid),
+                    ).fetchone()
+                    prepared = admin.execute(
+                        "SELECT count(*) FROM pg_prepared_xacts WHERE database = %s", (name,)
+                    ).fetchone()
+                    if others == (0,) and prepared == (0,) and database_shape(connection) == expected:
+                        tables, sequences = written_to(connection)
+                        with connection.transaction():
+                            if tables:  # CASCADE: with the tables whose foreign keys point at them
+                                connection.execute(f"TRUNCATE {', '.join(tables)} CASCADE")
+                            for sequence in sequences:
+                                connection.execute(f"ALTER SEQUENCE {sequence} RESTART")
+                        kept = True
+        except Exception:  # dropped below, as a database nobody recycles would be
+            kept = False
+        if kept:
+            with self._recycled_lock:
+                self._recycled.setdefault(key, []).append(name)
+        else:
+            self._drop_now(name)
+
+    def reuse_database(self, key: str) -> str | None:
+        """A database recycled from the template of ``key`` (connections allowed again), or None."""
+        with self._recycled_lock:
+            waiting = self._recycled.get(key)
+            name = waiting.pop() if waiting else None
+        if name is None:
+            return None
+        self._admin("create").execute(f'ALTER DATABASE "{name}" WITH ALLOW_CONNECTIONS true')
+        return self.url(name)
+
+    def _in_background(self, job: Callable[[], None]) -> None:
         if self._dropper is None:
             self._dropper = threading.Thread(target=self._drop_queued, name="drop-databases", daemon=True)
             self._dropper.start()
-        self._to_drop.put(name)
+        self._to_drop.put(job)
 
     def _drop_queued(self) -> None:
-        while (name := self._to_drop.get()) is not None:
+        while (job := self._to_drop.get()) is not None:
             try:
-                self._admin("dropper").execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-            except Exception as exc:  # the cluster is thrown away anyway: never stop dropping the rest
-                self.drop_errors.append(f"{name}: {exc}")
+                job()
             finally:
                 self._to_drop.task_done()
 
