@@ -16,12 +16,16 @@
   error at collection.
 - ``databases`` hands out fresh, empty databases for the test (``databases.url("emulator")``): a file in
   ``tmp_path`` on SQLite, a new database in the session's throwaway cluster (``tests/postgres.py``) on
-  PostgreSQL. After the test every engine is disposed and the PostgreSQL databases are dropped.
+  PostgreSQL. After the test every engine is disposed and the PostgreSQL databases are dropped (or
+  recycled, below).
 - ``database_url`` is the test's main database (``databases.url("main")``).
 - ``databases.url(name, schema=...)``: the database holds the tables of that :class:`Schema` (and no row),
   as if its app had created them: built once per worker process and backend, then copied for each test
   (a SQLite file copied; PostgreSQL ``CREATE DATABASE ... TEMPLATE``) instead of every test running the
-  ``CREATE TABLE``s again. The app's own ``create_all`` then finds them there.
+  ``CREATE TABLE``s again. The app's own ``create_all`` then finds them there. On PostgreSQL such a copy
+  is, after its test, emptied in the background for a later test instead of dropped, when nothing is
+  connected to it and it is still shaped exactly as its template (``PostgresCluster.recycle_database``:
+  the tables written to truncated, the sequences restarted; tests/extension/test_recycled_databases.py).
 
 The PostgreSQL cluster starts once per session, on first use (``--database=sqlite`` never starts it), and is
 stopped at the end. Missing PostgreSQL binaries fail those tests (``scripts/ensure-system-packages``
