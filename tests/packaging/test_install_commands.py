@@ -36,6 +36,7 @@ THIRD_PARTY = {
     "psycopg": "docs/operations.md: the PostgreSQL driver a shop on PostgreSQL adds",
     "nox": "the version-range sessions (minimum and newest dependencies) a contributor runs",
     "pip": "pip install --upgrade pip, before an editable install",
+    "pytest": "docs/testing.md: the shop's own tests run the testing kit's fixtures under pytest (not a dependency)",
     "python-json-logger": "docs/logging.md and the example shop's SHOP_LOG_FORMAT=json: JSON log lines (optional)",
 }
 
