@@ -75,6 +75,7 @@ import psycopg
 import pytest
 import requests
 
+from flask_gateway.operations.reconciliation.claiming import CLAIM_LEASE_SECONDS
 from flask_gateway.payments.outbox import CLAIM_LEASE
 from tests.conftest import fetch_all, selected_backends
 from tests.postgres import PostgresCluster, ShutdownMode, start_cluster
@@ -646,12 +647,10 @@ def fault_run(
     assert outbox_service.returncode == 0, service_output[-3000:]
     assert len(exchanges.outages) == len(RESTARTS), exchanges.outages
 
-    # Cron: the shop's outbox, then reconciliation, then the outbox again (what reconciliation confirmed).
+    # Cron: the shop's outbox, then reconciliation, then the outbox again (what reconciliation confirmed); again
+    # once the claims of the checkouts still untold have lapsed, as the next run of the schedule would.
     cli_started = time.time()
-    delivered = deliver_until_settled(stack)
-    reconciled = gateway_command(stack, "reconcile", "reconcile", "--older-than", "0", "--quiet")
-    assert reconciled.returncode == 0, reconciled.stdout + reconciled.stderr
-    delivered += deliver_until_settled(stack)
+    delivered, reconciled, cron_rounds = cron_until_told(stack, [p.token for p in done])
 
     # --- the money --------------------------------------------------------------------------------------
     references = {
@@ -804,7 +803,7 @@ def fault_run(
         f"{sorted(waits.values())[len(waits) // 2]:.2f} s, over 5 s {sum(w > 5 for w in waits.values())}; "
         f"{len(in_run)} fulfilled while the shop served (longest {max(in_run, default=0):.1f} s), {len(by_cli)} "
         f"by the deliver/reconcile run at the end ({cli_started - last_paid:.1f} s after the last payment); "
-        f"deliver: {delivered} delivered; reconcile: {' '.join(reconciled.stdout.split())} The gateway's "
+        f"deliver: {delivered} delivered; reconcile ({cron_rounds} round(s)): {' '.join(reconciled.stdout.split())} The gateway's "
         f"callbacks still pending then: {pending}"
     )
     slowest = max(outbox_waits.values(), key=lambda found: found[2], default=("none", 0, 0.0))
@@ -878,6 +877,53 @@ def fmt(seconds: float | None) -> str:
 
 
 _DELIVER_REPORT: Final = re.compile(r"Outbox: (\d+) delivered, (\d+) failed, (\d+) dead\.")
+
+
+def cron_until_told(
+    stack: Stack, tokens: list[str], rounds: int = 3
+) -> tuple[int, subprocess.CompletedProcess[str], int]:
+    """``deliver``, ``reconcile --older-than 0``, ``deliver``, as a schedule runs them, until every checkout of
+    ``tokens`` that the gateway holds as paid is fulfilled by the shop.
+
+    A checkout polled within the last :data:`CLAIM_LEASE_SECONDS` is not due to reconciliation (a shopper's
+    return polls it; a poll that met an outage leaves it unchanged): when some are still untold after a round,
+    the next round runs once their claims have lapsed (read from the shop's database, not guessed), as the
+    schedule's next run would. Returns the events delivered, the last reconcile's output and the rounds run.
+    """
+    delivered = 0
+    for round_ in range(1, rounds + 1):
+        delivered += deliver_until_settled(stack)
+        reconciled = gateway_command(stack, "reconcile", "reconcile", "--older-than", "0", "--quiet")
+        assert reconciled.returncode == 0, reconciled.stdout + reconciled.stderr
+        delivered += deliver_until_settled(stack)
+        shop = {
+            str(token): (str(reference), lapses)
+            for token, reference, lapses in fetch_all(
+                stack.shop_db,
+                "SELECT token, order_reference, EXTRACT(EPOCH FROM last_polled_at + make_interval(secs => :lease) "
+                "- clock_timestamp()) FROM gateway_checkouts WHERE token = ANY(:t)",
+                t=tokens,
+                lease=CLAIM_LEASE_SECONDS,
+            )
+        }
+        paid = {
+            str(reference)
+            for reference, status in fetch_all(
+                stack.emulator_db,
+                "SELECT merchant_order_reference, status FROM emulator_checkouts "
+                "WHERE merchant_order_reference = ANY(:r)",
+                r=[reference for reference, _lapses in shop.values()],
+            )
+            if status in GATEWAY_PAID
+        }
+        fulfilled = fulfilment_counts(stack, sorted(paid))
+        untold = [
+            lapses for reference, lapses in shop.values() if reference in paid and not fulfilled[reference]
+        ]
+        if not untold or round_ == rounds:
+            return delivered, reconciled, round_
+        time.sleep(max([float(lapses or 0) for lapses in untold] + [0.0]) + 0.5)
+    raise AssertionError("unreachable: the last round returns")
 
 
 def deliver_until_settled(stack: Stack, runs: int = 6) -> int:
