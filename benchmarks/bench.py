@@ -39,6 +39,8 @@ R. How long recovery takes in the reliability scenarios, run as the tests run th
    ``Retry-After``), an outage of Redis and of the Celery worker detected and cleared (the deliver bound plus
    a tick and 4 s; 30 s) (figure_recovery.py, ``--recovery`` picks scenarios). The tests assert the events;
    these are their durations.
+T. How soon another Celery worker fulfils the outbox event of a worker SIGKILLed mid-delivery, real time
+   (target: lease + tick + 1 s, 16 s) (figure_takeover.py, ``--takeover-rounds``).
 
 The load generator of 3 and 4 is wrk (Debian's package; ``make bench`` installs it) with
 ``benchmarks/wrk/requests.lua`` sending pre-built requests over keep-alive connections. Client and servers
@@ -82,6 +84,7 @@ from figure_plugin import figure_plugin_test  # noqa: E402
 from figure_reconcile import figure_reconcile  # noqa: E402
 from figure_recovery import SCENARIOS, figure_recovery  # noqa: E402
 from figure_statements import figure_million, figure_statements  # noqa: E402
+from figure_takeover import figure_takeover  # noqa: E402
 from harness import (  # noqa: E402
     ACCOUNT,
     _pg_version,
@@ -345,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
         _stub_server_main(int(sys.argv[2]), sys.argv[3])
         return 0
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--only", default="1,2,3,4,5,6,7,8,R", help="figures to run, by number (all)")
+    parser.add_argument("--only", default="1,2,3,4,5,6,7,8,R,T", help="figures to run, by number (all)")
     add_load_options(parser)
     parser.add_argument("--pool", type=int, default=20_000, help="distinct requests per create/callback run")
     parser.add_argument("--rows", type=int, default=100_000, help="existing checkouts for figure 3")
@@ -381,6 +384,9 @@ def main(argv: list[str] | None = None) -> int:
         "--recovery",
         default=",".join(SCENARIOS),
         help=f"figure R's scenarios, comma-separated ({','.join(SCENARIOS)})",
+    )
+    parser.add_argument(
+        "--takeover-rounds", type=int, default=3, help="figure T: workers killed, one per round (3)"
     )
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
@@ -423,6 +429,8 @@ def main(argv: list[str] | None = None) -> int:
             figure_handoff(args, folder)
         if "R" in wanted:
             figure_recovery(args, folder)
+        if "T" in wanted:
+            figure_takeover(args, folder)
         log = folder / "servers.log"
         if log.exists() and log.read_text().strip():
             print(

@@ -9,7 +9,8 @@ an order is paid, its receiver blocks inside its first call, the whole worker ru
 the time from the kill to the fulfilment by the other worker is measured.
 
 Target: every round within lease + tick + 1 s (the second for a worker to take the tick from Redis, start
-the task and claim the event). Run alone: ``python benchmarks/figure_takeover.py [--takeover-rounds N]``.
+the task and claim the event). ``python benchmarks/bench.py --only T``, or alone:
+``python benchmarks/figure_takeover.py [--takeover-rounds N]``.
 """
 
 from __future__ import annotations
