@@ -60,6 +60,7 @@ if TYPE_CHECKING:
         create_all_safely,
     )
     from flask_gateway.errors import (
+        EX_CONFIG,
         CallbackRejected,
         CheckoutStateError,
         CheckoutUnavailableError,
@@ -213,6 +214,7 @@ _LAZY: dict[str, tuple[str, ...]] = {
         "tables_missing",
     ),
     "flask_gateway.errors": (
+        "EX_CONFIG",
         "CallbackRejected",
         "CheckoutStateError",
         "CheckoutUnavailableError",
@@ -234,6 +236,7 @@ _MODULE_OF: dict[str, str] = {name: module for module, names in _LAZY.items() fo
 __all__ = [
     "CHANGEABLE_STATUSES",
     "DATABASE_ERRORS",
+    "EX_CONFIG",
     "OPEN_STATUSES",
     "PAID_STATUSES",
     "PAYMENT_STATUSES",

@@ -32,8 +32,12 @@ written against those still catches them.
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any, ClassVar
+import sys
+import traceback
+from typing import IO, TYPE_CHECKING, Any, ClassVar, Final
 
+import click
+from flask.helpers import get_debug_flag
 from werkzeug.exceptions import (
     BadRequest,
     Forbidden,
@@ -55,6 +59,7 @@ if TYPE_CHECKING:
     from flask_gateway.models import CallbackLog, GatewayCheckout, RefundRecord
 
 __all__ = [
+    "EX_CONFIG",
     "CallbackBodyInvalid",
     "CallbackCheckoutUnknown",
     "CallbackConfirmFailed",
@@ -88,9 +93,33 @@ class GatewayExtensionError(FlaskGatewayError):
     """The base of every error the extension itself raises (the gateway's answers are ``GatewayError``)."""
 
 
-class ConfigurationError(GatewayExtensionError, RuntimeError):
+#: The exit status of a ``flask`` command stopped by a configuration error: ``EX_CONFIG`` (sysexits.h).
+#: Running it again changes nothing; a person must fix the configuration (unlike 75, an outage).
+EX_CONFIG: Final = 78
+
+
+class ConfigurationError(GatewayExtensionError, RuntimeError, click.ClickException):
     """A ``GATEWAY_*`` key is missing or wrong, or the app is not set up for the extension; the message
-    names what and says how to fix it."""
+    names what and says how to fix it.
+
+    It is a ``click.ClickException`` too: where the ``flask`` command meets it (loading the app for
+    ``flask run``, ``init-db``, ``flask gateway ...``) it prints one line, ``Error: <what is wrong>. <how
+    to fix it>``, and exits with status :data:`EX_CONFIG` (78), the server not started. With ``flask
+    --debug`` or ``FLASK_DEBUG=1`` the traceback is printed above the line. Elsewhere (a WSGI server, a
+    test) it is an ordinary exception.
+    """
+
+    exit_code = EX_CONFIG
+
+    def __init__(self, message: str) -> None:
+        click.ClickException.__init__(self, message)  # sets ``message``; ``args`` through Exception
+
+    def show(self, file: IO[Any] | None = None) -> None:
+        """What the ``flask`` command prints: the one line (the traceback above it when debugging)."""
+        out = file if file is not None else sys.stderr
+        if get_debug_flag():
+            traceback.print_exception(self, file=out)
+        click.echo(f"Error: {' '.join(self.message.split())}", file=out)
 
 
 class NotInstalledError(GatewayExtensionError, RuntimeError):

@@ -7,9 +7,12 @@ and the tables. Nothing else imports this module but the package's front door.
 
 from __future__ import annotations
 
+import itertools
+import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import click
 import requests
 from flask import Blueprint, Flask, has_request_context, request
 
@@ -23,7 +26,7 @@ from flask_gateway.operations.cli import gateway_cli
 from flask_gateway.operations.outages import watch_recovery
 from flask_gateway.operations.ratelimit import RateLimit, make_storage
 from flask_gateway.secrets import SecretBox
-from flask_gateway.state import EXTENSION_KEY, AccountChoice, AdminGuard, GatewayState
+from flask_gateway.state import EXTENSION_KEY, MISCONFIGURED_KEY, AccountChoice, AdminGuard, GatewayState
 from flask_gateway.web import admin, public
 from flask_gateway.web.admin import outbox as admin_outbox
 
@@ -91,9 +94,17 @@ class Gateway:
                 "Flask-SQLAlchemy is not set up on this app yet: call db.init_app(app) before "
                 "gateway.init_app(app)."
             )
-        config = GatewayConfig.from_mapping(app.config)
-        box = SecretBox(config.encryption_key, app.config.get("SECRET_KEY"))
-        storage = make_storage(config.ratelimit_storage_uri)
+        try:
+            config = GatewayConfig.from_mapping(app.config)
+            box = SecretBox(config.encryption_key, app.config.get("SECRET_KEY"))
+            storage = make_storage(config.ratelimit_storage_uri)
+        except ConfigurationError as error:
+            if not _doctor_asked():
+                raise  # one line and exit 78 under the flask command (ConfigurationError.show)
+            # `flask gateway doctor` reports it as a finding; every other use of the extension raises it.
+            app.extensions[MISCONFIGURED_KEY] = error
+            app.cli.add_command(gateway_cli)
+            return
         state = GatewayState(
             db=database,
             config=config,
@@ -129,6 +140,19 @@ class Gateway:
         # they are exempt from CSRF whether CSRFProtect was set up before Gateway or after it.
         _exempt_from_csrf(app, public.bp)
         app.cli.add_command(gateway_cli)
+
+
+def _doctor_asked(argv: list[str] | None = None) -> bool:
+    """Whether the ``flask`` command is loading the app to run ``flask gateway doctor``: a command group
+    (not ``flask run``, not a server, not a test) is resolving a sub-command, and the command line names
+    ``gateway`` then ``doctor``. The doctor reports a configuration error as a finding; any other command
+    stops on it with its one line (exit 78).
+    """
+    context = click.get_current_context(silent=True)
+    if context is None or not isinstance(context.command, click.Group):
+        return False
+    words = [word for word in (sys.argv[1:] if argv is None else argv) if not word.startswith("-")]
+    return any(first == "gateway" and then == "doctor" for first, then in itertools.pairwise(words))
 
 
 def _embed_emulator(app: Flask, config: GatewayConfig, state: GatewayState) -> None:

@@ -43,16 +43,21 @@ if TYPE_CHECKING:
 
 __all__ = [
     "EXTENSION_KEY",
+    "MISCONFIGURED_KEY",
     "AccountChoice",
     "AdminGuard",
     "GatewayState",
     "Limit",
     "get_state",
     "leaves_no_transaction",
+    "misconfiguration",
 ]
 
 #: ``app.extensions`` key of the state.
 EXTENSION_KEY = "gateway"
+#: Where ``init_app`` keeps the configuration error it deferred for ``flask gateway doctor`` (the doctor
+#: reports it as a finding; every other use of the extension raises it).
+MISCONFIGURED_KEY = "gateway.misconfigured"
 
 _log = logging.getLogger("flask_gateway.state")
 
@@ -388,12 +393,22 @@ def _end(*, commit: bool) -> None:
         session.rollback()
 
 
+def misconfiguration(app: Flask | None = None) -> ConfigurationError | None:
+    """The configuration error ``init_app`` deferred on ``app`` (default: the current app) so that
+    ``flask gateway doctor`` could report it, or None."""
+    found = (app or current_app).extensions.get(MISCONFIGURED_KEY)
+    return found if isinstance(found, ConfigurationError) else None
+
+
 def get_state(app: Flask | None = None) -> GatewayState:
     """The extension state of ``app`` (default: the current app)."""
     target = app or current_app
     try:
         state: GatewayState = target.extensions[EXTENSION_KEY]
     except KeyError:
+        deferred = misconfiguration(target)
+        if deferred is not None:
+            raise ConfigurationError(deferred.message) from None
         raise ConfigurationError(
             "Flask-Gateway is not registered on this app. Did you forget to call Gateway(app, db=db) or "
             "gateway.init_app(app)?"

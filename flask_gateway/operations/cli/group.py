@@ -19,10 +19,10 @@ from sqlalchemy import URL, select
 from flask_gateway.clock import format_time
 from flask_gateway.core.outages import DATABASE_ERRORS, describe_database_error, is_database_outage
 from flask_gateway.core.sql import sqlite_read_transactions
-from flask_gateway.errors import UnknownAccountError
+from flask_gateway.errors import EX_CONFIG, UnknownAccountError
 from flask_gateway.models import Installation
 from flask_gateway.operations.readiness import missing_schema
-from flask_gateway.state import GatewayState, get_state, leaves_no_transaction
+from flask_gateway.state import GatewayState, get_state, leaves_no_transaction, misconfiguration
 
 __all__ = [
     "COMMAND_CHECKS",
@@ -82,7 +82,7 @@ gateway_cli = GatewayCommands(
 #: The exit status of a command refused because of how it is configured (the app says production but the
 #: database is SQLite, the tables are missing, the gateway is not installed): ``EX_CONFIG`` (sysexits.h).
 #: Running it again changes nothing; a person must fix the environment (unlike 75, an outage).
-EXIT_CONFIGURATION: Final = 78
+EXIT_CONFIGURATION: Final = EX_CONFIG
 
 #: The environment file every documented cron line, systemd unit and Celery command loads (docs).
 ENVIRONMENT_FILE: Final = "/etc/shop/environment"
@@ -107,6 +107,9 @@ class Checks:
     #: The database must answer for the command to start (else exit status 75); the doctor reports an
     #: outage as a finding, with everything else it checks.
     database: bool = True
+    #: The app's configuration must be valid (else its one line, exit status 78); the doctor reports a
+    #: configuration error as a finding.
+    configured: bool = True
 
 
 #: Each command's checks (docs/extension.md's "Command line" shows the same table; a test compares them).
@@ -116,7 +119,7 @@ class Checks:
 #: delivers, or is scheduled needs both. A sub-command is named with its group: ``accounts retire``.
 COMMAND_CHECKS: Final[dict[str, Checks]] = {
     "init-db": Checks(tables=False, installed=False),
-    "doctor": Checks(tables=False, installed=False, database=False),
+    "doctor": Checks(tables=False, installed=False, database=False, configured=False),
     "install": Checks(tables=True, installed=False),
     "accounts": Checks(tables=True, installed=False),
     "accounts retire": Checks(),
@@ -170,6 +173,8 @@ def checked(name: str) -> Callable[[_F], _F]:
             context = click.get_current_context(silent=True)
             if context is not None and context.invoked_subcommand is not None:
                 return command(*args, **kwargs)
+            if not checks.configured and misconfiguration() is not None:
+                return command(*args, **kwargs)  # it reports the configuration error itself
             # A service (`deliver --every`) waits for the database instead of exiting 75: started while it
             # is away, systemd would restart it in a loop, and give up after five tries in ten seconds.
             every = kwargs.get("every")

@@ -77,7 +77,7 @@ from flask_gateway.operations.doctor.schedules import (
 )
 from flask_gateway.operations.doctor.wording import _first_line
 from flask_gateway.operations.readiness import missing_schema
-from flask_gateway.state import GatewayState, get_state
+from flask_gateway.state import GatewayState, get_state, misconfiguration
 
 
 @dataclass(frozen=True)
@@ -102,6 +102,18 @@ def run_checks(
     call the gateway or the shop's public URL (``unknown``). One check that fails does not stop the rest."""
     options = Options(timeout=timeout, http=http)
     report = DoctorReport()
+    deferred = misconfiguration()
+    if deferred is not None:  # init_app could not read the configuration: nothing else can be checked
+        report.findings.append(
+            Finding(
+                "configuration",
+                "problem",
+                " ".join(deferred.message.split()),
+                "change it in the app's configuration (docs/configuration.md describes every key), then "
+                "run flask gateway doctor again",
+            )
+        )
+        return report
     state = get_state()
     waiting = _tables_waiting(state)
     _end_transaction(state)
