@@ -32,7 +32,7 @@ def init_db() -> None:
         click.echo(f"All {len(names)} gateway tables exist already; nothing to do.")
 
 
-_MARK_STYLE = {"ok": "green", "warn": "yellow", "problem": "red", "unknown": None}
+_MARK_STYLE = {"ok": "green", "info": "cyan", "warn": "yellow", "problem": "red", "unknown": None}
 
 
 @gateway_cli.command("doctor")

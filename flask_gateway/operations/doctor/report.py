@@ -11,7 +11,9 @@ from typing import Final, Literal
 
 import requests
 
-Level = Literal["ok", "warn", "problem", "unknown"]
+#: ``info``: nothing is wrong yet, but production will need it (a schedule that nothing runs in development),
+#: with its command; never counted as a problem.
+Level = Literal["ok", "info", "warn", "problem", "unknown"]
 
 
 #: Seconds to wait for the shop's public URL (``--timeout``).
@@ -20,6 +22,7 @@ DEFAULT_TIMEOUT: Final = 10.0
 
 _MARKS: Final[dict[Level, str]] = {
     "ok": "[ok]",
+    "info": "[info]",
     "warn": "[warn]",
     "problem": "[PROBLEM]",
     "unknown": "[unknown]",
@@ -28,8 +31,9 @@ _MARKS: Final[dict[Level, str]] = {
 
 @dataclass(frozen=True)
 class Finding:
-    """One thing a check found: ``ok`` (true and fine), ``warn`` (works, but should change), ``problem``
-    (breaks payments or callbacks: the command exits 1) or ``unknown`` (could not tell, or skipped)."""
+    """One thing a check found: ``ok`` (true and fine), ``info`` (fine for now, production will need it:
+    the command says how), ``warn`` (works, but should change), ``problem`` (breaks payments or callbacks:
+    the command exits 1) or ``unknown`` (could not tell, or skipped)."""
 
     check: str
     level: Level
@@ -93,6 +97,7 @@ class DoctorReport:
             ("problem", "problem", "problems"),
             ("warn", "warning", "warnings"),
             ("ok", "ok", "ok"),
+            ("info", "note for production", "notes for production"),
             ("unknown", "unknown", "unknown"),
         )
         counts = ", ".join(

@@ -37,6 +37,32 @@ OUTBOX_MARGIN: Final = timedelta(minutes=15)
 
 # --- the schedules ------------------------------------------------------------------------------------
 
+#: What a development shop is told of a schedule nothing has run yet (an ``info`` finding, not a problem).
+_FOR_PRODUCTION: Final = "fine while you develop; in production a schedule must run it"
+
+
+def _in_production() -> bool:
+    return get_state().config.environment == "production"
+
+
+def _never_ran(status: JobStatus) -> bool:
+    """Nothing ever started the job on this shop: no schedule was set up (rather than one that stopped)."""
+    return status.last_started_at is None and status.last_finished_at is None
+
+
+def _unscheduled_here(job: str) -> bool:
+    """Outside production, nothing has ever run ``job`` (``deliver``, ``reconcile``): what it left waiting
+    is information for the day the shop goes live, not a problem. A schedule that ran and stopped, or
+    production, is a problem."""
+    if _in_production():
+        return False
+    try:
+        statuses = {status.job: status for status in job_status()}
+    except SQLAlchemyError:
+        return False
+    found = statuses.get(job)
+    return found is not None and _never_ran(found)
+
 
 def _when(value: datetime | None) -> str:
     """A stored time as a person reads it: in ``GATEWAY_TIMEZONE``, with the zone's name."""
@@ -71,6 +97,18 @@ def check_reconcile_schedule(_options: Options) -> list[Finding]:
         select(func.count(), func.min(GatewayCheckout.updated_at)).where(overdue)
     ).one()
     last_poll = session.scalar(select(func.max(GatewayCheckout.last_polled_at)))
+    if count and _unscheduled_here("reconcile"):
+        return [
+            Finding(
+                name,
+                "info",
+                f"{count} open checkout(s) have waited for reconciliation for over "
+                f"{_duration(RECONCILE_MARGIN)} (the oldest unchanged since {_when(oldest)}): nothing has "
+                f"run flask gateway reconcile on this shop yet ({_FOR_PRODUCTION})",
+                "run flask gateway reconcile to ask the gateway about them now; in production, every 5 "
+                "minutes (docs/operations.md#scheduling-reconciliation)",
+            )
+        ]
     if count:
         return [
             Finding(
@@ -124,7 +162,19 @@ def check_outbox_schedule(_options: Options) -> list[Finding]:
         return [Finding(name, "unknown", f"the outbox cannot be read ({type(error).__name__}; see database)")]
     outbox_screen = _admin(state, "outbox")
     findings = []
-    if pending:
+    if pending and _unscheduled_here("deliver"):
+        findings.append(
+            Finding(
+                name,
+                "info",
+                f"{pending} outbox event(s) have waited over {_duration(OUTBOX_MARGIN)} past their attempt "
+                f"(the oldest due since {_when(oldest)}): nothing has run flask gateway deliver on this shop "
+                f"yet ({_FOR_PRODUCTION})",
+                "run flask gateway deliver to deliver them now; in production, every minute or as a service "
+                "(docs/operations.md)",
+            )
+        )
+    elif pending:
         findings.append(
             Finding(
                 name,
@@ -213,6 +263,15 @@ def _settings_schedule() -> list[Finding]:
     read_it = (
         "run flask gateway check-settings to see why, and fix its cause (docs/operations.md#settings-drift)"
     )
+    if status.overdue and _never_ran(status) and not _in_production():
+        return [
+            Finding(
+                name,
+                "info",
+                f"{status.describe()}: nothing has run it yet ({_FOR_PRODUCTION})",
+                _SETTINGS_FIX,
+            )
+        ]
     if status.overdue:
         if status.age is not None and status.age <= status.bound:  # it runs, but fails
             return [
@@ -240,6 +299,10 @@ def _background_finding(name: str, status: JobStatus) -> Finding:
     schedule = f"{_JOB_FIX[status.job]} ({_DOCS_BACKGROUND})"
     read_it = f"read the summary and the log of the run, and fix its cause ({_DOCS_BACKGROUND})"
     runs_but_fails = status.age is not None and status.age <= status.bound and status.last_outcome != "ok"
+    if status.overdue and _never_ran(status) and not _in_production():
+        return Finding(
+            name, "info", f"{status.job}: nothing has run it on this shop yet ({_FOR_PRODUCTION})", schedule
+        )
     if status.overdue:
         return Finding(
             name,

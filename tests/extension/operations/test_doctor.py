@@ -29,7 +29,7 @@ from sqlalchemy import select, text, update
 from flask_gateway import Gateway, create_checkout, models
 from flask_gateway.core.timestamps import utcnow
 from flask_gateway.models import CallbackLog, GatewayCheckout
-from flask_gateway.operations.doctor import run_checks
+from flask_gateway.operations.doctor import run_checks, schedules
 from flask_gateway.operations.health import callback_health
 from flask_gateway.secrets import SecretBox
 from flask_gateway.state import get_state
@@ -172,8 +172,32 @@ def _checkout_waiting(setup: Setup, age: timedelta) -> int:
         return checkout.id
 
 
+def _schedule_stopped(setup: Setup, job: str) -> None:
+    """A schedule ran ``job`` and stopped: its last run finished (fine) two hours ago."""
+    with setup.shop.app_context():
+        session = get_state().session
+        long_ago = utcnow() - timedelta(hours=2)
+        session.add(
+            models.JobRun(
+                job=job,
+                last_started_at=long_ago,
+                last_finished_at=long_ago,
+                last_succeeded_at=long_ago,
+                last_outcome="ok",
+                runs=1,
+            )
+        )
+        session.commit()
+
+
 def _checkouts_pile_up(setup: Setup) -> None:
     _checkout_waiting(setup, timedelta(hours=2))
+    _schedule_stopped(setup, "reconcile")
+
+
+def _outbox_event_waits(setup: Setup) -> None:
+    _outbox_event(setup, state="pending")
+    _schedule_stopped(setup, "deliver")
 
 
 def _drop_refunds_table(setup: Setup) -> None:
@@ -283,8 +307,14 @@ BROKEN = [
         config={"GATEWAY_ENVIRONMENT": "sandbox", "WTF_CSRF_ENABLED": False},
     ),
     Broken(
-        "due checkouts pile up: nothing runs flask gateway reconcile",
-        {"reconcile": ("1 open checkout(s) have been due for reconciliation", "schedule it every 5 minutes")},
+        "due checkouts pile up: the schedule of flask gateway reconcile stopped",
+        {
+            "reconcile": (
+                "1 open checkout(s) have been due for reconciliation",
+                "schedule it every 5 minutes",
+            ),
+            "background-work": ("reconcile: last run finished", "schedule flask gateway reconcile"),
+        },
         breaks=_checkouts_pile_up,
     ),
     Broken(
@@ -312,9 +342,12 @@ BROKEN = [
         config={"GATEWAY_ENVIRONMENT": "sandbox", "SECRET_KEY": "dev only: change me"},
     ),
     Broken(
-        "outbox events overdue: nothing runs flask gateway deliver",
-        {"outbox": ("1 outbox event(s) are overdue", "flask gateway deliver")},
-        breaks=lambda setup: _outbox_event(setup, state="pending"),
+        "outbox events overdue: the schedule of flask gateway deliver stopped",
+        {
+            "outbox": ("1 outbox event(s) are overdue", "flask gateway deliver"),
+            "background-work": ("deliver: last run finished", "schedule flask gateway deliver"),
+        },
+        breaks=_outbox_event_waits,
         needs_outbox=True,
     ),
     Broken(
@@ -372,9 +405,9 @@ def findings(output: str) -> dict[str, list[tuple[str, str]]]:
     """check name -> [(level mark, the finding's text, lines joined)] from the command's output."""
     found: dict[str, list[tuple[str, str]]] = {}
     body = output.strip().rsplit("\n", 1)[0]  # the last line is the summary
-    blocks = re.split(r"\n(?=\[(?:ok|warn|PROBLEM|unknown)\])", body)
+    blocks = re.split(r"\n(?=\[(?:ok|info|warn|PROBLEM|unknown)\])", body)
     for block in blocks:
-        match = re.match(r"\[(ok|warn|PROBLEM|unknown)\]\s+([a-z-]+): (.*)", " ".join(block.split()))
+        match = re.match(r"\[(ok|info|warn|PROBLEM|unknown)\]\s+([a-z-]+): (.*)", " ".join(block.split()))
         assert match, block
         found.setdefault(match.group(2), []).append((match.group(1), match.group(3)))
     return found
@@ -406,6 +439,38 @@ def test_doctor_finds_each_broken_setup(setups: Callable[..., Setup], row: Broke
         assert problem in said, result.output
         assert fix in how, result.output
     assert "fix the problems above" in result.output.strip().splitlines()[-1]
+
+
+@pytest.mark.backends  # the schedules' queries
+def test_a_development_shop_with_nothing_scheduled_yet_is_told_not_alarmed(
+    setups: Callable[..., Setup],
+) -> None:
+    """Nothing ever ran deliver or reconcile on this shop (development: no cron): what waits is information
+    with its command, and the doctor exits 0. The same shop once production says so is a problem."""
+    setup = setups()
+    _outbox_event(setup, state="pending")
+    _checkout_waiting(setup, timedelta(hours=2))  # the same order (sample_order): its checkout, aged
+
+    result = doctor(setup.shop)
+
+    assert result.exit_code == 0, result.output
+    found = findings(result.stdout)
+    (reconcile,) = found["reconcile"]
+    assert reconcile[0] == "info", result.output
+    assert "nothing has run flask gateway reconcile on this shop yet" in reconcile[1]
+    assert "fix: run flask gateway reconcile" in reconcile[1] and "every 5 minutes" in reconcile[1]
+    outbox = [item for item in found["outbox"] if item[0] == "info"]
+    assert outbox and "nothing has run flask gateway deliver on this shop yet" in outbox[0][1], result.output
+    assert "PROBLEM" not in result.stdout
+    assert "note" in result.output.strip().splitlines()[-1]
+
+    # The same records where the app says production (installations are per environment: the seam is the
+    # doctor's own question, not the configuration).
+    with setup.shop.app_context(), pytest.MonkeyPatch.context() as patch:
+        patch.setattr(schedules, "_in_production", lambda: True)
+        found_live = run_checks(network=False).findings
+    levels = {f.check: f.level for f in found_live if f.check in ("reconcile", "outbox")}
+    assert levels == {"reconcile": "problem", "outbox": "problem"}
 
 
 def test_a_healthy_setup_passes(setups: Callable[..., Setup]) -> None:

@@ -23,6 +23,7 @@ from flask_gateway.core.timestamps import utcnow
 from flask_gateway.errors import ConfigurationError
 from flask_gateway.models import Installation, JobRun, SettingsIncident
 from flask_gateway.operations import drift
+from flask_gateway.operations.doctor import schedules
 from flask_gateway.operations.doctor.schedules import check_background_work
 from flask_gateway.operations.reconciliation import reconcile
 from flask_gateway.payments.heartbeats import SETTINGS_CHECK, claim_turn, settings_check_status
@@ -259,7 +260,19 @@ def test_the_doctor_says_when_no_schedule_runs_the_check(shop: Harness) -> None:
     assert finding.level == "unknown" and "too soon to tell" in finding.message  # installed a moment ago
 
     age_installation(shop, timedelta(seconds=3 * PERIOD + 5))  # three periods without a check
-    finding = settings_finding(shop)
+    finding = settings_finding(shop)  # development: nothing was ever scheduled, production will need it
+    assert finding.level == "info", finding
+    assert "check-settings: never finished a run since the gateway was installed" in finding.message
+    assert (
+        "nothing has run it yet" in finding.message
+        and "in production a schedule must run it" in finding.message
+    )
+    with (
+        shop.shop.app_context(),
+        pytest.MonkeyPatch.context() as patch,
+    ):  # the same, the app saying production
+        patch.setattr(schedules, "_in_production", lambda: True)
+        (finding,) = [f for f in check_background_work(None) if f.check == "settings-schedule"]  # type: ignore[arg-type]
     assert finding.level == "problem", finding
     assert "check-settings: never finished a run since the gateway was installed" in finding.message
     assert "no schedule runs it" in finding.message
@@ -282,7 +295,7 @@ def test_the_doctor_command_prints_the_finding(shop: Harness) -> None:
     age_installation(shop, timedelta(hours=1))
     result = shop.shop.test_cli_runner().invoke(args=["gateway", "doctor", "--no-network"])
     output = " ".join(result.output.split())
-    assert "[PROBLEM] settings-schedule: check-settings: never finished a run" in output, result.output
+    assert "[info] settings-schedule: check-settings: never finished a run" in output, result.output
 
 
 # --- the setting --------------------------------------------------------------------------------------------
