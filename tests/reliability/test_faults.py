@@ -824,7 +824,7 @@ def fault_run(
     assert inside > 0, killer.kills  # the kills did land inside callbacks: the run tested what it says
     assert left == [], left
     assert tracebacks(service_output)[1] == [], service_output[-3000:]
-    assert access_500 == {"shop": [], "emulator": []}, access_500
+    assert access_500 == {"shop": [], "emulator": []}, (access_500, traced)  # what raised, from the logs
     assert not_503 == [], not_503
     assert late == [], "\n".join(late)
     assert outside == [], outside

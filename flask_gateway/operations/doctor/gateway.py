@@ -7,6 +7,7 @@ Skipped with ``--no-network``.
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import replace
 
 import requests
@@ -20,7 +21,7 @@ from flask_gateway.errors import (
     SecretUnreadable,
 )
 from flask_gateway.inbound import PROBE_HEADER, doctor_probe_mark
-from flask_gateway.operations.doctor.report import Finding, Options
+from flask_gateway.operations.doctor.report import Finding, Level, Options
 from flask_gateway.operations.doctor.wording import (
     _DOCS_401,
     _DOCS_CSRF,
@@ -152,25 +153,25 @@ def check_callback_reachable(options: Options) -> list[Finding]:
                 "development with the emulator it may stay unset",
             )
         ]
-    rows = state.installations()
+    # Plain values, read before the commit: an attribute of a row read after it would begin a transaction
+    # again (on SQLite, the writer's lock), and the shop, recording the probe, would wait for it.
+    given_urls = [(row.merchant_account_id, row.callback_url) for row in state.installations()]
     state.session.commit()  # no transaction while the shop answers
-    if len(rows) <= 1:
+    if len(given_urls) <= 1:
         return _probe(options, state, callback_url())
     shared = callback_url()
     by_url: dict[str, list[str]] = {}
     findings: list[Finding] = []
-    for row in rows:
-        account = row.merchant_account_id
+    for account, callback in given_urls:
         own = external_url("gateway.callback", account=account)
-        given = (row.callback_url or shared).rstrip("/")
+        given = (callback or shared).rstrip("/")
         ours = {shared.rstrip("/"): shared, own.rstrip("/"): own}
         if given not in ours:
             findings.append(
                 Finding(
                     name,
                     "unknown",
-                    f"merchant account {account}: its callback URL {row.callback_url} is not this shop's, "
-                    "not probed",
+                    f"merchant account {account}: its callback URL {callback} is not this shop's, not probed",
                     f"save the settings screen ({_admin(state, 'settings')}, account {account}): it gives "
                     f"the gateway this shop's callback URL, {own} (the public-url finding; {_DOCS_MISSED})",
                 )
@@ -194,6 +195,7 @@ def _probe(options: Options, state: GatewayState, url: str) -> list[Finding]:
     mark = doctor_probe_mark(body)  # the shop records it as the doctor's probe, not a refused callback
     if mark is not None:
         headers[PROBE_HEADER] = mark
+    sent = time.monotonic()
     try:
         answer = http.post(
             url,
@@ -213,23 +215,46 @@ def _probe(options: Options, state: GatewayState, url: str) -> list[Finding]:
             )
         ]
     except requests.exceptions.RequestException as error:
-        kind = "timed out" if isinstance(error, requests.exceptions.Timeout) else "could not connect"
-        return [
-            Finding(
-                name,
-                "warn" if local_dev else "problem",
-                f"POST {url} {kind} ({type(error).__name__}): the gateway cannot deliver callbacks there.",
-                "is the shop running?"
-                if local_dev
-                else "check that GATEWAY_PUBLIC_URL is the shop's public address, that its DNS name "
-                "resolves, and that the firewall and proxy in front of the shop let HTTPS in "
-                f"(--timeout {options.timeout:g}; {_DOCS_MISSED})",
-            )
-        ]
+        return [_unanswered(url, error, time.monotonic() - sent, options.timeout, local_dev)]
     finally:
         if options.http is None:
             http.close()
     return [_judge_answer(state, url, answer)]
+
+
+def _unanswered(
+    url: str, error: requests.exceptions.RequestException, waited: float, timeout: float, local_dev: bool
+) -> Finding:
+    """What a probe without an answer says: nothing listening (refused, no connection) is told from a shop
+    that took the connection and was slow to answer, with how long the doctor waited."""
+    level: Level = "warn" if local_dev else "problem"
+    what = type(error).__name__
+    longer = f"run the doctor again with a longer --timeout (it was {timeout:g} s)"
+    if isinstance(error, requests.exceptions.ReadTimeout):
+        return Finding(
+            "callback",
+            level,
+            f"POST {url}: the shop took the connection but did not answer within {waited:.1f} s ({what}): "
+            "it is listening, but slow or stuck; the gateway gives up on a slow callback too.",
+            f"read the shop's log for that request (a slow receiver, a database lock, every worker busy), "
+            f"or {longer}",
+        )
+    if isinstance(error, requests.exceptions.ConnectTimeout):
+        said = (
+            f"no connection within {waited:.1f} s ({what}): the host does not answer (down, or a firewall "
+            "drops it)"
+        )
+    else:
+        said = f"nothing is listening there ({what}: {_first_line(error)})"
+    return Finding(
+        "callback",
+        level,
+        f"POST {url}: {said}; the gateway cannot deliver callbacks there.",
+        "start the shop (flask run, make demo), or set GATEWAY_PUBLIC_URL to the address it listens on"
+        if local_dev
+        else "check that GATEWAY_PUBLIC_URL is the shop's public address, that its DNS name resolves, and "
+        f"that the firewall and proxy in front of the shop let HTTPS in ({longer}; {_DOCS_MISSED})",
+    )
 
 
 def _message_of(answer: requests.Response) -> str | None:

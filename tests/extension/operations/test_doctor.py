@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 from collections.abc import Callable, Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
+import requests
 import responses
 from flask import Flask, redirect, request
 from flask_sqlalchemy import SQLAlchemy
@@ -29,6 +31,7 @@ from sqlalchemy import select, text, update
 from flask_gateway import Gateway, create_checkout, models
 from flask_gateway.core.timestamps import utcnow
 from flask_gateway.models import CallbackLog, GatewayCheckout
+from flask_gateway.operations.doctor import gateway as doctor_gateway
 from flask_gateway.operations.doctor import run_checks, schedules
 from flask_gateway.operations.health import callback_health
 from flask_gateway.secrets import SecretBox
@@ -288,7 +291,7 @@ BROKEN = [
     ),
     Broken(
         "nothing answers at the public URL",
-        {"callback": ("could not connect (ConnectionError)", "resolves")},
+        {"callback": ("nothing is listening there (ConnectionError", "resolves")},
         public="none",
     ),
     Broken(
@@ -471,6 +474,31 @@ def test_a_development_shop_with_nothing_scheduled_yet_is_told_not_alarmed(
         found_live = run_checks(network=False).findings
     levels = {f.check: f.level for f in found_live if f.check in ("reconcile", "outbox")}
     assert levels == {"reconcile": "problem", "outbox": "problem"}
+
+
+def test_the_probe_tells_nothing_listening_from_slow_to_answer() -> None:
+    """Real sockets: a port nobody listens on refuses at once; a listener that takes the connection and
+    never answers is slow (the doctor says which, and how long it waited)."""
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        refused_url = f"http://127.0.0.1:{closed.getsockname()[1]}/gateway/callback"
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()  # the kernel accepts the connection; nothing ever answers
+        slow_url = f"http://127.0.0.1:{silent.getsockname()[1]}/gateway/callback"
+        said = {}
+        for url in (refused_url, slow_url):
+            try:
+                requests.post(url, data=b"{}", timeout=0.5)
+            except requests.exceptions.RequestException as error:
+                said[url] = doctor_gateway._unanswered(url, error, 0.5, 0.5, local_dev=True)
+    refused, slow = said[refused_url], said[slow_url]
+    assert "nothing is listening there (ConnectionError" in refused.message, refused
+    assert "start the shop" in refused.fix
+    assert "took the connection but did not answer within 0.5 s (ReadTimeout)" in slow.message, slow
+    assert "slow or stuck" in slow.message
+    assert "the shop's log" in slow.fix and "longer --timeout (it was 0.5 s)" in slow.fix
+    assert refused.level == slow.level == "warn"  # local development; a problem elsewhere
 
 
 def test_a_healthy_setup_passes(setups: Callable[..., Setup]) -> None:

@@ -5,13 +5,18 @@ with its open checkouts; every account retired is a problem for the doctor, not 
 from __future__ import annotations
 
 import json
+import sqlite3
 from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
 import pytest
+import requests
 from sqlalchemy import select
+from sqlalchemy.engine import make_url
 
 from flask_gateway.models import CallbackLog
+from flask_gateway.operations.doctor import run_checks
 from flask_gateway.payments.accounts import retire_account
 from flask_gateway.payments.installation import InstallSettings, install
 from flask_gateway.state import get_state
@@ -99,6 +104,35 @@ def test_two_healthy_accounts_pass_each_named(two: Setup) -> None:
     with two.shop.app_context():
         rows = get_state().session.scalars(select(CallbackLog)).all()
     assert sorted((row.outcome, row.http_status) for row in rows) == [("doctor-probe", 401)] * 2
+
+
+def test_the_doctor_holds_no_lock_while_the_shop_answers_its_probes(two: Setup) -> None:
+    """The shop records each probe (a write). Were the doctor still in a transaction while probing (on
+    SQLite: the writer's lock), a shop in another process would wait for it past the probe's timeout, and
+    the doctor would report a healthy shop as not answering (the running demo: 21 s, then ReadTimeout).
+    Each probe here first takes SQLite's write lock itself, at once or not at all."""
+    if two.databases.backend != "sqlite":
+        pytest.skip("SQLite's one writer (PostgreSQL's row locks are the writes' own)")
+    path = make_url(two.databases.url("main")).database
+    assert path
+    free: list[str] = []
+
+    class LockFree(requests.Session):
+        def post(self, url: str | bytes, *args: Any, **kwargs: Any) -> requests.Response:  # type: ignore[override]
+            other = sqlite3.connect(path, timeout=0, isolation_level=None)  # another connection: no waiting
+            try:
+                other.execute("BEGIN IMMEDIATE")  # "database is locked" if the doctor holds it
+                other.execute("ROLLBACK")
+            finally:
+                other.close()
+            free.append(str(url))
+            return super().post(url, *args, **kwargs)
+
+    with two.shop.app_context():
+        report = run_checks(http=LockFree(), timeout=2)
+    callbacks = [f for f in report.findings if f.check == "callback"]
+    assert sorted(free) == [f"{SHOP}/gateway/callback", f"{SHOP}/gateway/callback/{OTHER}"], report.findings
+    assert [f.level for f in callbacks] == ["ok", "ok"], callbacks
 
 
 def test_one_accounts_drift_is_its_own_problem(two: Setup) -> None:
