@@ -824,7 +824,7 @@ def fault_run(
     assert inside > 0, killer.kills  # the kills did land inside callbacks: the run tested what it says
     assert left == [], left
     assert tracebacks(service_output)[1] == [], service_output[-3000:]
-    assert access_500 == {"shop": [], "emulator": []}, (access_500, traced)  # what raised, from the logs
+    assert access_500 == {"shop": [], "emulator": []}, (access_500, traceback_blocks(logs["shop"]))
     assert not_503 == [], not_503
     assert late == [], "\n".join(late)
     assert outside == [], outside
@@ -859,6 +859,23 @@ def settle_outbox(stack: Stack, service_log: Path) -> None:
         what="the outbox service to deliver every event of the run (a killed worker's once its lease is over)",
         logs=[stack.shop, service_log],
     )
+
+
+def traceback_blocks(text: str, limit: int = 3) -> str:
+    """The first ``limit`` tracebacks of a log, whole (the lines before each too: what was logged with it),
+    for a failure's message."""
+    lines = text.splitlines()
+    blocks = []
+    for number, line in enumerate(lines):
+        if "Traceback" not in line:
+            continue
+        end = number + 1
+        while end < len(lines) and lines[end].startswith(" "):
+            end += 1
+        blocks.append("\n".join(lines[max(number - 2, 0) : end + 1]))
+        if len(blocks) == limit:
+            break
+    return "\n\n".join(blocks) or "(no traceback in the log)"
 
 
 def service_rounds(output: str) -> str:

@@ -72,7 +72,7 @@ def _described(installation: Installation, default: str | None) -> dict[str, Any
 @click.pass_context
 @checked("accounts")
 def accounts_command(context: click.Context, as_json: bool) -> None:
-    """The merchant accounts installed (open or retired), oldest first; ``retire ID`` and ``reopen ID``."""
+    """The merchant accounts installed (open or retired), oldest first; retire ID and reopen ID change one."""
     if context.invoked_subcommand is not None:
         return
     state = get_state()

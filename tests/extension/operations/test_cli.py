@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sqlite3
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -484,3 +486,23 @@ def test_the_doctor_reports_a_database_that_does_not_answer_instead_of_exiting_7
     assert "[PROBLEM] database: the database cannot be read" in result.stdout
     assert "[ok]      configuration:" in result.stdout
     assert run_gateway(app, "callbacks").exit_code == EXIT_DATABASE_AWAY
+
+
+def _commands(
+    command: click.Command, path: tuple[str, ...]
+) -> Iterator[tuple[tuple[str, ...], click.Command]]:
+    yield path, command
+    if isinstance(command, click.Group):
+        for name, sub in command.commands.items():
+            yield from _commands(sub, (*path, name))
+
+
+def test_no_help_text_shows_markup() -> None:
+    """``--help`` is read in a terminal: no reST (double backquotes, roles like :func:, bold) in any
+    command's help, options included."""
+    shown = {}
+    for path, command in _commands(gateway_cli, ("gateway",)):
+        text = command.get_help(click.Context(command, info_name=" ".join(path)))
+        shown[" ".join(path)] = re.findall(r"``|:[a-z]+:`|\*\*", text)
+    assert len(shown) > 15  # every command was read
+    assert {name: marks for name, marks in shown.items() if marks} == {}
