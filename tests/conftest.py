@@ -131,6 +131,24 @@ def dispose_engines() -> None:
 def pytest_configure(config: pytest.Config) -> None:
     # No secret in any log line of the run (tests/secret_watch.py): fails the session at the end.
     secret_watch.register(config)
+    if not hasattr(config, "workerinput"):  # the controller (or a run without pytest-xdist)
+        config.pluginmanager.register(_FailuresAtOnce(config), "failures-at-once")
+
+
+class _FailuresAtOnce:
+    """Name each failing test on its own line as soon as its report arrives: under pytest-xdist the
+    controller prints only ``F`` until the end, and a run of half an hour hides which test failed."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if not report.failed or hasattr(report, "wasxfail"):
+            return
+        terminal = self.config.pluginmanager.get_plugin("terminalreporter")
+        if terminal is not None:
+            where = "" if report.when == "call" else f" (in its {report.when})"
+            terminal.write_line(f"\nFAILED {report.nodeid}{where}", red=True)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
