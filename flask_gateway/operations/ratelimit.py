@@ -162,7 +162,14 @@ class DatabaseStorage(Storage):
         query = select(table.c.count, table.c.expires_at).where(table.c.key == _key(key))
         shared = _request_connection()
         if shared is not None:
-            row = shared.execute(query).first()
+            try:
+                row = shared.execute(query).first()
+            except SQLAlchemyError:
+                # The request's own session holds this connection: a read that fails (a disconnect
+                # invalidates it) must not leave the session's transaction invalid for the request's own
+                # work, which would meet PendingRollbackError (a 500) instead of reconnecting or a 503.
+                get_state(current_app).session.rollback()
+                raise
         else:
             with sqlite_read_transactions(), _engine().begin() as connection:
                 row = connection.execute(query).first()
