@@ -12,9 +12,11 @@ from __future__ import annotations
 import json
 import logging
 import os
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Final
 
 import click
+from flask import current_app
 from flask.cli import with_appcontext
 from pydantic import ValidationError as ModelValidationError
 
@@ -27,7 +29,7 @@ from flask_gateway.core.errors import (
 )
 from flask_gateway.errors import SecretUnreadable, UnknownAccountError
 from flask_gateway.models import Installation
-from flask_gateway.operations.checks import local_kind
+from flask_gateway.operations.checks import install_warnings
 from flask_gateway.operations.cli.group import checked, gateway_cli, when
 from flask_gateway.payments.accounts import open_checkouts, reopen_account, retire_account
 from flask_gateway.payments.installation import InstallSettings, install
@@ -189,15 +191,36 @@ def _api_key(account: str) -> str:
     return key
 
 
+#: Where ``flask run`` serves by default: the shop's address in development when GATEWAY_PUBLIC_URL is
+#: not set (the install screen takes the address it was opened with; a command has none).
+DEVELOPMENT_ADDRESS: Final = "http://127.0.0.1:5000"
+
+
 def _callback_url(account: str, first: bool) -> str:
     """This shop's callback URL: the first account's ``.../gateway/callback``, a further account's own path
     ``.../gateway/callback/<account>``."""
-    try:
-        return shop_callback_url() if first else external_url("gateway.callback", account=account)
-    except RuntimeError:  # no GATEWAY_PUBLIC_URL and no request to take the host from
+    return shop_callback_url() if first else external_url("gateway.callback", account=account)
+
+
+def _where_the_shop_is() -> AbstractContextManager[object]:
+    """A request context on the shop's address when GATEWAY_PUBLIC_URL is not set: in development (the
+    emulator, embedded or separate), ``flask run``'s default address, said on stderr; elsewhere, a usage
+    error (a production callback URL is never guessed)."""
+    config = get_state().config
+    if config.public_url:
+        return nullcontext()
+    if config.environment not in ("emulator", "embedded"):
         raise click.UsageError(
-            "GATEWAY_PUBLIC_URL is not set, so the shop's callback URL is unknown here: give --callback-url."
-        ) from None
+            "GATEWAY_PUBLIC_URL is not set, so the shop's callback URL is unknown here: set it to the shop's "
+            "public address (https://shop.example), or give --callback-url."
+        )
+    click.echo(
+        f"GATEWAY_PUBLIC_URL is not set: the callback URL is on {DEVELOPMENT_ADDRESS}, where flask run "
+        "serves by default (the install screen uses the address it is opened with); set GATEWAY_PUBLIC_URL "
+        "or give --callback-url for another.",
+        err=True,
+    )
+    return current_app.test_request_context(base_url=DEVELOPMENT_ADDRESS)
 
 
 @gateway_cli.command("install")
@@ -232,14 +255,12 @@ def install_command(
             f"{state.config.url_prefix}/admin/settings?account={account} (or retire or reopen it: flask "
             "gateway accounts)."
         )
-    url = callback_url or _callback_url(account, first=not installed)
-    kind = local_kind(url)
-    if kind:
-        click.echo(
-            f"Warning: the callback URL {url} is on {kind}: a gateway on another machine cannot reach it, so "
-            "only polling and reconciliation would confirm payments.",
-            err=True,
-        )
+    with _where_the_shop_is():
+        url = callback_url or _callback_url(account, first=not installed)
+        # The install screen's warnings, in its words (a callback URL the gateway cannot reach, plain http in
+        # production, not this shop's).
+        for warning in install_warnings(url, account):
+            click.echo(f"Warning: {warning.summary} {warning.advice}", err=True)
     api_key = _api_key(account)
     if not api_key:
         raise click.ClickException("the API key is empty: nothing was sent.")

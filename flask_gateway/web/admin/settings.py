@@ -19,7 +19,7 @@ from flask_gateway.core.errors import (
 )
 from flask_gateway.errors import SecretUnreadable
 from flask_gateway.models import Installation
-from flask_gateway.operations.checks import setup_warnings
+from flask_gateway.operations.checks import install_warnings, setup_warnings
 from flask_gateway.payments.installation import InstallSettings, adopt_signing_key, install, update_settings
 from flask_gateway.state import get_state
 from flask_gateway.urls import callback_url
@@ -74,9 +74,8 @@ def install_screen() -> ResponseReturnValue:
     if request.method == "GET":
         # Another account beside those installed: its id is not known yet, nor so its callback address.
         _fill_settings(form, installation, "" if installations else callback_url())
-    warnings = setup_warnings(form.callback_url.data)
     account = (form.merchant_account_id.data or "").strip()
-    warnings = accepted_warnings(warnings, account or None)
+    warnings = install_warnings(form.callback_url.data or "", account)
     already_installed: str | None = None
     adopting = False
     if form.validate_on_submit():

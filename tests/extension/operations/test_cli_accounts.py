@@ -5,6 +5,7 @@ account not installed, no API key) as one line and a non-zero exit, never a trac
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from typing import Any
@@ -13,10 +14,12 @@ import pytest
 from sqlalchemy import select
 
 from flask_gateway.models import GatewayCheckout, Installation
+from flask_gateway.operations.checks import install_warnings
 from flask_gateway.operations.cli import EXIT_CONFIGURATION, describe_database
-from flask_gateway.operations.cli.accounts import API_KEY_VARIABLE
+from flask_gateway.operations.cli.accounts import API_KEY_VARIABLE, DEVELOPMENT_ADDRESS
 from flask_gateway.state import get_state
-from tests.extension.conftest import ACCOUNT, API_KEY, EMULATOR_URL, SHOP_URL, Harness
+from tests.conftest import Databases
+from tests.extension.conftest import ACCOUNT, API_KEY, EMULATOR_URL, SHOP_URL, Harness, build_harness
 from tests.extension.operations.cli_support import (
     SECOND,
     break_signing_key,
@@ -327,6 +330,62 @@ def test_installing_the_first_account_by_command_line(
     assert result.exit_code == 0, result.output
     assert f"Callbacks go to {SHOP_URL}/gateway/callback. The default account is {ACCOUNT}." in result.stdout
     assert first_line(invoke(harness, "accounts")).endswith(f", account {ACCOUNT}.")
+
+
+def test_install_warns_in_the_install_screens_words(two: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The command prints what the install screen shows for the same callback URL (one source:
+    install_warnings), and nothing for the account's own path, nor for a local URL the emulator reaches."""
+    issue(two)
+    monkeypatch.setenv(API_KEY_VARIABLE, THIRD_KEY)
+    elsewhere = "https://other.example/gateway/callback"
+    result = invoke(two, *install_args(THIRD, "--callback-url", elsewhere))
+    assert result.exit_code == 0, result.output
+    with two.shop.test_request_context(base_url=SHOP_URL):
+        (shown,) = install_warnings(elsewhere, THIRD)
+    own = f"{SHOP_URL}/gateway/callback/{THIRD}"
+    assert shown.kind == "callback-mismatch" and shown.detail == own.rsplit("/", 1)[0]
+    assert f"Warning: {shown.summary} {shown.advice}" in result.stderr.splitlines()
+    with two.shop.test_request_context(base_url=SHOP_URL):
+        assert install_warnings(own, THIRD) == []
+        local = install_warnings("http://127.0.0.1:5000/gateway/callback", THIRD)
+    # The harness's gateway (http://emulator.test) is not on this machine: it cannot reach a local address.
+    assert [w.kind for w in local] == ["unreachable-callback", "callback-mismatch"]
+
+
+def test_plain_http_in_production_says_use_https_before_anything_is_installed(two: Harness) -> None:
+    with two.shop.test_request_context(base_url=SHOP_URL), pytest.MonkeyPatch.context() as patch:
+        state = get_state()
+        patch.setattr(state, "config", dataclasses.replace(state.config, environment="production"))
+        warnings = install_warnings("http://shop.example/gateway/callback", "brand-new")
+    kinds = [warning.kind for warning in warnings]
+    assert kinds[0] == "insecure-callback", kinds
+    insecure = warnings[0]
+    assert insecure.summary == (
+        "The callback URL http://shop.example/gateway/callback is plain http: in production the callbacks "
+        "must use https."
+    )
+    assert insecure.advice == f"Use an https address ({SHOP_URL}/gateway/callback)."
+
+
+def test_install_without_a_public_url_uses_flask_runs_address_in_development(
+    databases: Databases, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The install screen takes the address it is opened with; the command, with none, says which it uses
+    (flask run's) instead of refusing. A production callback URL is never guessed."""
+    harness = build_harness(databases, monkeypatch, GATEWAY_PUBLIC_URL=None)
+    monkeypatch.setenv(API_KEY_VARIABLE, API_KEY)
+    result = invoke(harness, *install_args(ACCOUNT))
+    assert result.exit_code == 0, result.output
+    assert (
+        f"GATEWAY_PUBLIC_URL is not set: the callback URL is on {DEVELOPMENT_ADDRESS}, where flask run serves "
+        "by default" in " ".join(result.stderr.split())
+    )
+    assert f"Callbacks go to {DEVELOPMENT_ADDRESS}/gateway/callback." in result.stdout
+    with harness.shop.app_context():
+        assert (
+            get_state().require_installation(ACCOUNT).callback_url
+            == f"{DEVELOPMENT_ADDRESS}/gateway/callback"
+        )
 
 
 # --- --account on the commands that act on checkouts -----------------------------------------------------

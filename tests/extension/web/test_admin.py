@@ -1085,3 +1085,16 @@ def test_setup_warnings_for_a_shops_own_pages(admin):
         "The gateway sends its callbacks to https://shop.example/gateway/callback, but this shop receives "
         "them at https://elsewhere.example/gateway/callback."
     )
+
+
+def test_before_anything_is_installed_plain_http_in_production_says_use_https(admin):
+    """The install screen (nothing installed in production yet) tells the owner to use an https address,
+    never to open the settings of an installation that does not exist; ``flask gateway install`` prints the
+    same words (install_warnings)."""
+    set_public_url(admin, "http://shop.example")
+    set_config(admin, environment="production")
+    page = visible(text(admin.client.get(f"{ADMIN}/install")))
+    assert warnings_on(admin, "/install") == ["insecure-callback"]
+    assert "The callback URL http://shop.example/gateway/callback is plain http" in page
+    assert "use an https address" in page
+    assert "open the settings" not in page
