@@ -98,10 +98,14 @@ def _process(
         # Agreed (the same status, or both payment statuses): the claim's status; else the gateway's.
         answered = storable_text(str(truth.checkoutPaymentStatus))
         told = _recorded_status(status) if unconfirmed is None else answered
+        # What happened, in the timeline's words: what the callback reported, and what was recorded when
+        # that differs (the awaited callback's PAID_PENDING_CALLBACK is recorded PAID: our 200 makes it so).
+        recorded = "" if told == status else f", recorded as {told}"
         if truth is payload:
-            note = f"callback #{log.id}: {status}"
+            note = f"callback #{log.id} reported {status}{recorded}"
         elif unconfirmed is None:
-            note = f"callback #{log.id}: {status}, confirmed by getstatus ({truth.checkoutPaymentStatus})"
+            confirmed = f"confirmed by getstatus ({truth.checkoutPaymentStatus})"
+            note = f"callback #{log.id} reported {status}, {confirmed}{recorded}"
         else:
             note = f"callback #{log.id}: {status} NOT CONFIRMED ({unconfirmed}); applied what getstatus says"
         observation = Observation(

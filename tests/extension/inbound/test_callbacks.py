@@ -12,6 +12,7 @@ from flask_gateway import inbound, signals
 from flask_gateway.core.signing import sign
 from flask_gateway.errors import CallbackRejected
 from flask_gateway.inbound import applying
+from flask_gateway.labels import describe_detail
 from flask_gateway.models import GatewayCheckout
 from flask_gateway.state import get_state
 from flask_gateway.testing import GatewayEmulator
@@ -71,7 +72,14 @@ def test_emulator_callback_is_verified_applied_and_logged(
     assert state["payment_confirmed_at"] is not None
     assert state["last_callback_at"] is not None
     assert [(e[0], e[2], e[3]) for e in state["events"]][-1] == ("callback", "PAID", True)
-    assert "callback #1: PAID_PENDING_CALLBACK" in state["events"][-1][4]
+    detail = state["events"][-1][4]
+    assert detail == (
+        "callback #1 reported PAID_PENDING_CALLBACK, confirmed by getstatus (PAID_PENDING_CALLBACK), recorded "
+        "as PAID"
+    )
+    assert describe_detail(detail) == (  # as the owner's timeline reads it: what happened
+        "callback #1 reported Paid - confirming, confirmed by status check (Paid - confirming), recorded as Paid"
+    )
     assert [kw["source"] for kw in received["payment_confirmed"]] == ["callback"]
     assert gateway_emulator.assert_fulfilled_once(token).source == "callback"
     assert received["callback_rejected"] == []
