@@ -239,3 +239,27 @@ def test_the_long_descriptions_example_runs_from_the_wheel(
         cwd=tmp_path,
     )
     assert created.startswith("Created "), created
+
+
+#: What docs/packaging.md says is the other project's, not this one's (the index's ``flask-gateway``).
+_OTHER_PROJECTS_FILES = {"flask_gateway/cli.py"}
+
+
+def test_every_file_packaging_md_names_is_in_the_wheel(flask_gateway_wheel: Path):
+    """docs/packaging.md's file list is true: every ``flask_gateway/...`` path it names as this project's
+    is in the built wheel (a file, or a folder of files), and the other project's are not."""
+    names = set(_wheel_names(flask_gateway_wheel))
+    page = (ROOT / "docs" / "packaging.md").read_text(encoding="utf-8")
+    named = set(re.findall(r"`(flask_gateway/[\w./-]*)`", page))
+    assert len(named) >= 4, named
+    ours = named - _OTHER_PROJECTS_FILES
+    missing = sorted(
+        path
+        for path in ours
+        if path not in names
+        and not any(name.startswith(path.rstrip("/") + "/") for name in names)
+        and path != "flask_gateway/core/ruff.toml"  # named as what stays out
+    )
+    assert missing == []
+    assert "flask_gateway/core/ruff.toml" not in names
+    assert not _OTHER_PROJECTS_FILES & names
