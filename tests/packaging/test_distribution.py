@@ -12,6 +12,9 @@ from __future__ import annotations
 import configparser
 import json
 import re
+import shlex
+import subprocess
+import sys
 import tarfile
 import zipfile
 from email.parser import Parser
@@ -19,7 +22,7 @@ from email.policy import compat32
 from pathlib import Path, PurePosixPath
 
 import flask_gateway
-from tests.packaging.wheel import ROOT, Distributions, run_python, source_files
+from tests.packaging.wheel import ROOT, Distributions, copy_venv, run_python, source_files, source_tree
 
 PACKAGE = "flask_gateway"
 #: What a shop's app, the emulator's and the extension's screens need besides the modules.
@@ -263,3 +266,41 @@ def test_every_file_packaging_md_names_is_in_the_wheel(flask_gateway_wheel: Path
     assert missing == []
     assert "flask_gateway/core/ruff.toml" not in names
     assert not _OTHER_PROJECTS_FILES & names
+
+
+def _install_today() -> list[list[str]]:
+    """The commands of docs/packaging.md's "Installing before the first release" block, as words."""
+    page = (ROOT / "docs" / "packaging.md").read_text(encoding="utf-8")
+    block = page.split("<!-- install-today:", 1)[1].split("```sh\n", 1)[1].split("```", 1)[0]
+    return [
+        shlex.split(line.split("#", 1)[0]) for line in block.splitlines() if line.split("#", 1)[0].strip()
+    ]
+
+
+def test_the_install_commands_that_work_today_work_as_typed(venv_template: Path, tmp_path: Path):
+    """docs/packaging.md's commands for today (the package is not on the index yet), typed in fresh
+    environments with a clone of the checkout standing in as ``./flask-gateway``: from the clone, and from
+    the wheel ``python -m build`` writes there."""
+    commands = _install_today()
+    assert [words[:2] for words in commands] == [["pip", "install"], ["python", "-m"], ["pip", "install"]]
+    source_tree(tmp_path / "flask-gateway")  # the clone: the files git knows of
+    from_clone = copy_venv(venv_template, tmp_path / "from-clone")
+    from_wheel = copy_venv(venv_template, tmp_path / "from-wheel")
+    for number, words in enumerate(commands):
+        if words[0] == "pip":
+            python = from_wheel if number == 2 else from_clone
+            command = [str(python), "-m", *words]
+        else:  # python -m build: the checkout's environment has build (make setup), as the page says
+            command = [sys.executable, *words[1:]]
+        ran = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=900, check=False)
+        assert ran.returncode == 0, (words, ran.stdout[-3000:], ran.stderr[-3000:])
+    check = (
+        "import importlib.metadata as m, flask_gateway, flask_gateway.emulator;"
+        "print(m.version('flask-bnpl-gateway'), flask_gateway.Gateway.__name__)"
+    )
+    for python in (from_clone, from_wheel):
+        assert run_python(python, check, tmp_path).split() == [flask_gateway.__version__, "Gateway"]
+    assert (
+        run_python(from_clone, "import celery, prometheus_client; print('extras')", tmp_path).strip()
+        == "extras"
+    )

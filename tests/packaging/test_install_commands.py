@@ -36,6 +36,7 @@ THIRD_PARTY = {
     "psycopg": "docs/operations.md: the PostgreSQL driver a shop on PostgreSQL adds",
     "nox": "the version-range sessions (minimum and newest dependencies) a contributor runs",
     "pip": "pip install --upgrade pip, before an editable install",
+    "build": "docs/packaging.md: python -m build writes the wheel from a clone, before the first release",
     "pytest": "docs/testing.md: the shop's own tests run the testing kit's fixtures under pytest (not a dependency)",
     "python-json-logger": "docs/logging.md and the example shop's SHOP_LOG_FORMAT=json: JSON log lines (optional)",
 }
@@ -54,6 +55,11 @@ _COMMAND = re.compile(r"\bpip3? install\b(?P<rest>.*)")
 _TOKEN = re.compile(r""""[^"]*"|'[^']*'|\S+""")
 #: A requirement as a reader writes it: a name, extras, a version specifier; or a local path.
 _REQUIREMENT = re.compile(r"^(?:[A-Za-z0-9][A-Za-z0-9._-]*|\.)(?:\[[^\]]*\])?(?:[<>=!~][^\s]*)?$")
+#: This project from a local path, as docs/packaging.md installs it before the first release: the folder
+#: of a clone (``./flask-gateway``, ``/path/to/flask-gateway``, extras allowed) or the wheel built there.
+_LOCAL = re.compile(
+    r"^(?:\.{0,2}/|/)(?:[\w.-]+/)*(?:flask-gateway(?:\[[^\]]*\])?|flask_bnpl_gateway-[\w.]+-py3-none-any\.whl)$"
+)
 _FENCE = re.compile(r"^(?P<fence>```+|~~~+)[^\n]*\n(?P<body>.*?)^(?P=fence)[ \t]*$", re.MULTILINE | re.DOTALL)
 _INLINE = re.compile(r"(?P<ticks>`+)(?P<code>.+?)(?P=ticks)", re.DOTALL)
 
@@ -100,6 +106,9 @@ def parse(where: str, line: str) -> list[Install]:
                     f"{token}: an option this test does not know (add it to _FLAGS or _WITH_VALUE)"
                 )
                 continue
+            if _LOCAL.match(token):  # a clone's folder or the wheel built there (before the first release)
+                requirements.append(token)
+                continue
             if not _REQUIREMENT.match(token):
                 break  # prose after the command
             requirements.append(token)
@@ -118,6 +127,9 @@ def check(install: Install) -> list[str]:
         text = re.sub(r"\{[^}]*\}", "0", text)
         if text == "." or text.startswith(".["):
             name, extras = DISTRIBUTION, set(re.findall(r"[^\[\],\s]+", text[1:]))
+        elif _LOCAL.match(text):
+            bracket = text.partition("[")[2]
+            name, extras = DISTRIBUTION, set(re.findall(r"[^\[\],\s]+", bracket))
         else:
             try:
                 requirement = Requirement(text)
