@@ -113,7 +113,7 @@ def test_the_doctor_holds_no_lock_while_the_shop_answers_its_probes(two: Setup) 
     Each probe here first takes SQLite's write lock itself, at once or not at all."""
     if two.databases.backend != "sqlite":
         pytest.skip("SQLite's one writer (PostgreSQL's row locks are the writes' own)")
-    path = make_url(two.databases.url("main")).database
+    path: str = make_url(two.databases.url("main")).database or ""
     assert path
     free: list[str] = []
 
