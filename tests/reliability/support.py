@@ -15,7 +15,7 @@ import sys
 import threading
 import uuid
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 from urllib.parse import urljoin, urlsplit
@@ -376,17 +376,25 @@ def together(count: int, action: Callable[[int], T], *, timeout: float = 120) ->
 _ACCESS = re.compile(r"^ACCESS (\d{3}) (\S+) (\S+)", re.M)
 
 
-def tracebacks(text: str, expected: str | None = None) -> tuple[int, list[str]]:
-    """The tracebacks in a log: how many end in the ``expected`` exception (its name in the exception's
-    line, the first unindented line after the frames), and the others (``line N: <exception line>``)."""
-    lines = text.splitlines()
-    seen, problems = 0, []
+def traceback_spans(lines: list[str]) -> Iterator[tuple[int, int]]:
+    """Where each traceback of a log's ``lines`` is: the index of its ``Traceback`` line, and of the first
+    unindented line after its frames (the exception's line; ``len(lines)`` when the log ends first)."""
     for number, line in enumerate(lines):
         if "Traceback" not in line:
             continue
         end = number + 1
         while end < len(lines) and lines[end].startswith(" "):
             end += 1
+        yield number, end
+
+
+def tracebacks(text: str, expected: str | None = None) -> tuple[int, list[str]]:
+    """The tracebacks in a log: how many end in the ``expected`` exception (its name in the exception's
+    line, the first unindented line after the frames), and the others (``line N: <exception line>``)."""
+    lines = text.splitlines()
+    seen, problems = 0, []
+    for number, end in traceback_spans(lines):
+        line = lines[number]
         raised = lines[end] if end < len(lines) else ""
         if (
             expected is not None

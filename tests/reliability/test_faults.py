@@ -53,6 +53,7 @@ request meets a fault depends on timing, by design.
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import re
@@ -99,6 +100,7 @@ from tests.reliability.support import (
     fulfilment_counts,
     gateway_command,
     token_of,
+    traceback_spans,
     tracebacks,
 )
 
@@ -865,16 +867,8 @@ def traceback_blocks(text: str, limit: int = 3) -> str:
     """The first ``limit`` tracebacks of a log, whole (the lines before each too: what was logged with it),
     for a failure's message."""
     lines = text.splitlines()
-    blocks = []
-    for number, line in enumerate(lines):
-        if "Traceback" not in line:
-            continue
-        end = number + 1
-        while end < len(lines) and lines[end].startswith(" "):
-            end += 1
-        blocks.append("\n".join(lines[max(number - 2, 0) : end + 1]))
-        if len(blocks) == limit:
-            break
+    spans = list(itertools.islice(traceback_spans(lines), limit))
+    blocks = ["\n".join(lines[max(start - 2, 0) : end + 1]) for start, end in spans]
     return "\n\n".join(blocks) or "(no traceback in the log)"
 
 
