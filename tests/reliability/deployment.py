@@ -112,6 +112,11 @@ class Scrape:
         last = self.value("flask_gateway_job_last_run_timestamp_seconds", job=job)
         return None if last is None else round(self.wall - last, 1)
 
+    def success_age(self, job: str) -> float | None:
+        """Seconds since the job's last successful run, as the scrape says (None: it never succeeded)."""
+        last = self.value("flask_gateway_job_last_success_timestamp_seconds", job=job)
+        return None if last is None else round(self.wall - last, 1)
+
 
 def parse_scrape(text: str, status: int, sent: float, at: float, wall: float) -> Scrape:
     samples: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}

@@ -509,9 +509,11 @@ def _outage_detected(deployment: Deployment, scraper: Scraper, outage: Outage, *
         logs=deployment.logs(),
     )
     outage.detected_metric = seen.at
-    # Overdue means "the last finished run is older than the bound", as the scrape itself shows it.
-    age = seen.age("deliver")
-    assert age is not None and age >= DELIVER_BOUND, (outage.name, age)
+    # Overdue means "the last finished run, or the last successful one, is older than the bound", as the
+    # scrape itself shows it: a run that failed when the outage began is a recent finish but no success.
+    finished, succeeded = seen.age("deliver"), seen.success_age("deliver")
+    assert finished is not None and succeeded is not None, (outage.name, finished, succeeded)
+    assert max(finished, succeeded) >= DELIVER_BOUND, (outage.name, finished, succeeded)
 
     def overdue(run: DoctorRun) -> bool:
         return run.says("background-work", "problem", "deliver: last run finished") and (
