@@ -24,6 +24,7 @@ from flask_gateway import DatabaseStorage
 __all__ = [
     "METRICS_TOKEN_MIN_LENGTH",
     "ORDER_ENDPOINT",
+    "SHOP_ZONE",
     "ShopConfigError",
     "gateway_from_env",
     "instance_secret",
@@ -33,6 +34,8 @@ __all__ = [
 #: The shop's order page for ``GATEWAY_ORDER_ENDPOINT``: it takes the plain ``reference=`` the extension
 #: passes after the return page and sends the shopper on to the signed order link.
 ORDER_ENDPOINT: Final = "orders.by_reference"
+#: The shop sells in South Africa: its ``GATEWAY_TIMEZONE``, and the demo's emulator's ``EMULATOR_TIMEZONE``.
+SHOP_ZONE: Final = "Africa/Johannesburg"
 
 log = logging.getLogger("example_shop.config")
 
@@ -185,7 +188,7 @@ def resolve(
         #: The second brand's merchant account, ``id:apikey`` (empty: one account sells everything).
         "SHOP_SECOND_ACCOUNT": "",
         #: The shop sells in South Africa: every time on its pages and the gateway's screens is in SAST.
-        "GATEWAY_TIMEZONE": "Africa/Johannesburg",
+        "GATEWAY_TIMEZONE": SHOP_ZONE,
         "SHOP_MIN_CENTS": 5000,
         "SHOP_MAX_CENTS": 5000000,
         #: Seconds to wait between auto-install attempts while the gateway is unreachable.

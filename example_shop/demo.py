@@ -21,6 +21,9 @@ import sys
 import time
 from pathlib import Path
 
+from example_shop.catalog import MAIN_BRAND, SECOND_BRAND
+from example_shop.config import SHOP_ZONE
+
 ROOT = Path(__file__).resolve().parent.parent
 #: Where the demos keep their data (``DEMO_DATA_DIR`` moves it, e.g. for a test).
 DEMO_DATA = Path(os.environ.get("DEMO_DATA_DIR") or ROOT / "var" / "demo")
@@ -135,7 +138,10 @@ def main() -> int:
         "EMULATOR_DATABASE_URL": f"sqlite:///{data / 'emulator.sqlite3'}",
         "EMULATOR_PUBLIC_URL": emulator_url,
         "EMULATOR_CONTROL_TOKEN": control_token,
-        "EMULATOR_ACCOUNTS": f"{MAIN_ACCOUNT},{SECOND_ACCOUNT}",
+        # Each account carries the brand's name: the payment page is headed with it.
+        "EMULATOR_ACCOUNTS": f"{MAIN_ACCOUNT}:{MAIN_BRAND},{SECOND_ACCOUNT}:{SECOND_BRAND}",
+        # The payment page shows times as the shop does, in the shop's zone.
+        "EMULATOR_TIMEZONE": SHOP_ZONE,
     }
     shop_env = {
         "SHOP_DATABASE_URL": f"sqlite:///{data / 'shop.sqlite3'}",

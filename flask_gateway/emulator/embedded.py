@@ -28,6 +28,7 @@ in-process); :func:`mount` does the mounting by hand for any app.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import os
@@ -41,7 +42,7 @@ from werkzeug.middleware.dispatcher import DispatcherMiddleware
 from flask_gateway.core.wsgi import WSGIAdapter
 from flask_gateway.emulator.app import create_app
 from flask_gateway.emulator.merchant import set_merchant_http
-from flask_gateway.emulator.settings import EmulatorSettings
+from flask_gateway.emulator.settings import EmulatorSettings, SettingsError
 
 __all__ = ["DEFAULT_PREFIX", "EmbeddedEmulator", "EmbeddingRefused", "embedded_emulator", "mount"]
 
@@ -145,6 +146,12 @@ def _settings(host: Flask, prefix: str, given: EmulatorSettings | None) -> Emula
     public = host.config.get("GATEWAY_PUBLIC_URL")
     if settings.public_url is None and public:
         settings = replace(settings, public_url=f"{str(public).rstrip('/')}{prefix}")
+    # The payment pages show times in the shop's zone unless told otherwise (read, never changed).
+    shop_zone = host.config.get("GATEWAY_TIMEZONE")
+    if "EMULATOR_TIMEZONE" not in os.environ and isinstance(shop_zone, str) and shop_zone.strip():
+        with contextlib.suppress(SettingsError):  # the extension's own check says what is wrong with it
+            zone = EmulatorSettings.from_env({"EMULATOR_TIMEZONE": shop_zone}).timezone
+            settings = replace(settings, timezone=zone)
     return settings
 
 

@@ -6,6 +6,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Final
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from flask_gateway.core.wire.names import OPERATOR, WireNames, wire_names
 
@@ -24,6 +25,11 @@ class EmulatorSettings:
 
     #: Accounts "issued by the account manager": merchant account id -> API key.
     accounts: Mapping[str, str] = field(default_factory=lambda: {"demo-merchant": "demo-api-key"})
+    #: The name a shopper reads on the payment page, per account id (``id:apikey:Name``); an account
+    #: without one is headed with its id.
+    account_names: Mapping[str, str] = field(default_factory=dict)
+    #: The IANA zone the payment pages show times in (``EMULATOR_TIMEZONE``); stored and sent times stay UTC.
+    timezone: str = "UTC"
     #: Strict: redirect URLs on localhost, ``*.localhost`` or an IP literal are refused (403).
     waf_strict: bool = True
     #: Sandbox: 401 bodies carry ``expectedSignature``.
@@ -45,8 +51,11 @@ class EmulatorSettings:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> EmulatorSettings:
         env = os.environ if environ is None else environ
+        accounts = _parse_accounts(env.get("EMULATOR_ACCOUNTS", DEFAULT_ACCOUNTS))
         return cls(
-            accounts=_parse_accounts(env.get("EMULATOR_ACCOUNTS", DEFAULT_ACCOUNTS)),
+            accounts={account_id: key for account_id, (key, _) in accounts.items()},
+            account_names={account_id: name for account_id, (_, name) in accounts.items() if name},
+            timezone=_timezone(env.get("EMULATOR_TIMEZONE", "UTC")),
             waf_strict=_choice(env, "EMULATOR_WAF", {"strict": True, "allow-local": False}, "strict"),
             sandbox=_choice(env, "EMULATOR_SANDBOX", {"1": True, "0": False}, "1"),
             database_url=env.get("EMULATOR_DATABASE_URL") or None,
@@ -62,6 +71,15 @@ class EmulatorSettings:
     def max_callback_attempts(self) -> int:
         return len(self.callback_retry_delays) + 1
 
+    @property
+    def zone(self) -> ZoneInfo:
+        """:attr:`timezone` as a ``ZoneInfo``."""
+        return ZoneInfo(self.timezone)
+
+    def account_name(self, account_id: str) -> str:
+        """What the payment page of ``account_id``'s checkouts is headed with: its name, else its id."""
+        return self.account_names.get(account_id) or account_id
+
 
 def _token(value: str) -> str | None:
     token = value.strip()
@@ -75,19 +93,33 @@ def _token(value: str) -> str | None:
     return token
 
 
-def _parse_accounts(value: str) -> dict[str, str]:
-    accounts: dict[str, str] = {}
+def _parse_accounts(value: str) -> dict[str, tuple[str, str]]:
+    """``id:apikey[:Name][,...]`` -> ``{id: (apikey, name)}`` (name ``""`` when not given)."""
+    accounts: dict[str, tuple[str, str]] = {}
     for entry in filter(None, (part.strip() for part in value.split(","))):
-        account_id, sep, api_key = entry.partition(":")
+        account_id, sep, rest = entry.partition(":")
+        api_key, _, name = rest.partition(":")
         if not sep or not account_id or not api_key:
             raise SettingsError(
-                f"EMULATOR_ACCOUNTS entry {entry.split(':')[0]!r}... is not 'id:apikey' "
-                "(expected EMULATOR_ACCOUNTS=id:apikey[,id:apikey...])"
+                f"EMULATOR_ACCOUNTS entry {entry.split(':')[0]!r}... is not 'id:apikey' or 'id:apikey:Name' "
+                "(expected EMULATOR_ACCOUNTS=id:apikey[:Name][,id:apikey[:Name]...])"
             )
-        accounts[account_id] = api_key
+        accounts[account_id] = (api_key, name.strip())
     if not accounts:
-        raise SettingsError("EMULATOR_ACCOUNTS names no account (expected id:apikey[,id:apikey...])")
+        raise SettingsError("EMULATOR_ACCOUNTS names no account (expected id:apikey[:Name][,id:apikey...])")
     return accounts
+
+
+def _timezone(value: str) -> str:
+    name = value.strip() or "UTC"
+    try:
+        ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise SettingsError(
+            f"EMULATOR_TIMEZONE={value!r} is not an IANA time zone name: write one such as "
+            "'Africa/Johannesburg', 'Europe/Amsterdam' or 'UTC'"
+        ) from None
+    return name
 
 
 def _parse_delays(value: str) -> tuple[float, ...]:

@@ -233,3 +233,23 @@ def test_every_emulator_table_has_the_prefix_migrations_leave_alone() -> None:
 def test_the_separate_emulator_still_answers_on_its_own_root(emulator_client: Any) -> None:
     assert emulator_client.get("/_emulator/clock").status_code == 200
     assert emulator_client.post("/v2/create", json={}).status_code == 401
+
+
+def test_its_payment_pages_show_times_in_the_shops_zone_unless_told(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Read from the host's GATEWAY_TIMEZONE (never changed); EMULATOR_TIMEZONE, when set, wins."""
+    monkeypatch.delenv("EMULATOR_TIMEZONE", raising=False)
+    for name, zone, expected in (
+        ("shop", "Africa/Johannesburg", "Africa/Johannesburg"),
+        ("unset", None, "UTC"),
+        ("wrong", "Mars/Olympus", "UTC"),  # the extension's own check refuses it; the emulator stays UTC
+    ):
+        config = {} if zone is None else {"GATEWAY_TIMEZONE": zone}
+        app, _ = make_host(f"sqlite:///{tmp_path / name}.db", tmp_path / name, **config)
+        embedded = mount(app)
+        assert embedded.app.extensions["gateway_emulator"].timezone == expected, name
+        assert app.config.get("GATEWAY_TIMEZONE") == zone
+    monkeypatch.setenv("EMULATOR_TIMEZONE", "Europe/Amsterdam")
+    app, _ = make_host(f"sqlite:///{tmp_path / 'told'}.db", tmp_path / "told", GATEWAY_TIMEZONE="Asia/Tokyo")
+    assert mount(app).app.extensions["gateway_emulator"].timezone == "Europe/Amsterdam"

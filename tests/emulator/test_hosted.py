@@ -5,14 +5,18 @@ from __future__ import annotations
 import html
 import re
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from urllib.parse import urlsplit
 
 import pytest
 import responses
 from responses import matchers
 
+from flask_gateway.emulator import EmulatorSettings
+from flask_gateway.emulator import clock as emulator_clock
 from flask_gateway.emulator.views.hosted import format_rand
-from tests.emulator.support import create_body, service, v1_checkout_body
+from tests.emulator.conftest import EMULATOR_TABLES, make_emulator
+from tests.emulator.support import ACCOUNT, API_KEY, Gateway, create_body, service, v1_checkout_body
 
 SUCCESS_URL = "https://shop.example/gateway/v1/success"
 FAIL_URL = "https://shop.example/gateway/v1/fail"
@@ -131,12 +135,57 @@ def test_page_shows_items_total_plan_and_expiry(installed):
     assert "Toaster Ref. T-9 1 R 1 234.56 R 1 234.56" in shown
     assert "Total R 2 032.57" in shown
     # 203257 // 3 = 67752 each, remainder 1 paid with the first instalment
-    assert re.search(r"Instalment 1 due now \(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC\) R 677.53", shown)
-    assert "Instalment 2 R 677.52" in shown
-    assert "Instalment 3 R 677.52" in shown
+    assert re.search(r"Instalment 1 due now \(\d{4}-\d\d-\d\d \d\d:\d\d UTC\) R 677.53", shown)
+    assert re.search(r"Instalment 2 due \d{4}-\d\d-\d\d R 677.52", shown)
+    assert re.search(r"Instalment 3 due \d{4}-\d\d-\d\d R 677.52", shown)
     assert "59 minutes left" in shown or "60 minutes left" in shown
     assert PAY_BUTTON.search(response.get_data(as_text=True))
     assert CANCEL_BUTTON.search(response.get_data(as_text=True))
+
+
+def test_page_is_headed_with_the_shop_and_shows_every_time_in_one_zone_and_format(databases, monkeypatch):
+    """Issue 36, point 9: the account's name (``EMULATOR_ACCOUNTS``' ``id:apikey:Name``) heads the page, the
+    account id is small print; the due time, each instalment's date and the expiry are in
+    ``EMULATOR_TIMEZONE``, in the format the shop writes (``2026-12-01 21:12 SAST``)."""
+    settings = EmulatorSettings.from_env(
+        {
+            "EMULATOR_ACCOUNTS": f"{ACCOUNT}:{API_KEY}:Stoep Homeware",
+            "EMULATOR_TIMEZONE": "Africa/Johannesburg",
+        }
+    )
+    app = make_emulator(
+        databases.url("named", schema=EMULATOR_TABLES),
+        accounts=settings.accounts,
+        account_names=settings.account_names,
+        timezone=settings.timezone,
+    )
+    # 31 January, 20:30 UTC: 22:30 in Johannesburg; a month later is the end of February, then 31 March.
+    at = datetime(2027, 1, 31, 20, 30, tzinfo=UTC)
+    monkeypatch.setattr(emulator_clock, "utcnow", lambda: at)
+    gateway = Gateway(app.test_client())
+    gateway.install()
+    page = v2_checkout(gateway, total=90000, orderExpiryMinutes=60)
+    response = gateway.client.get(page)
+    assert response.status_code == 200
+    shown = text(response)
+    body = response.get_data(as_text=True)
+    assert re.search(r"<p class=\"merchant\" data-merchant-name>Stoep Homeware</p>", body), body[:600]
+    assert f"Merchant account {ACCOUNT}" in shown
+    assert ACCOUNT.upper() not in shown
+    assert "Instalment 1 due now (2027-01-31 22:30 SAST) R 300.00" in shown
+    assert "Instalment 2 due 2027-02-28 R 300.00" in shown
+    assert "Instalment 3 due 2027-03-31 R 300.00" in shown
+    assert "Pay before 2027-01-31 23:30 SAST" in shown
+    assert "UTC" not in shown
+    with app.app_context():
+        from flask_gateway.emulator.models import db
+
+        db.engine.dispose()
+
+
+def test_an_account_without_a_name_is_headed_with_its_id(installed):
+    body = installed.client.get(v2_checkout(installed)).get_data(as_text=True)
+    assert f'<p class="merchant" data-merchant-name>{ACCOUNT}</p>' in body
 
 
 def test_page_works_without_javascript_and_external_resources(installed):
@@ -365,7 +414,7 @@ def test_v1_page_shows_items_total_and_plan(installed):
     assert "Paying as Thandi Mokoena" in shown
     assert "Kettle Ref. K-1 2 R 399.00 R 798.00" in shown
     assert "Total R 798.00" in shown
-    assert "Instalment 1" in shown and "Instalment 3 R 266.00" in shown
+    assert "Instalment 1 due now" in shown and re.search(r"Instalment 3 due \d{4}-\d\d-\d\d R 266.00", shown)
     assert PAY_BUTTON.search(response.get_data(as_text=True))
 
 

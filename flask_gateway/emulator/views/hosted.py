@@ -29,10 +29,12 @@ from flask import Blueprint, Response, make_response, redirect, render_template,
 from flask_wtf.csrf import CSRFError
 from werkzeug.wrappers import Response as BaseResponse
 
+from flask_gateway.core.local_time import add_months, format_date, format_time
 from flask_gateway.core.money import format_money
 from flask_gateway.core.timestamps import format_timestamp
 from flask_gateway.core.wire import CheckoutStatus
 from flask_gateway.emulator import checkouts, clock, consumer
+from flask_gateway.emulator.api import settings
 from flask_gateway.emulator.models import ApiVersion, Checkout, db
 from flask_gateway.emulator.problems import ApiProblem
 from flask_gateway.emulator.views.v1 import INSTALMENTS, payment_plan
@@ -83,6 +85,10 @@ class Line:
 class Instalment:
     number: int
     amount_cents: int
+    #: When it is due: the first now, the others a month apart (docs/decisions.md, "The payment plan").
+    due_at: datetime
+    #: ``due_at`` as the page shows it: the time for the first (paid now), the date for the others.
+    due_text: str
 
 
 @dataclass(frozen=True)
@@ -92,7 +98,9 @@ class Order:
     token: str
     version: str
     status: str
+    #: The shop's name as the account has it (``EMULATOR_ACCOUNTS``' ``id:apikey:Name``), else its id.
     merchant: str
+    account_id: str
     reference: str
     customer_name: str
     lines: list[Line]
@@ -108,8 +116,8 @@ class Order:
 
     @property
     def expires_text(self) -> str:
-        at = self.expires_at
-        return f"{at.day} {at:%B %Y, %H:%M} UTC"
+        """In ``EMULATOR_TIMEZONE``, as every time on the pages: ``2026-12-01 21:12 SAST``."""
+        return format_time(self.expires_at, settings().zone, seconds=False)
 
 
 def _version(checkout: Checkout) -> str:
@@ -163,7 +171,8 @@ def _order(checkout: Checkout) -> Order:
         token=checkout.token,
         version=_version(checkout),
         status=checkout.status,
-        merchant=checkout.account_id,
+        merchant=settings().account_name(checkout.account_id),
+        account_id=checkout.account_id,
         reference=checkout.merchant_order_reference,
         customer_name=_customer_name(checkout),
         lines=_v1_lines(details) if v1 else _v2_lines(details),
@@ -174,12 +183,19 @@ def _order(checkout: Checkout) -> Order:
     )
 
 
-def _plan(total_cents: int) -> tuple[str, list[Instalment]]:
-    """The v1 configuration's plan for this total: the first instalment also pays the remainder."""
+def _plan(total_cents: int) -> list[Instalment]:
+    """The v1 configuration's plan for this total: the first instalment also pays the remainder and is due
+    now, each of the others a month after the one before."""
     plan = payment_plan(total_cents)
     amount, excess = plan.amount or 0, plan.excess or 0
     amounts = [amount + excess] + [amount] * (INSTALMENTS - 1)
-    return plan.to_wire()["due_at"], [Instalment(n, a) for n, a in enumerate(amounts, start=1)]
+    now, zone = plan.due_at or clock.now(), settings().zone
+    instalments = []
+    for number, cents in enumerate(amounts, start=1):
+        due = add_months(now, number - 1)
+        text = format_time(due, zone, seconds=False) if number == 1 else format_date(due, zone)
+        instalments.append(Instalment(number, cents, due, text))
+    return instalments
 
 
 def _minutes_left(expires_at: datetime) -> int:
@@ -216,13 +232,11 @@ def _show(checkout: Checkout, *, refused: bool = False) -> Response:
     order = _order(checkout)
     conflict = 409 if refused else 200
     if checkout.status == S.PENDING_ORDER:
-        due_at, instalments = _plan(order.total_cents)
         return _page(
             "checkout.html",
             200,
             order=order,
-            plan_due_at=due_at,
-            instalments=instalments,
+            instalments=_plan(order.total_cents),
             minutes_left=_minutes_left(order.expires_at),
         )
     if checkout.status == S.EXPIRED:
