@@ -14,10 +14,17 @@ the last):
 - ``order-paid.png``: the shop's order page once the payment is confirmed;
 - ``owner-checkout.png``: the owner's view of that payment, the extension's checkout screen in the
   shop's admin, down to the callbacks received (status, refund form, timeline, callback log in words).
+
+It also writes ``docs/screenshots/sources.json``: for each screenshot, the templates and stylesheets it
+shows (:data:`SHOWS`) with the SHA-256 of each as it was when the picture was taken. A test
+(``tests/docs/test_screenshots.py``) fails when one of them has changed since: the picture is older than
+what it shows, and this script takes it again.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import sys
 import tempfile
 from pathlib import Path
@@ -42,6 +49,50 @@ from tests.e2e.journey import (  # noqa: E402
 from tests.processes import wait_for  # noqa: E402
 
 OUT = ROOT / "docs" / "screenshots"
+#: Where the manifest of what each screenshot shows is written (read by tests/docs/test_screenshots.py).
+SOURCES = OUT / "sources.json"
+
+_SHOP = (
+    "example_shop/templates/shop/base.html",
+    "example_shop/static/shop/shop.css",
+    "example_shop/static/shop/tokens.css",
+)
+_HOSTED = (
+    "flask_gateway/emulator/templates/emulator/hosted/base.html",
+    "flask_gateway/emulator/static/emulator/hosted.css",
+)
+_ADMIN = (
+    "example_shop/templates/gateway/admin/base.html",
+    "flask_gateway/web/templates/gateway/admin/layout.html",
+    "flask_gateway/web/templates/gateway/admin/_nav.html",
+    "flask_gateway/web/templates/gateway/admin/_macros.html",
+    "flask_gateway/web/static/gateway/admin.css",
+    "example_shop/static/shop/ownerbar.css",
+    "example_shop/static/shop/tokens.css",
+)
+#: Each screenshot and the files (from the repository's root) whose look it shows.
+SHOWS: dict[str, tuple[str, ...]] = {
+    "product-page.png": ("example_shop/templates/shop/product.html", *_SHOP),
+    "gateway-payment-page.png": ("flask_gateway/emulator/templates/emulator/hosted/checkout.html", *_HOSTED),
+    "order-paid.png": (
+        "example_shop/templates/shop/order.html",
+        "example_shop/templates/shop/_order_status.html",
+        *_SHOP,
+    ),
+    "owner-checkout.png": ("flask_gateway/web/templates/gateway/admin/checkout.html", *_ADMIN),
+}
+
+
+def digest(path: str) -> str:
+    """The SHA-256 of a file of the repository, as the manifest keeps it."""
+    return hashlib.sha256((ROOT / path).read_bytes()).hexdigest()
+
+
+def write_sources() -> None:
+    """``sources.json``: what each screenshot shows, as it was when it was taken."""
+    manifest = {name: {path: digest(path) for path in paths} for name, paths in SHOWS.items()}
+    SOURCES.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    print(f"wrote {SOURCES.relative_to(ROOT)}")  # noqa: T201
 
 
 def main() -> int:
@@ -85,6 +136,7 @@ def main() -> int:
         finally:
             stack.shop.stop()
             stack.emulator.stop()
+    write_sources()
     return 0
 
 

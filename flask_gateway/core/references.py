@@ -1,13 +1,14 @@
-"""Order references as people type them: in any case, when that names one order."""
+"""Order references as people type them (in any case, when that names one order) and read them (whole)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from markupsafe import Markup, escape
 from sqlalchemy import ColumnElement, func, select
 from sqlalchemy.orm import InstrumentedAttribute, Session, scoped_session
 
-__all__ = ["AmbiguousReference", "stored_reference"]
+__all__ = ["AmbiguousReference", "keep_whole", "stored_reference"]
 
 
 class AmbiguousReference(LookupError):
@@ -41,3 +42,14 @@ def stored_reference(
     if len(found) > 1:
         raise AmbiguousReference(given, found)
     return str(found[0])
+
+
+def keep_whole(text: object, reference: str | None) -> Markup:
+    """``text`` escaped for HTML, each ``reference`` in it kept whole on one line: wrapped in
+    ``<span class="ref">``, which the pages' stylesheets make an inline block (a narrow screen moves it to
+    the next line instead of breaking it at its hyphen). For raw payloads shown in ``<pre>``."""
+    escaped = str(escape("" if text is None else text))
+    if reference:
+        kept = str(escape(reference))
+        escaped = escaped.replace(kept, f'<span class="ref">{kept}</span>')
+    return Markup(escaped)  # noqa: S704 - built from escaped parts only

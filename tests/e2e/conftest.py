@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from example_shop.catalog import MAIN_BRAND, SECOND_BRAND
+from example_shop.config import SHOP_ZONE
 from tests import secret_watch
 from tests.processes import Server, free_port, start_flask
 
@@ -59,6 +61,9 @@ def start_stack(
             "EMULATOR_WAF": "allow-local",
             "EMULATOR_CALLBACK_RETRY_DELAYS": "0.5,0.5",
             "EMULATOR_SECRET_KEY": "emulator-secret-for-tests",
+            # As make demo: the account carries the shop's name, the pages show the shop's zone.
+            "EMULATOR_ACCOUNTS": f"demo-merchant:demo-api-key:{MAIN_BRAND}",
+            "EMULATOR_TIMEZONE": SHOP_ZONE,
             **(emulator_env or {}),
         },
         tmp_path,
@@ -132,7 +137,9 @@ def stack_two_accounts(tmp_path: Path) -> Iterator[Stack]:
         secret_watch.active.record_secret(SECOND_ACCOUNT.split(":", 1)[1])
     running = start_stack(
         tmp_path,
-        emulator_env={"EMULATOR_ACCOUNTS": f"demo-merchant:demo-api-key,{SECOND_ACCOUNT}"},
+        emulator_env={
+            "EMULATOR_ACCOUNTS": f"demo-merchant:demo-api-key:{MAIN_BRAND},{SECOND_ACCOUNT}:{SECOND_BRAND}"
+        },
         SHOP_SECOND_ACCOUNT=SECOND_ACCOUNT,
     )
     yield running
@@ -140,9 +147,16 @@ def stack_two_accounts(tmp_path: Path) -> Iterator[Stack]:
     running.emulator.stop()
 
 
+#: How long an ``expect(...)`` waits for what it expects (Playwright's default is 5 s): a last resort, not a
+#: measure. On a loaded 2-core machine a page the owner opens can take longer than 5 s, and a test must not
+#: fail because the machine is busy (issue 35); a quiet machine shows each of these within a second.
+EXPECT_MS = 30_000
+
+
 @pytest.fixture(scope="session")
 def browser():  # type: ignore[no-untyped-def]
     playwright_api = pytest.importorskip("playwright.sync_api")
+    playwright_api.expect.set_options(timeout=EXPECT_MS)
     if not Path(CHROMIUM).exists():
         pytest.fail(f"chromium is missing ({CHROMIUM}): run scripts/ensure-system-packages (make test does)")
     with playwright_api.sync_playwright() as playwright:

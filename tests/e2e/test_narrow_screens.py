@@ -6,6 +6,7 @@
   card (reference, customer and e-mail whole, items, total, payment, gateway status), nothing hidden
   off-screen in a table that scrolls sideways.
 - A cart below the merchant's minimum: the range Pay in 3 is offered for, in words.
+- The gateway's payment page: the shop's name, times in the shop's zone, a date per instalment (issue 36).
 
 "Nothing off-screen" is stricter than "the page does not scroll sideways": every visible element's box is
 within the viewport, so a table in a scrolling wrapper (the page fits, the columns do not) fails too.
@@ -173,5 +174,24 @@ def test_the_owner_and_a_shopper_read_everything_at_375_px(stack: Stack, browser
         expect(shopper.locator("[data-cart-total]")).to_have_text("R 45.00")
         expect(shopper.locator('a[data-action="checkout"]')).to_have_count(0)
         assert_fits(shopper, "cart-below-minimum")
+
+        # (d) The gateway's payment page on the phone (issue 36): headed with the shop's name, the account
+        # id small print, every time in the shop's zone and format, a date for each instalment, the order
+        # reference on one line.
+        add_to_cart(shopper, shop, "enamel-kettle")
+        check_out(shopper, SIPHO)
+        expect(shopper.locator("[data-merchant-name]")).to_have_text("Stoep")
+        dues = [" ".join(text.split()) for text in shopper.locator("[data-instalment-due]").all_inner_texts()]
+        assert len(dues) == 3, dues
+        assert re.fullmatch(r"due now \(\d{4}-\d\d-\d\d \d\d:\d\d SAST\)", dues[0]), dues
+        assert all(re.fullmatch(r"due \d{4}-\d\d-\d\d", due) for due in dues[1:]), dues
+        paying = visible_text(shopper)
+        assert "Merchant account demo-merchant" in paying and "UTC" not in paying, paying
+        assert re.search(r"Pay before \d{4}-\d\d-\d\d \d\d:\d\d SAST", paying), paying
+        reference = shopper.locator("h1 .ref")
+        box = reference.bounding_box()
+        line = float(reference.evaluate("(element) => parseFloat(getComputedStyle(element).lineHeight)"))
+        assert box is not None and box["height"] < 1.5 * line, (box, line)  # one line
+        assert_fits(shopper, "gateway-payment-page")
     finally:
         phone.close()

@@ -147,18 +147,50 @@ _OVERFLOW = """() => {
 }"""
 
 
+#: Every order reference (``STP-7K3M9QX2``) a reader sees whose letters are laid out on more than one line
+#: (the browser broke it, at its hyphen or anywhere): the reference, with the element holding it.
+_BROKEN_REFERENCES = """() => {
+  const broken = [];
+  const walker = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
+  for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+    const holder = node.parentElement;
+    if (!holder || !holder.checkVisibility() || holder.closest("script, style, [aria-hidden=true]")) continue;
+    for (const match of node.data.matchAll(/STP-[0-9A-Z]{8}/g)) {
+      const range = document.createRange();
+      range.setStart(node, match.index);
+      range.setEnd(node, match.index + match[0].length);
+      const lines = new Set([...range.getClientRects()].filter((r) => r.width > 0).map((r) => Math.round(r.top)));
+      if (lines.size > 1) {
+        broken.push(`${match[0]} in ${holder.tagName.toLowerCase()}${[...holder.classList].map((c) => "." + c).join("")}`);
+      }
+    }
+  }
+  return broken.slice(0, 8);
+}"""
+
+
 class Walk:
-    """Pages visited at 375 px, and those that scrolled sideways."""
+    """Pages visited at 375 px, those that scrolled sideways and those that broke an order reference."""
 
     def __init__(self) -> None:
         self.seen: set[str] = set()
         self.too_wide: dict[str, Any] = {}
+        self.broken_references: dict[str, list[str]] = {}
+        #: How many pages showed at least one order reference (the check above saw something to check).
+        self.with_references = 0
 
     def check(self, page: Page, what: str | None = None) -> None:
         page.wait_for_load_state("load")
         found = page.evaluate(_OVERFLOW)
         if found:
             self.too_wide[what or page.url] = found
+        # What a reader sees once every "show more" is open (a callback's body, everything stored).
+        page.evaluate("() => document.querySelectorAll('details').forEach((d) => { d.open = true; })")
+        broken = page.evaluate(_BROKEN_REFERENCES)
+        if broken:
+            self.broken_references[what or page.url] = broken
+        if re.search(r"STP-[0-9A-Z]{8}", page.locator("body").inner_text()):
+            self.with_references += 1
 
     def visit(self, page: Page, url: str) -> bool:
         key = urldefrag(url)[0]
@@ -263,6 +295,9 @@ def test_no_page_scrolls_sideways_at_375_px(stack: Stack, browser: Browser) -> N
     ):
         assert any(needed in url for url in walk.seen), needed
     assert walk.too_wide == {}, walk.too_wide
+    # Issue 36: an order reference is read whole, on one line (never broken at its hyphen).
+    assert walk.with_references >= 10, walk.with_references
+    assert walk.broken_references == {}, walk.broken_references
 
 
 def check_out_at(page: Page) -> str:

@@ -16,6 +16,7 @@ from sqlalchemy.orm import selectinload
 from werkzeug.wrappers import Response as WerkzeugResponse
 
 from flask_gateway.core.money import format_money
+from flask_gateway.core.references import keep_whole
 from flask_gateway.core.timestamps import format_timestamp
 from flask_gateway.core.wire import REFUNDABLE_STATUSES, WireNames
 from flask_gateway.emulator import checkouts, clock, delivery, faults
@@ -75,6 +76,9 @@ def login() -> WerkzeugResponse | tuple[str, int] | str:
             return redirect(target, 303)
         return render_template("emulator/dashboard/login.html", wrong=True, target=target), 401
     return render_template("emulator/dashboard/login.html", wrong=False, target=target)
+
+
+bp.add_app_template_filter(keep_whole, "whole")
 
 
 @bp.app_template_filter("when")

@@ -21,6 +21,7 @@ from werkzeug.wrappers import Response
 from wtforms import ValidationError as FormValidationError
 
 from flask_gateway.clock import format_time
+from flask_gateway.core.references import keep_whole
 from flask_gateway.labels import (
     api_label,
     callback_outcome_label,
@@ -193,6 +194,9 @@ bp.add_app_template_global(api_label, "gateway_api_label")
 def _detail(text: str | None) -> str:
     """A stored detail line in words and money (``labels.describe_detail``), in the configured currency."""
     return describe_detail(text, get_state().config.currency_symbol)
+
+
+bp.add_app_template_filter(keep_whole, "whole")
 
 
 @bp.app_template_global("gateway_time")

@@ -47,10 +47,12 @@ def callbacks() -> ResponseReturnValue:
     pagination = state.db.paginate(query, page=page, per_page=PER_PAGE, error_out=False)
     wanted = {"outcome": outcome or None, "refused": "1" if refused else None, "account": scope.account}
     filters = {key: value for key, value in wanted.items() if value}
+    listed = _checkouts_of(pagination.items)
     return render_template(
         "gateway/admin/callbacks.html",
         **scope.template_values(),
-        account_of=_accounts_of(pagination.items) if scope.several else {},
+        account_of={id_: account for id_, (account, _) in listed.items()} if scope.several else {},
+        reference_of={id_: reference for id_, (_, reference) in listed.items()},
         pagination=pagination,
         outcomes=CALLBACK_OUTCOMES,
         outcome=outcome,
@@ -60,15 +62,18 @@ def callbacks() -> ResponseReturnValue:
     )
 
 
-def _accounts_of(logs: list[CallbackLog]) -> dict[int, str]:
-    """The account of each listed callback's checkout, by checkout id (one query for the page)."""
+def _checkouts_of(logs: list[CallbackLog]) -> dict[int, tuple[str, str]]:
+    """The account and order reference of each listed callback's checkout, by checkout id (one query for
+    the page)."""
     ids = {log.checkout_id for log in logs if log.checkout_id is not None}
     if not ids:
         return {}
     rows = get_state().session.execute(
-        select(GatewayCheckout.id, GatewayCheckout.merchant_account_id).where(GatewayCheckout.id.in_(ids))
+        select(
+            GatewayCheckout.id, GatewayCheckout.merchant_account_id, GatewayCheckout.order_reference
+        ).where(GatewayCheckout.id.in_(ids))
     )
-    return {row.id: row.merchant_account_id for row in rows}
+    return {row.id: (row.merchant_account_id, row.order_reference) for row in rows}
 
 
 @bp.post("/callbacks/<int:log_id>/replay")

@@ -733,7 +733,7 @@ def test_checkout_detail_shows_the_timeline_and_the_callbacks(admin):
         )
         session.commit()
     body = text(admin.client.get(f"{ADMIN}/checkouts/{checkout_id}"))
-    assert f"Checkout #{checkout_id}: order ORD-7" in body
+    assert f'Checkout #{checkout_id}: order <span class="ref">ORD-7</span>' in body  # kept whole on a phone
     timeline = body.split('id="gateway-timeline"')[1].split('id="gateway-refunds"')[0]
     assert timeline.count("<tr") == 5  # the header and four events
     # People's words, the gateway's codes in the tooltips (and the detail line).
