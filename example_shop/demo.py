@@ -39,6 +39,28 @@ def data_folder(shop_port: int, emulator_port: int) -> Path:
     return DEMO_DATA / f"shop-{shop_port}-emulator-{emulator_port}"
 
 
+#: The shop's environment of a demo, in its data folder: ``flask --env-file ... --app example_shop gateway
+#: ...`` runs the extension's commands against the running demo (its database, its emulator, its keys).
+ENV_FILE = "shop.env"
+
+
+def write_env_file(data: Path, env: dict[str, str]) -> Path:
+    """The shop's environment as ``flask --env-file`` reads it (python-dotenv, one ``NAME='value'`` a
+    line), readable by its owner only (it names the second account's demo API key)."""
+    path = data / ENV_FILE
+    lines = [f"{name}='{value}'" for name, value in sorted(env.items())]
+    path.write_text(
+        "# The demo's shop, for flask --env-file (written by make demo).\n" + "\n".join(lines) + "\n"
+    )
+    path.chmod(0o600)
+    return path
+
+
+def commands_line(data: Path) -> str:
+    """How to run a ``flask gateway`` command against this demo (printed in the banner)."""
+    return f".venv/bin/flask --env-file {data / ENV_FILE} --app example_shop gateway doctor"
+
+
 def banner(shop_url: str, emulator_url: str, api_version: str, data: Path, control_token: str) -> str:
     other = (
         "DEMO_API_VERSION=v1 make demo runs the v1 flow"
@@ -57,6 +79,8 @@ def banner(shop_url: str, emulator_url: str, api_version: str, data: Path, contr
         "(Vuurhout: the potjie pot and the brass lamp)\n"
         "  NOTE: the emulator runs with EMULATOR_WAF=allow-local so that localhost redirect URLs work;\n"
         "        the real gateway's firewall refuses redirect URLs on localhost or an IP address.\n"
+        f"  Commands:           {commands_line(data)}\n"
+        "                      (any flask gateway command: status ORDER, refund ORDER, reconcile, ...)\n"
         f"  Data: {data} (kept between runs on these ports). Press Ctrl-C to stop both.\n"
     )
 
@@ -159,6 +183,7 @@ def main() -> int:
         # The emulator above accepts local return URLs: the admin screens need not warn.
         "GATEWAY_WAF": "allow-local",
     }
+    write_env_file(data, shop_env)
     # The tables first, as an operator's deploy step does: the servers' create_app touches no database.
     for app, env in (("flask_gateway.emulator", emulator_env), ("example_shop", shop_env)):
         command = ["init-db"] if app == "flask_gateway.emulator" else ["shop", "init-db"]

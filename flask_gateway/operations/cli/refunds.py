@@ -112,7 +112,16 @@ def refund_command(
     )
     end_reading()  # nothing is held while the owner reads
     if not confirmed:
-        click.confirm(f"Refund {format_money(amount, symbol)}?", abort=True, err=True)
+        try:
+            agreed = click.confirm(f"Refund {format_money(amount, symbol)}?", err=True)
+        except click.Abort:  # no terminal, or Ctrl-C/Ctrl-D at the question: the line after it says why
+            click.echo(err=True)
+            agreed = False
+        if not agreed:
+            raise click.ClickException(
+                f"nothing was refunded: the refund of {format_money(amount, symbol)} was not confirmed "
+                "(answer y at the question, or pass --yes)."
+            )
         # Read again: a refund made meanwhile (the admin screen, another terminal) is not repeated unseen.
         state.session.refresh(checkout)
         if checkout.refunded_cents != refunded_before:

@@ -82,9 +82,11 @@ def test_the_amount_is_confirmed_first_and_nothing_happens_without_a_yes(install
     checkout_id, _ = paid(installed)
     declined = run_gateway(installed.shop, "refund", "R-1042", "50", input="n\n")
     assert declined.exit_code == 1
-    assert "Refund R 50.00?" in declined.stderr and "Aborted" in declined.stderr
+    assert "Refund R 50.00?" in declined.stderr
+    assert "Error: nothing was refunded: the refund of R 50.00 was not confirmed" in declined.stderr
     no_answer = run_gateway(installed.shop, "refund", "R-1042", "50")  # no terminal, nothing typed
     assert no_answer.exit_code == 1
+    assert "(answer y at the question, or pass --yes)" in no_answer.stderr
     assert refunded(installed, checkout_id) == (0, "PAID_PENDING_CALLBACK", 0)
 
     confirmed = run_gateway(installed.shop, "refund", "R-1042", "50", input="y\n")
