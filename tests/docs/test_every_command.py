@@ -16,8 +16,10 @@ from __future__ import annotations
 import os
 import re
 import signal
+import sqlite3
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -250,3 +252,56 @@ def test_every_command_against_the_running_demo(running_demo: tuple[Path, subpro
     found = every_command(ROOT, env, "", app=("--env-file", str(env_file), "--app", "example_shop"))
     assert process.poll() is None, "the demo stopped while the commands ran"
     assert found == [], "\n\n".join(found)
+
+
+def test_a_command_waiting_on_the_shops_database_says_so_and_goes_on(
+    quickstart_shop: tuple[Path, dict[str, str]],
+) -> None:
+    """Another process holds the quickstart's SQLite write lock (a server mid-write): a command that
+    writes says it is waiting, on its own line, while it waits, and ends normally once the lock is free."""
+    folder, env = quickstart_shop
+    installed = gateway(
+        folder,
+        env,
+        "install",
+        "--account",
+        "demo-merchant",
+        "--minimum-cents",
+        "100",
+        "--maximum-cents",
+        "1000000",
+    )
+    assert installed.returncode == 0, installed.output
+    holder = sqlite3.connect(folder / "instance" / "shop.db", isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    argv = [str(BIN / "flask"), "--app", "shop", "gateway", "prune-callbacks", "--older-than-days", "30"]
+    command = subprocess.Popen(
+        argv,
+        cwd=folder,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    said: list[str] = []
+    assert command.stderr is not None
+    reader = threading.Thread(target=lambda: said.extend(command.stderr or []), daemon=True)
+    reader.start()
+    try:
+        wait_for(
+            lambda: (
+                any(line.startswith("Waiting for the database (") for line in said)
+                or command.poll() is not None
+            ),
+            what="the command's line saying it waits for the database",
+        )
+        assert command.poll() is None, "".join(said)  # said while it waits
+    finally:
+        holder.execute("COMMIT")
+        holder.close()
+    out, _ = command.communicate(timeout=STUCK)
+    reader.join(timeout=STUCK)
+    assert command.returncode == 0, out + "".join(said)
+    assert "another process is writing to the SQLite file" in "".join(said)
+    assert "Deleted" in out or "deleted" in out.lower(), out

@@ -21,6 +21,7 @@ from flask_gateway.core.outages import DATABASE_ERRORS, describe_database_error,
 from flask_gateway.core.sql import sqlite_read_transactions
 from flask_gateway.errors import EX_CONFIG, UnknownAccountError
 from flask_gateway.models import Installation
+from flask_gateway.operations.cli.patience import announce_waits
 from flask_gateway.operations.readiness import missing_schema
 from flask_gateway.state import GatewayState, get_state, leaves_no_transaction, misconfiguration
 
@@ -64,11 +65,13 @@ class DatabaseAway(click.ClickException):
 
 class GatewayCommands(AppGroup):
     """``AppGroup`` (every command runs inside the app context) whose commands end with one line and exit
-    status 75 when the database is away, instead of a traceback; any other error is raised as it is."""
+    status 75 when the database is away, instead of a traceback (any other error is raised as it is), and
+    say so on stderr when a statement waits on the database (``patience.announce_waits``)."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
-            return super().invoke(ctx)
+            with announce_waits():  # a statement waiting on a lock says so (operations/cli/patience.py)
+                return super().invoke(ctx)
         except DATABASE_ERRORS as error:
             if not is_database_outage(error):
                 raise
