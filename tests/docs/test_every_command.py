@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import sqlite3
 import subprocess
 import sys
@@ -61,6 +60,17 @@ def gateway(folder: Path, env: dict[str, str], *words: str, app: Sequence[str] =
     except subprocess.TimeoutExpired as stuck:
         raise AssertionError(f"flask gateway {' '.join(words)} did not end within {STUCK:.0f} s") from stuck
     return Run(tuple(words), done.returncode, done.stdout + done.stderr)
+
+
+def stop(server: subprocess.Popen[bytes]) -> None:
+    """The server stopped, whatever it was doing (a loaded machine may take a while to end its threads):
+    SIGTERM, then SIGKILL if it is still there at the last-resort deadline; never left running."""
+    server.terminate()
+    try:
+        server.wait(timeout=STUCK)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server.wait(timeout=STUCK)
 
 
 def clean_env() -> dict[str, str]:
@@ -203,8 +213,7 @@ def test_every_command_on_the_quickstarts_shop_running_and_stopped(
         running = every_command(folder, env, first)
         assert running == [], "\n\n".join(running) + log_tails([log])
     finally:
-        server.send_signal(signal.SIGINT)
-        server.wait(timeout=30)
+        stop(server)
     stopped = every_command(folder, env, second)
     assert stopped == [], "\n\n".join(stopped)
 
@@ -242,8 +251,7 @@ def running_demo(tmp_path: Path) -> Iterator[tuple[Path, subprocess.Popen[bytes]
         assert demo.commands_line(data) in banner, banner
         yield data / demo.ENV_FILE, process
     finally:
-        process.send_signal(signal.SIGTERM)
-        process.wait(timeout=30)
+        stop(process)  # SIGTERM: the demo stops both of its servers, as on Ctrl-C
 
 
 def test_every_command_against_the_running_demo(running_demo: tuple[Path, subprocess.Popen[bytes]]) -> None:
