@@ -42,7 +42,7 @@ from werkzeug.middleware.dispatcher import DispatcherMiddleware
 from flask_gateway.core.wsgi import WSGIAdapter
 from flask_gateway.emulator.app import create_app
 from flask_gateway.emulator.merchant import set_merchant_http
-from flask_gateway.emulator.settings import EmulatorSettings, SettingsError
+from flask_gateway.emulator.settings import EmulatorSettings, SettingsError, timezone_name
 
 __all__ = ["DEFAULT_PREFIX", "EmbeddedEmulator", "EmbeddingRefused", "embedded_emulator", "mount"]
 
@@ -150,8 +150,7 @@ def _settings(host: Flask, prefix: str, given: EmulatorSettings | None) -> Emula
     shop_zone = host.config.get("GATEWAY_TIMEZONE")
     if "EMULATOR_TIMEZONE" not in os.environ and isinstance(shop_zone, str) and shop_zone.strip():
         with contextlib.suppress(SettingsError):  # the extension's own check says what is wrong with it
-            zone = EmulatorSettings.from_env({"EMULATOR_TIMEZONE": shop_zone}).timezone
-            settings = replace(settings, timezone=zone)
+            settings = replace(settings, timezone=timezone_name(shop_zone))
     return settings
 
 

@@ -10,7 +10,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from flask_gateway.core.wire.names import OPERATOR, WireNames, wire_names
 
-__all__ = ["DEFAULT_ACCOUNTS", "EmulatorSettings", "SettingsError"]
+__all__ = ["DEFAULT_ACCOUNTS", "EmulatorSettings", "SettingsError", "timezone_name"]
 
 DEFAULT_ACCOUNTS: Final = "demo-merchant:demo-api-key"
 
@@ -55,7 +55,7 @@ class EmulatorSettings:
         return cls(
             accounts={account_id: key for account_id, (key, _) in accounts.items()},
             account_names={account_id: name for account_id, (_, name) in accounts.items() if name},
-            timezone=_timezone(env.get("EMULATOR_TIMEZONE", "UTC")),
+            timezone=timezone_name(env.get("EMULATOR_TIMEZONE", "UTC")),
             waf_strict=_choice(env, "EMULATOR_WAF", {"strict": True, "allow-local": False}, "strict"),
             sandbox=_choice(env, "EMULATOR_SANDBOX", {"1": True, "0": False}, "1"),
             database_url=env.get("EMULATOR_DATABASE_URL") or None,
@@ -110,7 +110,8 @@ def _parse_accounts(value: str) -> dict[str, tuple[str, str]]:
     return accounts
 
 
-def _timezone(value: str) -> str:
+def timezone_name(value: str) -> str:
+    """``EMULATOR_TIMEZONE``'s value checked: an IANA zone name (blank: ``UTC``), or ``SettingsError``."""
     name = value.strip() or "UTC"
     try:
         ZoneInfo(name)

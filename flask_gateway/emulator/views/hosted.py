@@ -85,7 +85,8 @@ class Line:
 class Instalment:
     number: int
     amount_cents: int
-    #: When it is due: the first now, the others a month apart (docs/decisions.md, "The payment plan").
+    #: When it is due: the first now, the others a month apart (docs/decisions.md, "The payment page:
+    #: whose name, which times").
     due_at: datetime
     #: ``due_at`` as the page shows it: the time for the first (paid now), the date for the others.
     due_text: str

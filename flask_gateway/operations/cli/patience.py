@@ -85,17 +85,17 @@ def announce_waits(
     """While the block runs, a statement that waits ``after`` seconds is announced once (``echo``, by
     default one line on stderr)."""
     watch = _Watch(echo or (lambda line: click.echo(line, err=True)), after)
+    # A transaction's start too, before the engine's own "begin" listeners: on SQLite the writer first
+    # waits for the lock file other processes' writers share (``core.sqlite_queue``), before its BEGIN
+    # IMMEDIATE is a statement.
     listeners = [
+        ("begin", watch.started),
         ("before_cursor_execute", watch.started),
         ("after_cursor_execute", watch.ended),
         ("handle_error", watch.ended),
     ]
-    # A transaction's start too: on SQLite the writer first waits for the lock file other processes'
-    # writers share (``core.sqlite_queue``), before its BEGIN IMMEDIATE is a statement.
-    event.listen(Engine, "begin", watch.started, insert=True)
-    listeners.insert(0, ("begin", watch.started))
-    for name, listener in listeners[1:]:
-        event.listen(Engine, name, listener)
+    for name, listener in listeners:
+        event.listen(Engine, name, listener, insert=name == "begin")
     thread = threading.Thread(target=watch.run, name="flask-gateway-patience", daemon=True)
     thread.start()
     try:
