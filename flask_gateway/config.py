@@ -92,6 +92,7 @@ DEFAULTS: Final[Mapping[str, Any]] = {
     "GATEWAY_DELIVER_STALE_SECONDS": 300,
     "GATEWAY_RECONCILE_STALE_SECONDS": 1800,
     "GATEWAY_SETTINGS_CHECK_SECONDS": 300,
+    "GATEWAY_PREVIOUS_SIGNING_KEY_HOURS": 24,
     "GATEWAY_TIMEZONE": DEFAULT_ZONE,
 }
 
@@ -154,6 +155,9 @@ class GatewayConfig:
     #: seconds by the scheduled runs: Celery beat, ``reconcile``, ``flask gateway check-settings``
     #: (``flask_gateway.operations.drift``).
     settings_check_seconds: int = 300
+    #: Hours a signing key replaced by a settings update still verifies callbacks (0: none; at most 30
+    #: days). The gateway's callbacks signed before the change, and its retries of them, arrive afterwards.
+    previous_signing_key_hours: int = 24
     #: The IANA zone every time a person reads is shown in (``flask_gateway.clock``); stored times stay UTC.
     timezone: str = DEFAULT_ZONE
 
@@ -337,6 +341,9 @@ class GatewayConfig:
             ),
             settings_check_seconds=_whole(
                 "GATEWAY_SETTINGS_CHECK_SECONDS", config["GATEWAY_SETTINGS_CHECK_SECONDS"], 60, 86_400
+            ),
+            previous_signing_key_hours=_whole(
+                "GATEWAY_PREVIOUS_SIGNING_KEY_HOURS", config["GATEWAY_PREVIOUS_SIGNING_KEY_HOURS"], 0, 720
             ),
             timezone=timezone,
         )

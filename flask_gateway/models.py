@@ -32,6 +32,7 @@ __all__ = [
     "RefundRecord",
     "RefundState",
     "SettingsIncident",
+    "VerifyingKey",
 ]
 
 
@@ -74,6 +75,11 @@ class Installation(GatewayBase):
     #: Fernet tokens (flask_gateway.secrets): never the plain secrets.
     api_key_encrypted: Mapped[str] = mapped_column(Text)
     signing_key_encrypted: Mapped[str] = mapped_column(Text)
+    #: The signing key the current one replaced (a settings update answered a new one), encrypted, and
+    #: when: it still verifies callbacks for ``GATEWAY_PREVIOUS_SIGNING_KEY_HOURS`` after that (callbacks
+    #: the gateway signed before the change, and their retries). None: no change since installation.
+    previous_signing_key_encrypted: Mapped[str | None] = mapped_column(Text)
+    signing_key_replaced_at: Mapped[datetime | None]
     callback_url: Mapped[str] = mapped_column(String(2048))
     callback_failures_email: Mapped[str | None] = mapped_column(String(254))
     minimum_cents: Mapped[int] = mapped_column(BigInteger)
@@ -213,6 +219,14 @@ class CallbackOutcome(enum.StrEnum):
     DOCTOR_PROBE = "doctor-probe"
 
 
+class VerifyingKey(enum.StrEnum):
+    """``CallbackLog.verified_with`` values: which of the account's signing keys verified a callback."""
+
+    CURRENT = "current"
+    #: The key a settings update replaced, inside ``GATEWAY_PREVIOUS_SIGNING_KEY_HOURS`` of the change.
+    PREVIOUS = "previous"
+
+
 class CallbackLog(GatewayBase):
     """Every callback received: a verified one in full (headers without secrets, raw body), stored before
     it is processed; a refused one as a bounded excerpt (``flask_gateway.inbound``)."""
@@ -232,6 +246,8 @@ class CallbackLog(GatewayBase):
     detail: Mapped[str] = mapped_column(Text, default="")
     #: The address the request came from (``request.remote_addr``: put ProxyFix in front behind a proxy).
     client_address: Mapped[str | None] = mapped_column(String(64))
+    #: Which of the account's signing keys verified it (a ``VerifyingKey`` value). None: not verified.
+    verified_with: Mapped[str | None] = mapped_column(String(20))
 
 
 class RateLimitCounter(GatewayBase):

@@ -7,6 +7,10 @@ Rules (``POST /_emulator/faults``):
 - ``drop_response``: create/refund: the work is committed, then the connection is reset, no answer.
 - ``callback_fail``: the next ``count`` callback attempts fail (HTTP 500 recorded, nothing sent).
 - ``callback_timeout``: the next ``count`` callback attempts time out (nothing sent).
+- ``new_signing_key``: the next ``count`` settings updates issue the account a new signing key: the update
+  is verified with the key it had, answers the new one in ``signingKey``, and the gateway signs with it
+  from then on (callbacks already on their way keep the old signature). Not a failure: the account
+  manager's key change, for a shop to rehearse.
 
 ``count`` omitted: the rule stays until ``DELETE /_emulator/faults`` or a reset.
 """
@@ -41,6 +45,7 @@ __all__ = [
     "drop_connection",
     "take",
     "take_drop",
+    "take_new_signing_key",
 ]
 
 API_OPERATIONS: Final = (
@@ -55,7 +60,9 @@ API_OPERATIONS: Final = (
     "v1_checkout",
     "v1_refund",
 )
-FaultKind = Literal["status", "delay", "drop_response", "callback_fail", "callback_timeout"]
+FaultKind = Literal[
+    "status", "delay", "drop_response", "callback_fail", "callback_timeout", "new_signing_key"
+]
 
 
 class FaultSpec(WireModel):
@@ -93,6 +100,8 @@ class FaultSpec(WireModel):
             raise ValueError("a 'delay' fault needs delayMs")
         if self.kind == "drop_response" and self.operation not in ("create", "refund"):
             raise ValueError("drop_response applies to create and refund")
+        if self.kind == "new_signing_key" and self.operation != "settings":
+            raise ValueError("new_signing_key applies to settings")
         return self
 
 
@@ -191,6 +200,11 @@ def _any_rules() -> bool:
 def take_drop(operation: str) -> bool:
     """True (one use consumed) when a ``drop_response`` rule applies to this operation's answer."""
     return _any_rules() and take(operation, "drop_response") is not None
+
+
+def take_new_signing_key() -> bool:
+    """True (one use consumed) when a ``new_signing_key`` rule applies to this settings update."""
+    return _any_rules() and take("settings", "new_signing_key") is not None
 
 
 def drop_connection() -> None:

@@ -18,7 +18,11 @@ never moves on a signature alone.
    callback signed with one account's key for another account's checkout is refused, and so is one on
    an account's own path for another account's checkout. ``X-Merchant-Account-ID``, when present, must be
    that account (``hmac.compare_digest``); when absent, the signature alone decides: no public source
-   shows that the gateway sends that header (docs/decisions.md). A refused request keeps a bounded excerpt
+   shows that the gateway sends that header (docs/decisions.md). A signature the account's key does not
+   verify may be the previous key's, for ``GATEWAY_PREVIOUS_SIGNING_KEY_HOURS`` after a settings update
+   replaced it (a callback signed before the change, or a retry of one): it is accepted so, the log row
+   says which key verified it (``verified_with``), and it is confirmed like any other; after that window
+   it is refused. A refused request keeps a bounded excerpt
    (``CallbackLog``: the first 256 characters of the body, four short headers, the reason, the client
    address), so a flood costs a few hundred bytes a request, and the limit caps those.
 3. A verified callback is stored in full (the headers without secrets: no ``X-Signature``,
@@ -73,6 +77,7 @@ from __future__ import annotations
 import hmac
 import json
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Final
 
 from pydantic import ValidationError
@@ -81,13 +86,16 @@ from werkzeug.datastructures import Headers
 
 from flask_gateway.core.auth import ACCOUNT_HEADER, SIGNATURE_HEADER
 from flask_gateway.core.http import describe_validation_error
+from flask_gateway.core.local_time import format_time
 from flask_gateway.core.sql import commit_keeping_loaded
+from flask_gateway.core.timestamps import utcnow
 from flask_gateway.core.wire import CheckoutStatusPayload
 from flask_gateway.errors import (
     CallbackBodyInvalid,
     CallbackCheckoutUnknown,
     CallbackRejected,
     CallbackUnauthorized,
+    SecretUnreadable,
 )
 from flask_gateway.inbound.applying import CallbackResult, _process
 from flask_gateway.inbound.claims import _find, _Found
@@ -100,7 +108,7 @@ from flask_gateway.inbound.intake import (
     _reject,
     _statement_by_statement,
 )
-from flask_gateway.models import CallbackLog, CallbackOutcome, GatewayCheckout, Installation
+from flask_gateway.models import CallbackLog, CallbackOutcome, GatewayCheckout, Installation, VerifyingKey
 from flask_gateway.signing import verify
 from flask_gateway.state import get_state
 
@@ -159,16 +167,63 @@ def process_callback(
             client,
             f"{ACCOUNT_HEADER} is not the merchant account of the checkout",
         )
-    if not verify(body, state.box.decrypt_cached(signing_key_encrypted), headers.get(SIGNATURE_HEADER)):
-        _refuse_unverified(
-            CallbackUnauthorized,
-            headers,
-            body,
-            client,
-            f"{SIGNATURE_HEADER} is missing or does not match the body "
-            f"(verified with merchant account {installed_account!r}'s key)",
+    signature = headers.get(SIGNATURE_HEADER)
+    verified_with = VerifyingKey.CURRENT
+    if not verify(body, state.box.decrypt_cached(signing_key_encrypted), signature):
+        previous = _previous_key(installed_account)
+        if previous.key is None or signature is None or not verify(body, previous.key, signature):
+            _refuse_unverified(
+                CallbackUnauthorized,
+                headers,
+                body,
+                client,
+                f"{SIGNATURE_HEADER} is missing or does not match the body "
+                f"(verified with merchant account {installed_account!r}'s key{previous.refused})",
+            )
+        verified_with = VerifyingKey.PREVIOUS
+    log = _new_log(headers, body, client)
+    log.verified_with = verified_with
+    return _verified(log, body, installed, client)
+
+
+_PREVIOUS_KEY: Final = select(
+    Installation.previous_signing_key_encrypted, Installation.signing_key_replaced_at
+).where(
+    Installation.environment == bindparam("environment"),
+    Installation.merchant_account_id == bindparam("account"),
+)
+
+
+@dataclass(frozen=True)
+class _Previous:
+    """The account's previous signing key while it still verifies (else None), and what a refusal adds."""
+
+    key: str | None
+    refused: str = ""
+
+
+def _previous_key(account: str) -> _Previous:
+    """The signing key ``account``'s current one replaced, while ``GATEWAY_PREVIOUS_SIGNING_KEY_HOURS``
+    after the change has not passed (read only when the current key did not verify: never on the path of
+    an ordinary callback)."""
+    state = get_state()
+    row = state.session.execute(
+        _PREVIOUS_KEY, {"environment": state.config.environment, "account": account}
+    ).first()
+    if row is None or row[0] is None or row[1] is None:
+        return _Previous(None)
+    hours = state.config.previous_signing_key_hours
+    until = row[1] + timedelta(hours=hours)
+    if utcnow() >= until:
+        return _Previous(
+            None,
+            f"; its previous key, replaced {format_time(row[1], state.config.zone)}, "
+            f"verified callbacks for {hours} h after that (GATEWAY_PREVIOUS_SIGNING_KEY_HOURS)",
         )
-    return _verified(_new_log(headers, body, client), body, installed, client)
+    try:
+        return _Previous(state.box.decrypt_cached(row[0]))
+    except SecretUnreadable:
+        return _Previous(None, "; its previous key cannot be decrypted")
 
 
 #: The account and key that verify a callback about a checkout: the checkout's own account, in one

@@ -37,9 +37,8 @@ back). The signing key is the gateway's to issue: a new one is stored, never "re
 
 from __future__ import annotations
 
-import hmac
 import logging
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Final
@@ -53,6 +52,7 @@ from flask_gateway.core.wire import SettingsUpdateRequest
 from flask_gateway.core.wire.names import OPERATOR, WireNames
 from flask_gateway.models import Installation, SettingsIncident
 from flask_gateway.payments.heartbeats import SETTINGS_CHECK, claim_turn, finish_turn
+from flask_gateway.payments.installation import store_signing_key
 from flask_gateway.state import get_state, leaves_no_transaction
 
 __all__ = [
@@ -140,7 +140,9 @@ class DriftReport:
             )
         if self.repair_error:
             lines.append(f"The repair failed: {self.repair_error}. The next check tries again.")
-        if not (self.repaired or self.under_attack or self.repair_error):
+        # A new signing key alone is the gateway's ordinary key change, not someone else's settings.
+        changed = [d for d in self.differences if d.setting != "signing key"]
+        if changed and not (self.repaired or self.under_attack or self.repair_error):
             lines.append(
                 "If nobody here changed them, someone else signed a settings update: save the settings "
                 "screen to put the shop's back, and ask the gateway's account manager about the account."
@@ -169,7 +171,6 @@ def check_settings(account: str | None = None, *, repair: bool = False) -> Drift
     account = installation.merchant_account_id
     v1 = state.v1_client(installation)
     client = state.client(installation)
-    stored_key = state.box.decrypt_cached(installation.signing_key_encrypted)
     state.session.commit()  # no transaction while the gateway answers
     limits = v1.configuration().data
     report = DriftReport(checked_at=utcnow(), account=account)
@@ -193,13 +194,14 @@ def check_settings(account: str | None = None, *, repair: bool = False) -> Drift
             report.differences.append(
                 Difference(setting, _shown(ours), _shown(gateways), ours=ours, theirs=gateways)
             )
-    new_key = answer.signingKey.get_secret_value()
     installation = state.require_installation(account)
-    if not hmac.compare_digest(new_key.encode(), stored_key.encode()):
-        installation.signing_key_encrypted = state.box.encrypt(new_key)
+    if store_signing_key(installation, answer.signingKey.get_secret_value(), report.checked_at):
         report.differences.append(
             Difference(
-                "signing key", "the stored key", "another key (now stored: callbacks are signed with it)"
+                "signing key",
+                "the stored key",
+                "another key (now stored: callbacks are signed with it; the previous one still verifies "
+                f"them for {state.config.previous_signing_key_hours} h, GATEWAY_PREVIOUS_SIGNING_KEY_HOURS)",
             )
         )
     installation.settings_checked_at = report.checked_at
@@ -296,11 +298,10 @@ def _repair(account: str, report: DriftReport) -> None:
         else:
             to_fix.append((difference, incident))
     body = {_REPAIRABLE[d.setting][1]: getattr(installation, _REPAIRABLE[d.setting][0]) for d, _ in to_fix}
-    stored_key = state.box.decrypt_cached(installation.signing_key_encrypted)
     client = state.client(installation)
     commit_keeping_loaded(state.session)  # the incidents are recorded before the gateway is asked
     if to_fix:
-        _send_back(account, report, body, to_fix, stored_key, client)
+        _send_back(account, report, body, to_fix, client)
     installation = state.require_installation(account)
     installation.settings_drift = [
         d.to_json() for d in report.differences if d.setting not in report.repaired
@@ -325,7 +326,6 @@ def _send_back(
     report: DriftReport,
     body: dict[str, Any],
     to_fix: Sequence[tuple[Difference, SettingsIncident]],
-    stored_key: str,
     client: Any,
 ) -> None:
     """One settings update with the shop's values of ``to_fix``; each incident marked repaired when the
@@ -362,9 +362,7 @@ def _send_back(
             wrong.append(f"{difference.setting}: the gateway answered {_shown(getattr(answer, wire))}")
     if wrong:
         report.repair_error = "; ".join(wrong)
-    new_key = answer.signingKey.get_secret_value()
-    if not hmac.compare_digest(new_key.encode(), stored_key.encode()):
-        state.require_installation(account).signing_key_encrypted = state.box.encrypt(new_key)
+    store_signing_key(state.require_installation(account), answer.signingKey.get_secret_value(), done)
     if repaired:
         _log.warning(
             "gateway settings of merchant account %s were changed at the gateway and put back: %s",
@@ -465,9 +463,10 @@ def scheduled_check(*, force: bool = False) -> ScheduledCheck:
 
 
 @leaves_no_transaction
-def open_incidents(account: str | None = None) -> list[SettingsIncident]:
-    """The incidents of this environment no person has acknowledged yet (of ``account``, or of every
-    account), oldest first: what the admin pages' banner shows. Loaded, detached from no transaction."""
+def open_incidents(account: str | None = None, *, accounts: Collection[str] | None = None) -> list[SettingsIncident]:
+    """The incidents of this environment no person has acknowledged yet (of ``account``, or of those of
+    ``accounts``, or of every account), oldest first: what the admin pages' banner shows. Loaded, detached
+    from no transaction."""
     state = get_state()
     query = select(SettingsIncident).where(
         SettingsIncident.environment == state.config.environment,
@@ -475,6 +474,8 @@ def open_incidents(account: str | None = None) -> list[SettingsIncident]:
     )
     if account is not None:
         query = query.where(SettingsIncident.merchant_account_id == account)
+    if accounts is not None:
+        query = query.where(SettingsIncident.merchant_account_id.in_(sorted(accounts)))
     with sqlite_read_transactions():
         rows = list(state.session.scalars(query.order_by(SettingsIncident.id)))
     commit_keeping_loaded(state.session)
@@ -482,9 +483,12 @@ def open_incidents(account: str | None = None) -> list[SettingsIncident]:
 
 
 @leaves_no_transaction
-def acknowledge_incidents(by: str, ids: Sequence[int] | None = None) -> int:
-    """A person has read the banner: the open incidents (those of ``ids``, or every one) are acknowledged
-    by ``by`` now. An attack's setting is repaired again by the next check. The number acknowledged."""
+def acknowledge_incidents(
+    by: str, ids: Sequence[int] | None = None, *, accounts: Collection[str] | None = None
+) -> int:
+    """A person has read the banner: the open incidents (those of ``ids``, or every one; of ``accounts``
+    only, when given: the accounts the person may see) are acknowledged by ``by`` now. An attack's setting
+    is repaired again by the next check. The number acknowledged."""
     state = get_state()
     query = update(SettingsIncident).where(
         SettingsIncident.environment == state.config.environment,
@@ -492,6 +496,8 @@ def acknowledge_incidents(by: str, ids: Sequence[int] | None = None) -> int:
     )
     if ids is not None:
         query = query.where(SettingsIncident.id.in_(list(ids)))
+    if accounts is not None:
+        query = query.where(SettingsIncident.merchant_account_id.in_(sorted(accounts)))
     result = state.session.execute(
         query.values(acknowledged_at=utcnow(), acknowledged_by=storable_text(by, 255)),
         execution_options={"synchronize_session": False},

@@ -5,14 +5,17 @@ The secrets are encrypted before they are stored, and never logged (flask_gatewa
 
 from __future__ import annotations
 
+import hmac
 from dataclasses import dataclass
+from datetime import datetime
 
 from flask_gateway.core.timestamps import utcnow
 from flask_gateway.core.wire import InstallRequest, SettingsUpdateRequest
+from flask_gateway.errors import SecretUnreadable
 from flask_gateway.models import Installation
 from flask_gateway.state import get_state, leaves_no_transaction
 
-__all__ = ["InstallSettings", "adopt_signing_key", "install", "update_settings"]
+__all__ = ["InstallSettings", "adopt_signing_key", "install", "store_signing_key", "update_settings"]
 
 
 @dataclass(frozen=True)
@@ -41,7 +44,7 @@ def _store(settings: InstallSettings, signing_key: str) -> Installation:
         installed_at=now,
     )
     installation.api_key_encrypted = state.box.encrypt(settings.api_key)
-    installation.signing_key_encrypted = state.box.encrypt(signing_key)
+    store_signing_key(installation, signing_key, now)
     installation.callback_url = settings.callback_url
     installation.callback_failures_email = settings.callback_failures_email
     installation.minimum_cents = settings.minimum_cents
@@ -52,6 +55,30 @@ def _store(settings: InstallSettings, signing_key: str) -> Installation:
     state.session.add(installation)
     state.session.commit()
     return installation
+
+
+def store_signing_key(installation: Installation, signing_key: str, now: datetime) -> bool:
+    """Keep ``signing_key``, the one the gateway answered, as the account's key (encrypted); True when it
+    is a new one.
+
+    The key it replaces becomes the previous key, which still verifies callbacks for
+    ``GATEWAY_PREVIOUS_SIGNING_KEY_HOURS`` after ``now`` (``inbound.callbacks``): the gateway's callbacks
+    signed before the change, and its retries of them, are not refused. A previous key that can no longer
+    be decrypted (``SECRET_KEY`` lost) is not kept. The caller commits.
+    """
+    box = get_state().box
+    current = installation.signing_key_encrypted
+    if current:
+        try:
+            known: str | None = box.decrypt_cached(current)
+        except SecretUnreadable:
+            known = None
+        if known is not None and hmac.compare_digest(known.encode(), signing_key.encode()):
+            return False
+        installation.previous_signing_key_encrypted = current if known is not None else None
+        installation.signing_key_replaced_at = now
+    installation.signing_key_encrypted = box.encrypt(signing_key)
+    return True
 
 
 @leaves_no_transaction
@@ -125,8 +152,8 @@ def update_settings(
     installation.callback_failures_email = answer.data.callbackFailuresEmail
     installation.minimum_cents = answer.data.minimumCheckoutAmountCents or minimum_cents
     installation.maximum_cents = answer.data.maximumCheckoutAmountCents or maximum_cents
-    installation.signing_key_encrypted = state.box.encrypt(answer.data.signingKey.get_secret_value())
     installation.updated_at = utcnow()
+    store_signing_key(installation, answer.data.signingKey.get_secret_value(), installation.updated_at)
     installation.settings_checked_at, installation.settings_drift = installation.updated_at, []
     state.session.commit()
     return installation

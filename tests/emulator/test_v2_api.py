@@ -590,3 +590,28 @@ def test_expiry_found_by_a_refused_action_is_kept(installed):
     assert installed.pay(token).status_code == 409
     detail = installed.control(f"checkouts/{token}", method="GET").json
     assert detail["checkoutPaymentStatus"] == "EXPIRED"
+
+
+def test_a_new_signing_key_rule_makes_the_next_settings_update_issue_one(installed):
+    """The account manager's key change, for a shop to rehearse: verified with the old key, answered with
+    the new one, which alone signs from then on."""
+    old = installed.keys[ACCOUNT]
+    rule = {"operation": "settings", "kind": "new_signing_key", "count": 1}
+    assert installed.control("faults", rule).status_code == 201
+
+    answer = installed.signed("/install/v2", {"minimumCheckoutAmountCents": 100}, method="PATCH")
+
+    assert answer.status_code == 200
+    new = answer.json["signingKey"]
+    assert new != old
+    assert installed.signed("/v2/create", create_body()).status_code == 401  # the old key no longer signs
+    installed.keys[ACCOUNT] = new
+    assert installed.signed("/v2/create", create_body()).status_code == 200
+    again = installed.signed("/install/v2", {"minimumCheckoutAmountCents": 100}, method="PATCH")
+    assert again.json["signingKey"] == new  # one use: the next update answers the same key
+
+
+def test_a_new_signing_key_rule_goes_with_settings_only(installed):
+    answer = installed.control("faults", {"operation": "create", "kind": "new_signing_key"})
+    assert answer.status_code == 400
+    assert "new_signing_key applies to settings" in answer.get_data(as_text=True)

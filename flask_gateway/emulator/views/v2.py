@@ -118,6 +118,8 @@ def update_settings() -> Response:
     data = read_json()
     account = authenticate_v2()
     request = parse(SettingsUpdateRequest, data)
+    # Taken before the row lock (taking a rule commits); verified with the key the account had.
+    new_key = faults.take_new_signing_key()
     # Re-read under the lock (authenticate_v2 read the row before it was locked).
     account = (
         db.session.get(Account, account.merchant_account_id, with_for_update=True, populate_existing=True)
@@ -139,6 +141,8 @@ def update_settings() -> Response:
     if "callbackFailuresEmail" in changed:
         account.callback_failures_email = request.callbackFailuresEmail
     account.minimum_cents, account.maximum_cents = new_min, new_max
+    if new_key:
+        account.signing_key = new_signing_key()
     answer = SettingsResponse.model_validate(
         {
             "checkoutStatusCallbackUrl": account.callback_url,

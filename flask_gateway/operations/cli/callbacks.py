@@ -15,6 +15,7 @@ from flask_gateway.models import (
     CallbackLog,
     CallbackOutcome,
     GatewayCheckout,
+    VerifyingKey,
 )
 from flask_gateway.operations.cli.group import (
     account_option,
@@ -94,6 +95,10 @@ def callbacks_command(
         answer = "no answer" if row.http_status == 0 else f"HTTP {row.http_status}"
         checkout = f"order {reference}" if row.checkout_id else "no checkout"
         signature = "verified" if row.verified else "NOT verified"
+        if (
+            row.verified_with == VerifyingKey.PREVIOUS
+        ):  # inside GATEWAY_PREVIOUS_SIGNING_KEY_HOURS of a key change
+            signature = "verified with the previous key"
         detail = describe_detail(row.detail, symbol)  # statuses in words, money with the symbol
         client = f"from {row.client_address}  " if row.client_address else ""
         # Several accounts: the checkout's account, else (no checkout) the one the request claimed.
