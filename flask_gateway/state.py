@@ -335,13 +335,20 @@ class GatewayState:
         """An unsigned v2 client for the installation call."""
         return self.signed_client(merchant_account_id, None)
 
-    def v1_client(self, installation: Installation | None = None, *, account: str | None = None) -> V1Client:
-        """A v1 client with the stored API key, chosen as :meth:`client` chooses."""
+    def v1_client(
+        self,
+        installation: Installation | None = None,
+        *,
+        account: str | None = None,
+        api_key: str | None = None,
+    ) -> V1Client:
+        """A v1 client with the stored API key (or ``api_key``, one being proved), chosen as :meth:`client`
+        chooses."""
         installation = installation or self.require_installation(account)
         return V1Client(
             v1_base_url=self.config.v1_base_url,
             merchant_account_id=installation.merchant_account_id,
-            api_key=self.box.decrypt(installation.api_key_encrypted),
+            api_key=api_key if api_key is not None else self.box.decrypt(installation.api_key_encrypted),
             timeout=self.config.timeout,
             max_retries=self.config.max_retries,
             **self._client_options(),

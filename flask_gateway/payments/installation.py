@@ -15,7 +15,14 @@ from flask_gateway.errors import SecretUnreadable
 from flask_gateway.models import Installation
 from flask_gateway.state import get_state, leaves_no_transaction
 
-__all__ = ["InstallSettings", "adopt_signing_key", "install", "store_signing_key", "update_settings"]
+__all__ = [
+    "InstallSettings",
+    "adopt_signing_key",
+    "install",
+    "set_api_key",
+    "store_signing_key",
+    "update_settings",
+]
 
 
 @dataclass(frozen=True)
@@ -155,5 +162,31 @@ def update_settings(
     installation.updated_at = utcnow()
     store_signing_key(installation, answer.data.signingKey.get_secret_value(), installation.updated_at)
     installation.settings_checked_at, installation.settings_drift = installation.updated_at, []
+    state.session.commit()
+    return installation
+
+
+@leaves_no_transaction
+def set_api_key(account: str | None, api_key: str) -> Installation:
+    """Store a new API key for an installed account (the account manager issued one), once the gateway
+    accepts it; the stored key is kept when it does not.
+
+    The proof is one authenticated, read-only call made with the new key: the v1 configuration (HTTP Basic
+    ``merchantAccountId:apiKey``, the key's only use besides installation). A refused key raises
+    ``AuthenticationError``, an unreachable gateway a ``GatewayError``: nothing is stored either way. Only
+    the account's row is written (its ``api_key_encrypted`` and ``updated_at``).
+    """
+    key = api_key.strip()
+    if not key:
+        raise ValueError("the API key is empty")
+    state = get_state()
+    installation = state.require_installation(account)
+    account = installation.merchant_account_id
+    client = state.v1_client(installation, api_key=key)
+    state.session.commit()  # no transaction while the gateway answers
+    client.configuration()
+    installation = state.require_installation(account)
+    installation.api_key_encrypted = state.box.encrypt(key)
+    installation.updated_at = utcnow()
     state.session.commit()
     return installation

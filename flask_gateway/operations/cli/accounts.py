@@ -1,10 +1,11 @@
-"""``flask gateway accounts [--json]``, ``accounts retire ID``, ``accounts reopen ID`` and ``install``: the
-merchant accounts installed in this shop, closing one for new checkouts, and installing one from a terminal.
+"""``flask gateway accounts [--json]``, ``accounts retire ID``, ``accounts reopen ID``, ``install`` and
+``set-api-key``: the merchant accounts installed in this shop, closing one for new checkouts, installing one
+from a terminal, and storing the new API key the account manager issued for one.
 
-The API key ``install`` sends is read from the environment variable ``GATEWAY_INSTALL_API_KEY`` or from a
-prompt with hidden input, never from an option (it would stay in the shell's history and show in ``ps``);
-it is never echoed or logged, nor is the signing key the gateway answers (stored encrypted, as the
-install screen stores it).
+The API key ``install`` and ``set-api-key`` send is read from the environment variable
+``GATEWAY_INSTALL_API_KEY`` or from a prompt with hidden input, never from an option (it would stay in the
+shell's history and show in ``ps``); it is never echoed or logged, nor is the signing key the gateway
+answers (stored encrypted, as the install screen stores it).
 """
 
 from __future__ import annotations
@@ -30,9 +31,10 @@ from flask_gateway.core.errors import (
 from flask_gateway.errors import SecretUnreadable, UnknownAccountError
 from flask_gateway.models import Installation
 from flask_gateway.operations.checks import install_warnings
-from flask_gateway.operations.cli.group import checked, gateway_cli, when
+from flask_gateway.operations.cli.group import checked, gateway_cli, installed_account, when
 from flask_gateway.payments.accounts import open_checkouts, reopen_account, retire_account
-from flask_gateway.payments.installation import InstallSettings, install
+from flask_gateway.payments.installation import InstallSettings, install, set_api_key
+from flask_gateway.secrets import mask
 from flask_gateway.state import get_state
 from flask_gateway.urls import callback_url as shop_callback_url
 from flask_gateway.urls import external_url
@@ -301,4 +303,41 @@ def install_command(
     click.echo(
         f"Installed merchant account {account} ({state.config.environment}): the signing key is stored "
         f"encrypted. Callbacks go to {url}. The default account is {default}."
+    )
+
+
+@gateway_cli.command("set-api-key")
+@click.option(
+    "--account",
+    "account",
+    metavar="ID",
+    required=True,
+    help="The installed merchant account whose key changes.",
+)
+@checked("set-api-key")
+def set_api_key_command(account: str) -> None:
+    """Store the new API key the account manager issued for the installed account ID, once the gateway
+    accepts it (one authenticated, read-only call with it); the stored key is kept when it does not. The
+    key is read from GATEWAY_INSTALL_API_KEY, or asked for (hidden), never from an option."""
+    state = get_state()
+    account = installed_account(account.strip()) or ""
+    api_key = _api_key(account)
+    state.session.commit()  # no transaction (SQLite: no write lock) while the gateway answers
+    try:
+        set_api_key(account, api_key)
+    except AuthenticationError as error:
+        raise click.ClickException(
+            f"the gateway refused the new API key of {account} ({_problem(error)}): the stored key is "
+            "unchanged. Check the key against what the account manager issued for the "
+            f"{state.config.environment} environment."
+        ) from None
+    except (GatewayError, SecretUnreadable) as error:
+        raise click.ClickException(
+            f"the new API key of {account} could not be proved ({_problem(error)}): the stored key is "
+            "unchanged. Try again once the gateway answers."
+        ) from None
+    _log.info("new API key stored for merchant account %s (command line)", account)
+    click.echo(
+        f"Stored the new API key of {account} ({mask(api_key)}), encrypted: the gateway accepted it. The "
+        "old one is no longer used here."
     )

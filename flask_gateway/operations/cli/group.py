@@ -137,6 +137,7 @@ COMMAND_CHECKS: Final[dict[str, Checks]] = {
     "status": Checks(),
     "refund": Checks(),
     "check-settings": Checks(),
+    "set-api-key": Checks(),
     "prune-callbacks": Checks(),
 }
 
