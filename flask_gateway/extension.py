@@ -25,7 +25,7 @@ from flask_gateway.models import GatewayBase
 from flask_gateway.operations.cli import gateway_cli
 from flask_gateway.operations.outages import watch_recovery
 from flask_gateway.operations.ratelimit import RateLimit, make_storage
-from flask_gateway.secrets import SecretBox
+from flask_gateway.secrets import SecretBox, secret_key_fallbacks
 from flask_gateway.state import EXTENSION_KEY, MISCONFIGURED_KEY, AccountChoice, AdminGuard, GatewayState
 from flask_gateway.web import admin, public
 from flask_gateway.web.admin import outbox as admin_outbox
@@ -96,7 +96,10 @@ class Gateway:
             )
         try:
             config = GatewayConfig.from_mapping(app.config)
-            box = SecretBox(config.encryption_key, app.config.get("SECRET_KEY"))
+            # SECRET_KEY_FALLBACKS (Flask 3.1's older keys) decrypt the secrets encrypted under them.
+            box = SecretBox(
+                config.encryption_key, app.config.get("SECRET_KEY"), secret_key_fallbacks(app.config)
+            )
             storage = make_storage(config.ratelimit_storage_uri)
         except ConfigurationError as error:
             if not _doctor_asked():

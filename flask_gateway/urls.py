@@ -2,7 +2,9 @@
 
 Return and outcome URLs carry an itsdangerous signature of the checkout's id (keyed with the app's
 ``SECRET_KEY``), so a forged or edited URL is refused. The v1 outcome URL is only ever given to the
-gateway, which alone can therefore complete it.
+gateway, which alone can therefore complete it. A URL signed with an older key of ``SECRET_KEY_FALLBACKS``
+is accepted for as long as that key is listed there (Flask 3.1's rotation, as for its sessions); new ones
+are always signed with ``SECRET_KEY``.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from urllib.parse import urlsplit
 from flask import current_app, url_for
 from itsdangerous import BadSignature, URLSafeSerializer
 
+from flask_gateway.secrets import signing_keys
 from flask_gateway.state import get_state
 
 __all__ = [
@@ -29,7 +32,9 @@ _SALT: Final = "flask-gateway.reference"
 
 
 def _serializer() -> URLSafeSerializer:
-    return URLSafeSerializer(current_app.config["SECRET_KEY"], salt=_SALT)
+    # itsdangerous signs with the last key and verifies with every one: the older keys, then SECRET_KEY.
+    keys: Any = signing_keys(current_app.config) or current_app.config["SECRET_KEY"]
+    return URLSafeSerializer(keys, salt=_SALT)
 
 
 def external_url(endpoint: str, **values: Any) -> str:

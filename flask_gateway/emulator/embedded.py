@@ -39,6 +39,7 @@ import requests
 from flask import Flask
 from werkzeug.middleware.dispatcher import DispatcherMiddleware
 
+from flask_gateway.core.secret_keys import SecretKeyFallbacksError, fallback_keys
 from flask_gateway.core.wsgi import WSGIAdapter
 from flask_gateway.emulator.app import create_app
 from flask_gateway.emulator.merchant import set_merchant_http
@@ -101,10 +102,7 @@ def mount(
         # reach the in-process caller (WSGIAdapter), as it does with the test client.
         "PROPAGATE_EXCEPTIONS": True,
     }
-    secret = host.config.get("SECRET_KEY")
-    if secret:
-        # Its own session secret, derived: the host's key is never the emulator's.
-        config["SECRET_KEY"] = _derived_secret(secret)
+    config.update(_secret_config(host))
     database_url = settings.database_url or _host_database(host)
     if database_url:
         config["SQLALCHEMY_DATABASE_URI"] = database_url
@@ -167,6 +165,29 @@ def _host_database(host: Flask) -> str | None:
         return "sqlite://"
     rendered: str = url.render_as_string(hide_password=False)
     return rendered
+
+
+def _secret_config(host: Flask) -> dict[str, Any]:
+    """The emulator's ``SECRET_KEY``, derived from the host's (the host's key is never the emulator's),
+    and its ``SECRET_KEY_FALLBACKS``, derived from the host's fallbacks likewise: across a rotation of the
+    host's key, the emulator's sessions (a payment page open, the dashboard's sign-in) and its forms' CSRF
+    tokens signed with the old key stay valid while the host keeps that key among its fallbacks."""
+    secret = host.config.get("SECRET_KEY")
+    if not secret:
+        return {}
+    try:
+        fallbacks = fallback_keys(host.config.get("SECRET_KEY_FALLBACKS"))
+    except SecretKeyFallbacksError as error:
+        raise EmbeddingRefused(str(error)) from None
+    config: dict[str, Any] = {"SECRET_KEY": _derived_secret(secret)}
+    if fallbacks:
+        older = [_derived_secret(key) for key in fallbacks]
+        # Flask's sessions read SECRET_KEY_FALLBACKS themselves. Flask-WTF signs and checks its CSRF tokens
+        # with WTF_CSRF_SECRET_KEY, given to itsdangerous as it is: a list of keys, the current one last
+        # (it signs), every one verifies.
+        config["SECRET_KEY_FALLBACKS"] = older
+        config["WTF_CSRF_SECRET_KEY"] = [*older, config["SECRET_KEY"]]
+    return config
 
 
 def _derived_secret(secret: str | bytes) -> str:

@@ -1,5 +1,7 @@
 """``flask gateway doctor``'s probe of the callback URL: the mark (:data:`PROBE_HEADER`, an HMAC with a key
-derived from ``SECRET_KEY``) that tells the probe from a refused callback.
+derived from ``SECRET_KEY``) that tells the probe from a refused callback. The mark is made with
+``SECRET_KEY`` and checked with it and each older key of ``SECRET_KEY_FALLBACKS`` (a doctor run by a
+process that has not been given the new key yet, during a rotation).
 
 Imports nothing from the rest of ``flask_gateway.inbound``.
 """
@@ -15,6 +17,8 @@ from typing import Final
 from flask import current_app
 from werkzeug.datastructures import Headers
 
+from flask_gateway.secrets import signing_keys
+
 __all__ = ["PROBE_HEADER", "PROBE_WINDOW_SECONDS", "doctor_probe_mark"]
 
 
@@ -26,13 +30,20 @@ _PROBE_KEY_LABEL: Final = b"flask-gateway/doctor-probe/v1"
 _PROBE_MARK: Final = re.compile(r"t=(\d{1,12}),v1=([0-9a-f]{64})")
 
 
+def _derived_key(secret: object) -> bytes:
+    raw = secret if isinstance(secret, bytes) else str(secret).encode("utf-8")
+    return hmac.new(raw, _PROBE_KEY_LABEL, hashlib.sha256).digest()
+
+
 def _probe_key() -> bytes | None:
     """A key of its own for the probe's mark, derived from the app's ``SECRET_KEY`` (None without one)."""
     secret = current_app.config.get("SECRET_KEY")
-    if not secret:
-        return None
-    raw = secret if isinstance(secret, bytes) else str(secret).encode("utf-8")
-    return hmac.new(raw, _PROBE_KEY_LABEL, hashlib.sha256).digest()
+    return _derived_key(secret) if secret else None
+
+
+def _probe_keys() -> list[bytes]:
+    """The keys a mark is checked with: ``SECRET_KEY``'s, then each of ``SECRET_KEY_FALLBACKS``'."""
+    return [_derived_key(secret) for secret in reversed(signing_keys(current_app.config))]
 
 
 def _probe_signature(key: bytes, stamp: int, body: bytes) -> str:
@@ -57,10 +68,10 @@ def _is_doctor_probe(headers: Headers, body: bytes | None) -> bool:
     if not mark or body is None:
         return False
     found = _PROBE_MARK.fullmatch(mark.strip())
-    key = _probe_key()
-    if found is None or key is None:
+    if found is None:
         return False
     stamp = int(found.group(1))
     if abs(time.time() - stamp) > PROBE_WINDOW_SECONDS:
         return False
-    return hmac.compare_digest(found.group(2), _probe_signature(key, stamp, body))
+    given = found.group(2)
+    return any(hmac.compare_digest(given, _probe_signature(key, stamp, body)) for key in _probe_keys())
