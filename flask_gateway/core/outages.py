@@ -27,6 +27,8 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError, DisconnectionError, InterfaceError, OperationalError, ProgrammingError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
+from flask_gateway.core.spells import Spells
+
 __all__ = [
     "DATABASE_ERRORS",
     "RETRY_AFTER_SECONDS",
@@ -140,27 +142,23 @@ class OutageWatch:
         self._clock = clock
         self._probe_interval = probe_interval
         self._lock = threading.Lock()
-        self._since: float | None = None
-        self._refused = 0
+        self._spells: Spells[None] = Spells(lambda: self._clock())
         self._last_probe = float("-inf")
 
     @property
     def down(self) -> bool:
         """True from the first failure until the next success."""
-        return self._since is not None
+        return self._spells.failing(None)
 
     @property
     def refused(self) -> int:
         """Failures counted during the current outage (0 when up)."""
-        return self._refused
+        return self._spells.failures(None)
 
     def failed(self, error: BaseException) -> bool:
         """Count a failure; the first of an outage logs one WARNING. True when this one started it."""
-        with self._lock:
-            self._refused += 1
-            if self._since is not None:
-                return False
-            self._since = self._clock()
+        if not self._spells.failed(None):
+            return False
         self._log.warning(
             "%s: %s (%s): answering 503 with Retry-After until %s",
             self.name,
@@ -173,19 +171,15 @@ class OutageWatch:
     def succeeded(self) -> bool:
         """The database answered; the first success after an outage logs one WARNING. True when this one
         ended an outage."""
-        if self._since is None:  # the common case: no lock taken
+        spell = self._spells.succeeded(None)
+        if spell is None:
             return False
-        with self._lock:
-            if self._since is None:
-                return False
-            seconds, refused = self._clock() - self._since, self._refused
-            self._since, self._refused = None, 0
         self._log.warning(
             "%s: %s after %.1f s (%d request(s) answered 503 meanwhile)",
             self.name,
             self._back,
-            seconds,
-            refused,
+            spell.seconds,
+            spell.failures,
         )
         return True
 
@@ -198,7 +192,7 @@ class OutageWatch:
         """While down, call ``connect`` (a round trip, e.g. ``lambda: ping(engine)``) at most once per
         ``probe_interval``; a success ends the spell. A database error ``still_down`` accepts keeps it (any
         other is raised). True when the database is (now) up."""
-        if self._since is None:
+        if not self.down:
             return True
         now = self._clock()
         with self._lock:

@@ -49,6 +49,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from flask_gateway.core.outages import describe_database_error, is_database_outage
+from flask_gateway.core.spells import Spells
 from flask_gateway.core.sql import sqlite_read_transactions
 from flask_gateway.errors import ConfigurationError
 from flask_gateway.models import RateLimitCounter
@@ -213,28 +214,22 @@ class StorageWatch:
     def __init__(self, label: str, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.label = label
         self._clock = clock
-        self._lock = threading.Lock()
-        self._since: float | None = None
-        self._let_through = 0
+        self._spells: Spells[None] = Spells(lambda: self._clock())
 
     @property
     def failing(self) -> bool:
         """True from the first failure until the next success."""
-        return self._since is not None
+        return self._spells.failing(None)
 
     @property
     def let_through(self) -> int:
         """Requests let through unlimited during the current failing spell (0 when working)."""
-        return self._let_through
+        return self._spells.failures(None)
 
     def failed(self, name: str, what: str, error: Exception, *, let_through: bool) -> None:
         """A call of limit ``name`` failed (``what``: "not applied", "not counted"); the first failure of a
         spell logs one WARNING, the others a DEBUG line each."""
-        with self._lock:
-            self._let_through += int(let_through)
-            first = self._since is None
-            if first:
-                self._since = self._clock()
+        first = self._spells.failed(None, count=int(let_through))
         reason = _describe(error)
         if not first:
             _log.debug("rate limit %s: the storage still fails; %s (%s)", name, what, reason)
@@ -249,19 +244,15 @@ class StorageWatch:
 
     def succeeded(self) -> None:
         """The storage answered; the first success after a failing spell logs one WARNING."""
-        if self._since is None:  # the common case: no lock taken
+        spell = self._spells.succeeded(None)
+        if spell is None:
             return
-        with self._lock:
-            if self._since is None:
-                return
-            seconds, let_through = self._clock() - self._since, self._let_through
-            self._since, self._let_through = None, 0
         _log.warning(
             "rate limits: the storage (%s) works again after %.1f s; %d request(s) were let through "
             "without their limit meanwhile",
             self.label,
-            seconds,
-            let_through,
+            spell.seconds,
+            spell.failures,
         )
 
 

@@ -41,7 +41,6 @@ import importlib
 import logging
 import os
 import socket
-import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -54,6 +53,7 @@ from sqlalchemy import Connection, insert, literal, or_, select, true, update
 from sqlalchemy.exc import IntegrityError
 
 from flask_gateway.core.outages import describe_database_error, is_database_outage
+from flask_gateway.core.spells import Spells
 from flask_gateway.core.sql import commit_keeping_loaded, sqlite_in_memory, sqlite_read_transactions
 from flask_gateway.core.timestamps import utcnow
 from flask_gateway.models import Installation, JobRun
@@ -112,14 +112,10 @@ class _Failing:
     failing spell)."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._jobs: set[tuple[str, str]] = set()
+        self._spells: Spells[tuple[str, str]] = Spells()
 
     def failed(self, where: str, job: str, error: BaseException, *, quiet: bool) -> None:
-        with self._lock:
-            first = (where, job) not in self._jobs
-            self._jobs.add((where, job))
-        if first and not quiet:
+        if self._spells.failed((where, job)) and not quiet:
             _log.warning(
                 "the heartbeat of %s could not be recorded (%s): the job went on; doctor, the status page "
                 "and the metrics will call it overdue. If the table gateway_job_runs is missing, run the "
@@ -131,12 +127,7 @@ class _Failing:
             _log.debug("the heartbeat of %s could not be recorded: %s", job, describe_database_error(error))
 
     def succeeded(self, where: str, job: str) -> None:
-        if (where, job) not in self._jobs:  # the usual case: no lock taken
-            return
-        with self._lock:
-            was = (where, job) in self._jobs
-            self._jobs.discard((where, job))
-        if was:
+        if self._spells.succeeded((where, job)) is not None:
             _log.warning("the heartbeat of %s is recorded again", job)
 
 

@@ -58,6 +58,7 @@ from sqlalchemy.orm.attributes import set_committed_value
 
 from flask_gateway import signals
 from flask_gateway.core.outages import describe_database_error, is_database_outage
+from flask_gateway.core.spells import Spells
 from flask_gateway.core.sql import commit_keeping_loaded, sqlite_in_memory
 from flask_gateway.core.timestamps import utcnow
 from flask_gateway.models import GatewayCheckout, OutboxEvent, OutboxState, RefundRecord
@@ -505,7 +506,7 @@ class _Heartbeat:
         self._wake = threading.Condition()
         self._holds: set[_Hold] = set()
         self._thread: threading.Thread | None = None
-        self._failing = False
+        self._failing: Spells[None] = Spells()
 
     def hold(self, engine: Engine, ids: Sequence[int]) -> _Hold:
         lease = CLAIM_LEASE
@@ -565,17 +566,15 @@ class _Heartbeat:
                         .values(claimed_until=until)
                     )
             except Exception as error:  # the thread must live on: the next period tries again
-                if not self._failing:
+                if self._failing.failed(None):
                     _log.warning(
                         "the lease of outbox event(s) %s could not be renewed (%s): if it runs out, another "
                         "delivery may deliver them again",
                         ", ".join(map(str, ids)),
                         describe_database_error(error),
                     )
-                self._failing = True
                 continue
-            if self._failing:
-                self._failing = False
+            if self._failing.succeeded(None) is not None:
                 _log.warning("the leases of the outbox's deliveries are renewed again")
 
 
