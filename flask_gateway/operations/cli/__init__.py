@@ -21,6 +21,10 @@
 - ``flask gateway prune-callbacks [--older-than-days N] [--refused]``: delete callback log rows older than
   N days, or every refused (never verified) row now (the checkouts' own history,
   ``gateway_checkout_events``, is kept).
+- ``flask gateway rotate-secrets``: re-encrypt the stored secrets still encrypted with an older key
+  (``SECRET_KEY_FALLBACKS``, ``GATEWAY_ENCRYPTION_KEY``'s later keys) under the current one, in one
+  transaction (see :mod:`~flask_gateway.operations.cli.rotation`); exits 1, changing nothing, when some
+  secret cannot be decrypted with any key.
 
 Every command first prints one line to stderr saying what it uses: ``Using database ..., gateway ... at
 ..., account ...`` (the database URL with its password masked, or a SQLite file's absolute path; the
@@ -49,6 +53,7 @@ from flask_gateway.operations.cli import (  # noqa: F401
     listing,
     outbox,
     refunds,
+    rotation,
     setup,
 )
 from flask_gateway.operations.cli.group import *  # noqa: F403

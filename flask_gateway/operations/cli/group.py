@@ -118,7 +118,8 @@ class Checks:
 #: Each command's checks (docs/extension.md's "Command line" shows the same table; a test compares them).
 #: ``init-db`` makes the tables and ``doctor`` reports them (and the installation) itself; ``callbacks``,
 #: ``checkouts``, ``outbox`` and ``accounts`` list local rows, for which "not installed" is a normal answer
-#: (a failed install's refused callbacks); ``install`` installs; every command that calls the gateway,
+#: (a failed install's refused callbacks); ``rotate-secrets`` re-encrypts every environment's stored
+#: secrets, none being an answer; ``install`` installs; every command that calls the gateway,
 #: delivers, or is scheduled needs both. A sub-command is named with its group: ``accounts retire``.
 COMMAND_CHECKS: Final[dict[str, Checks]] = {
     "init-db": Checks(tables=False, installed=False),
@@ -139,6 +140,7 @@ COMMAND_CHECKS: Final[dict[str, Checks]] = {
     "check-settings": Checks(),
     "set-api-key": Checks(),
     "prune-callbacks": Checks(),
+    "rotate-secrets": Checks(tables=True, installed=False),
 }
 
 _F = TypeVar("_F", bound=Callable[..., Any])

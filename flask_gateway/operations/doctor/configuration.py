@@ -19,13 +19,14 @@ from flask_gateway.operations.doctor.wording import (
     _DOCS_CSRF,
     _DOCS_FIREWALL,
     _DOCS_MISSED,
+    _DOCS_ROTATION,
     _DOCS_SECRET,
-    _DOCS_UNREADABLE,
     USER_AGENT,
     _admin,
     _environment_label,
     _live,
 )
+from flask_gateway.secrets import secret_key_fallbacks
 from flask_gateway.state import GatewayState, get_state
 
 #: ``SECRET_KEY`` values copied from examples and tutorials (compared lower-cased, without the edges).
@@ -119,6 +120,18 @@ def check_configuration(_options: Options) -> list[Finding]:
         findings.append(Finding(name, "ok", f"GATEWAY_PUBLIC_URL={public!r}"))
 
     findings.append(_secret_key_finding(state, app_config.get("SECRET_KEY")))
+    fallbacks = secret_key_fallbacks(app_config)  # init_app checked it: a list of keys
+    if fallbacks:
+        stored = "" if config.encryption_key else ", and decrypt the stored secrets encrypted under them"
+        findings.append(
+            Finding(
+                name,
+                "ok",
+                f"SECRET_KEY_FALLBACKS holds {len(fallbacks)} older key{'s' if len(fallbacks) != 1 else ''}: "
+                f"the return links and v1 outcome URLs signed with them are still accepted{stored} (a "
+                f"rotation: {_DOCS_ROTATION})",
+            )
+        )
 
     keys = [k for k in (config.encryption_key or "").split(",") if k.strip()]
     if keys:
@@ -170,9 +183,9 @@ def _secret_key_finding(state: GatewayState, secret: object) -> Finding:
         else ", and the stored API key and signing key are encrypted with a key derived from it"
     )
     fix = (
-        f"set SECRET_KEY to a long random value ({generate}), kept out of the repository; changing it makes "
-        "stored secrets unreadable unless GATEWAY_ENCRYPTION_KEY is set, so read "
-        f"{_DOCS_UNREADABLE} first ({_DOCS_SECRET})"
+        f"set SECRET_KEY to a long random value ({generate}), kept out of the repository, with the old "
+        "value in SECRET_KEY_FALLBACKS until flask gateway rotate-secrets has run and the links signed "
+        f"with it have expired ({_DOCS_ROTATION}; {_DOCS_SECRET})"
     )
     if _live(state):
         return Finding(

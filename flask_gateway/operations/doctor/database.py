@@ -15,17 +15,19 @@ from flask_gateway.errors import (
     SecretUnreadable,
 )
 from flask_gateway.models import GatewayBase, Installation
-from flask_gateway.operations.doctor.report import Finding, Options
+from flask_gateway.operations.doctor.report import Finding, Level, Options
 from flask_gateway.operations.doctor.wording import (
     _DOCS_PROBES,
+    _DOCS_ROTATION,
     _DOCS_UNREADABLE,
     _admin,
     _environment_label,
     _first_line,
 )
 from flask_gateway.operations.readiness import missing_schema, readiness
+from flask_gateway.operations.rotation import COMMAND as ROTATION_COMMAND
+from flask_gateway.operations.rotation import survey_stored_secrets
 from flask_gateway.payments.accounts import open_checkouts
-from flask_gateway.secrets import SecretBox
 from flask_gateway.state import GatewayState, get_state
 from flask_gateway.urls import external_url
 
@@ -111,7 +113,8 @@ def check_installation(_options: Options) -> list[Finding]:
                 "option is never offered and callbacks are refused.",
                 f"an administrator opens {install_screen} and enters the merchant account id and API key "
                 "(docs/extension.md#installing-the-gateway)",
-            )
+            ),
+            *_older_key_findings(state),
         ]
     several = len(rows) > 1
     default = state.installation()
@@ -132,7 +135,47 @@ def check_installation(_options: Options) -> list[Finding]:
                 f"{install_screen}",
             )
         )
-    return findings
+    return findings + _older_key_findings(state)
+
+
+def _older_key_findings(state: GatewayState) -> list[Finding]:
+    """With older keys configured (``SECRET_KEY_FALLBACKS``, or ``GATEWAY_ENCRYPTION_KEY``'s later keys):
+    how many stored secrets, of every environment's installations, still need one (``warn``: the command
+    that re-encrypts them), or none (``ok``: the key can go, for the stored secrets). Those no key decrypts
+    are the per-account findings' problem; here they are only counted."""
+    box = state.box
+    if not box.older_keys:
+        return []
+    source = box.older_keys_in
+    survey = survey_stored_secrets(state)
+    unreadable = (
+        f" ({len(survey.unreadable)} cannot be decrypted with any key: {ROTATION_COMMAND} refuses until "
+        "they are entered again or their key is back)"
+        if survey.unreadable
+        else ""
+    )
+    count = len(survey.older)
+    if count:
+        noun = "stored secret still needs" if count == 1 else "stored secrets still need"
+        return [
+            Finding(
+                "installation",
+                "warn",
+                f"{count} {noun} an older key: run {ROTATION_COMMAND}, then drop it from "
+                f"{source}{unreadable}.",
+                f"{ROTATION_COMMAND} re-encrypts them under the current key; drop the older key only after "
+                f"it, then restart every process ({_DOCS_ROTATION})",
+            )
+        ]
+    level: Level = "warn" if survey.unreadable else "ok"
+    return [
+        Finding(
+            "installation",
+            level,
+            f"no stored secret needs an older key of {source} any more{unreadable}",
+            f"{_DOCS_ROTATION}" if survey.unreadable else "",
+        )
+    ]
 
 
 def _account_findings(
@@ -160,7 +203,8 @@ def _account_findings(
                 f"{whose}the stored {' and '.join(unreadable)} cannot be decrypted: SECRET_KEY or "
                 "GATEWAY_ENCRYPTION_KEY changed since they were stored. Every call to the gateway fails, "
                 "and so does every callback.",
-                "put the old key back (or list it after the new one in GATEWAY_ENCRYPTION_KEY), or enter "
+                "put the old key back (SECRET_KEY's in SECRET_KEY_FALLBACKS, or list it after the new one in "
+                "GATEWAY_ENCRYPTION_KEY), or enter "
                 f"the API key and signing key again on {install_screen} ('Installed this merchant account "
                 f"before?'): {_DOCS_UNREADABLE}",
             )
@@ -192,29 +236,6 @@ def _account_findings(
                 f"{state.money(installation.maximum_cents)}; the stored API key and signing key decrypt",
             )
         ]
-    keys = [k.strip() for k in (state.config.encryption_key or "").split(",") if k.strip()]
-    if len(keys) > 1:
-        current = SecretBox(keys[0], None)
-        old = []
-        for label, token in (
-            ("API key", installation.api_key_encrypted),
-            ("signing key", installation.signing_key_encrypted),
-        ):
-            try:
-                current.decrypt(token)
-            except SecretUnreadable:
-                old.append(label)
-        if old:
-            findings.append(
-                Finding(
-                    name,
-                    "warn",
-                    f"{whose}the stored {' and '.join(old)} are still encrypted with an older key of "
-                    "GATEWAY_ENCRYPTION_KEY: dropping it would make them unreadable.",
-                    f"enter them again on {install_screen} ('Installed this merchant account before?') "
-                    f"before dropping the old key ({_DOCS_UNREADABLE})",
-                )
-            )
     return findings
 
 

@@ -22,6 +22,7 @@ _DOCS_DRIFT: Final = "docs/troubleshooting.md#the-gateways-settings-differ-from-
 _DOCS_401: Final = "docs/troubleshooting.md#401-from-the-gateway-comparing-with-expectedsignature"
 _DOCS_MISSED: Final = "docs/troubleshooting.md#missed-callbacks"
 _DOCS_PROBES: Final = "docs/operations.md#health-checks-and-database-outages"
+_DOCS_ROTATION: Final = "docs/operations.md#rotating-secret_key-and-gateway_encryption_key"
 
 
 def _first_line(error: BaseException) -> str:
