@@ -44,6 +44,7 @@ __all__ = [
     "create_all_safely",
     "sqlite_in_memory",
     "sqlite_read_transactions",
+    "statement_by_statement",
     "storable_text",
 ]
 
@@ -222,6 +223,15 @@ def begin_writing(session: Session) -> None:
     _DEFERRED_BEGIN.set(False)
     if session.in_transaction() and session.connection().info.get(_BEGAN_DEFERRED):
         session.commit()
+
+
+def statement_by_statement(session: Session) -> None:
+    """Until its next commit or rollback, each statement of ``session`` commits on its own: on PostgreSQL
+    autocommit (no ``BEGIN`` and ``COMMIT`` round trips); the pool resets the connection's mode when the
+    session gives it back. Other databases keep the transaction (SQLite: ``BEGIN IMMEDIATE`` takes the
+    write lock a later INSERT needs). For steps of one statement each with nothing to undo together."""
+    if not session.in_transaction() and session.get_bind().dialect.name == "postgresql":
+        session.connection(execution_options={"isolation_level": "AUTOCOMMIT"})
 
 
 def commit_keeping_loaded(session: Session) -> None:

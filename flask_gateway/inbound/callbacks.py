@@ -87,7 +87,7 @@ from werkzeug.datastructures import Headers
 from flask_gateway.core.auth import ACCOUNT_HEADER, SIGNATURE_HEADER
 from flask_gateway.core.http import describe_validation_error
 from flask_gateway.core.local_time import format_time
-from flask_gateway.core.sql import commit_keeping_loaded
+from flask_gateway.core.sql import commit_keeping_loaded, statement_by_statement
 from flask_gateway.core.timestamps import utcnow
 from flask_gateway.core.wire import CheckoutStatusPayload
 from flask_gateway.errors import (
@@ -106,7 +106,6 @@ from flask_gateway.inbound.intake import (
     _record_error,
     _refuse_unverified,
     _reject,
-    _statement_by_statement,
 )
 from flask_gateway.models import CallbackLog, CallbackOutcome, GatewayCheckout, Installation, VerifyingKey
 from flask_gateway.signing import verify
@@ -129,7 +128,7 @@ def process_callback(
     ``HTTPException``) for every refusal.
     """
     state = get_state()
-    _statement_by_statement(state.session)
+    statement_by_statement(state.session)
     installed = _verifying_key(body, account)
     if installed is None:
         _refuse_unverified(

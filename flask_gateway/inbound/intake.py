@@ -13,13 +13,12 @@ from collections.abc import Iterable
 from typing import Final, NoReturn
 
 from flask import current_app
-from sqlalchemy.orm import Session
 from werkzeug.datastructures import Headers
 
 from flask_gateway import signals
 from flask_gateway.core.auth import ACCOUNT_HEADER
 from flask_gateway.core.outages import is_database_outage
-from flask_gateway.core.sql import commit_keeping_loaded, storable_text
+from flask_gateway.core.sql import commit_keeping_loaded, statement_by_statement, storable_text
 from flask_gateway.core.timestamps import utcnow
 from flask_gateway.errors import (
     CallbackConfirmFailed,
@@ -203,32 +202,18 @@ def refuse_oversize(headers: Headers, content_length: int | None, client: str | 
     )
 
 
-def _statement_by_statement(session: Session) -> None:
-    """Until its next commit or rollback, each statement of ``session`` commits on its own (PostgreSQL:
-    autocommit, so no ``BEGIN`` and ``COMMIT`` round trips).
-
-    For a callback's first steps, up to the log row's commit: they read (the rate limit's counter, the
-    installation with the checkout) and write one row (the log), one statement each, with nothing to undo
-    together; under PostgreSQL's READ COMMITTED each statement saw its own snapshot in the transaction too.
-    The connection's mode is reset when it goes back to the pool, so the transaction that applies the
-    callback (row lock, changes, log outcome) is a transaction as before. Other databases keep the
-    transaction (SQLite: ``BEGIN IMMEDIATE`` takes the write lock the log row's INSERT needs, as before).
-    """
-    if not session.in_transaction() and session.get_bind().dialect.name == "postgresql":
-        session.connection(execution_options={"isolation_level": "AUTOCOMMIT"})
-
-
 def check_rate_limit(client: str | None) -> None:
     """429 (nothing stored) for a client that used up its refused callbacks.
 
-    The callback's first steps begin here (:func:`_statement_by_statement`): with the limit's counters in
+    The callback's first steps begin here (``core.sql.statement_by_statement``: one statement each, up to
+    the log row's commit): with the limit's counters in
     the database (the default storage), its read is one statement on the request's own connection
     (PostgreSQL), not a transaction on another connection of the pool."""
     state = get_state()
     limit = state.callback_limit
     if limit is None or not client:
         return
-    _statement_by_statement(state.session)
+    statement_by_statement(state.session)
     wait = limit.retry_after(client)
     if wait is not None:
         _log.warning("Callback from %s not read: over the limit of refused callbacks", client)

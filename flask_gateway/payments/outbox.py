@@ -59,7 +59,7 @@ from sqlalchemy.orm.attributes import set_committed_value
 from flask_gateway import signals
 from flask_gateway.core.outages import describe_database_error, is_database_outage
 from flask_gateway.core.spells import Spells
-from flask_gateway.core.sql import commit_keeping_loaded, sqlite_in_memory
+from flask_gateway.core.sql import commit_keeping_loaded, sqlite_in_memory, statement_by_statement
 from flask_gateway.core.timestamps import utcnow
 from flask_gateway.models import GatewayCheckout, OutboxEvent, OutboxState, RefundRecord
 from flask_gateway.payments.heartbeats import record_run
@@ -366,14 +366,6 @@ _MARK_DELIVERED: Final = (
 )
 
 
-def _statement_by_statement(session: Session) -> None:
-    """Until its next commit, each statement of ``session`` commits on its own: on PostgreSQL autocommit
-    (no ``BEGIN`` and ``COMMIT`` round trips: the mark of a delivery is one statement, one round trip).
-    The pool resets the connection's mode when the session gives it back. Other databases: unchanged."""
-    if not session.in_transaction() and get_state().engine.dialect.name == "postgresql":
-        session.connection(execution_options={"isolation_level": "AUTOCOMMIT"})
-
-
 def _mark_delivered(session: Session, event_ids: list[int], now: datetime) -> None:
     """``_MARK_DELIVERED``; the events this session holds get the values written (kept loaded, not
     dirty: read afterwards without a query)."""
@@ -409,7 +401,7 @@ def _settle(
     delivered = [event_id for event_id, _checkout, error in outcomes if error is None]
     try:
         if delivered and len(delivered) == len(outcomes):
-            _statement_by_statement(session)
+            statement_by_statement(session)
         if delivered:
             _mark_delivered(session, delivered, now)
             report.delivered += len(delivered)
