@@ -76,7 +76,8 @@ def _confirm(
     then unconfirmed and nothing is applied. Any other failure refuses the callback with 503.
     """
     state = get_state()
-    # Signed with the key that verified the callback: the installation read once, for both.
+    # Signed with the account's current key (read once with the checkout; a callback the previous key
+    # verified is confirmed with the current one, the only one the gateway takes now).
     client_api = state.signed_client(account, signing_key)
     # No transaction (SQLite: no write lock) while the gateway answers. The callback's own transaction
     # committed already: nothing is open here as a rule, and nothing is expired either (the log row stays
