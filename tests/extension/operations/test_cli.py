@@ -266,6 +266,7 @@ def _args(command: str) -> list[str]:
         "install": ["install", "--account", "a", "--minimum-cents", "100", "--maximum-cents", "1000"],
         "accounts retire": ["accounts", "retire", "a"],
         "accounts reopen": ["accounts", "reopen", "a"],
+        "set-api-key": ["set-api-key", "--account", "a"],
     }.get(command, command.split())
 
 
