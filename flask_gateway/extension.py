@@ -39,7 +39,8 @@ __all__ = ["Gateway"]
 # blueprint runs its parent's hooks). Nested once per process, before any app registers the admin.
 admin.bp.register_blueprint(admin_outbox.bp, url_prefix="/outbox")
 
-GuardT = TypeVar("GuardT", bound=Callable[[], Any])
+GuardT = TypeVar("GuardT", bound=Callable[..., Any])
+AccountsT = TypeVar("AccountsT", bound=Callable[[], Any])
 ResolverT = TypeVar("ResolverT", bound=Callable[[Any], "str | None"])
 
 
@@ -62,10 +63,23 @@ class Gateway:
         """Register the callback that decides who may use the admin screens.
 
         It runs before every admin request: return ``True`` to allow, anything falsy to refuse (403), or a
-        response (e.g. a redirect to your login page). Without a guard the admin screens answer 403.
+        response (e.g. a redirect to your login page). Without a guard the admin screens answer 403. A guard
+        with a parameter named ``account`` is given the merchant account the request acts on, or None for
+        a view of every account (the status page, the lists without ``?account=``).
         """
         self._guard.check = guard
         return guard
+
+    def admin_accounts(self, accounts: AccountsT) -> AccountsT:
+        """Register the callback that says which merchant accounts the person signed in may see.
+
+        Called once per admin request, after the admin guard admitted it: return a set of merchant account
+        ids, or None for every account. A request for another account is a 404 (as for one that does not
+        exist); the views of every account (the status page, the lists, the outbox, the banner) show only
+        these accounts.
+        """
+        self._guard.accounts = accounts
+        return accounts
 
     def account_resolver(self, resolver: ResolverT) -> ResolverT:
         """Register the callback that chooses a new checkout's merchant account (several accounts).

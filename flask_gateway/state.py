@@ -103,11 +103,17 @@ class AdminGuard:
     """Who may use the admin screens: the callback the app registers with ``Gateway.admin_guard``.
 
     It runs before every admin request: ``True`` allows, anything falsy refuses (403), a response (e.g. a
-    redirect to the app's login page) is answered instead. Without a callback the screens answer 403.
+    redirect to the app's login page) is answered instead; a callback that takes ``account`` is given the
+    merchant account the request acts on (None: a view of every account). Without a callback the screens
+    answer 403.
     One guard is shared by the ``Gateway`` object and the state of every app it is registered on.
     """
 
-    check: Callable[[], Any] | None = None
+    check: Callable[..., Any] | None = None
+    #: The accounts the person signed in may see (``Gateway.admin_accounts``): a set of merchant account
+    #: ids, or None for every account; called after ``check`` admitted the request. Without it, the
+    #: accounts ``check`` admits when asked about each (``flask_gateway.web.admin.access``).
+    accounts: Callable[[], Any] | None = None
 
 
 @dataclass

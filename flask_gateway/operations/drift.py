@@ -463,7 +463,9 @@ def scheduled_check(*, force: bool = False) -> ScheduledCheck:
 
 
 @leaves_no_transaction
-def open_incidents(account: str | None = None, *, accounts: Collection[str] | None = None) -> list[SettingsIncident]:
+def open_incidents(
+    account: str | None = None, *, accounts: Collection[str] | None = None
+) -> list[SettingsIncident]:
     """The incidents of this environment no person has acknowledged yet (of ``account``, or of those of
     ``accounts``, or of every account), oldest first: what the admin pages' banner shows. Loaded, detached
     from no transaction."""

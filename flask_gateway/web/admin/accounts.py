@@ -2,6 +2,7 @@
 account's own callback address, and retiring or reopening an account (with a confirmation first).
 
 A shop with one account sees none of it: the switcher and the account columns appear from two accounts on.
+A person who may see only some accounts (``access.visible_accounts``) is offered only those.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from flask_gateway.operations.checks import SetupWarning
 from flask_gateway.payments.accounts import open_checkouts, reopen_account, retire_account
 from flask_gateway.state import get_state
 from flask_gateway.urls import callback_url, external_url
+from flask_gateway.web.admin.access import account_from_path, visible_accounts, visible_installations
 from flask_gateway.web.admin.blueprint import bp
 from flask_gateway.web.forms import ActionForm
 
@@ -36,10 +38,18 @@ class AccountScope:
     accounts: list[Installation] = field(default_factory=list)
     #: The account the screen shows (``?account=ID``), or None for every account.
     account: str | None = None
+    #: The accounts the person may see (None: every account): a list of every account shows only these.
+    visible: frozenset[str] | None = None
 
     @property
     def several(self) -> bool:
         return bool(self.accounts)
+
+    @property
+    def shown(self) -> frozenset[str] | None:
+        """The accounts whose rows the screen lists: its account, else those the person may see (None:
+        every account's rows, those of no account included)."""
+        return frozenset({self.account}) if self.account else self.visible
 
     def template_values(self) -> dict[str, Any]:
         return {"accounts": self.accounts, "account": self.account}
@@ -47,13 +57,14 @@ class AccountScope:
 
 def account_scope() -> AccountScope:
     """The ``account`` query parameter, checked against the installed accounts: one that is not installed
-    is a 404 that lists those that are (never a query with what was typed)."""
+    is a 404 that lists those that are (never a query with what was typed). The accounts offered are those
+    the person may see (an account they may not see was answered 404 before the view)."""
     state = get_state()
-    installations = state.installations()
+    installations = visible_installations()
     asked = request.args.get("account", "")
     if asked and asked not in {row.merchant_account_id for row in installations}:
         abort(404, description=str(state.unknown_account(asked)))
-    return AccountScope(installations if len(installations) > 1 else [], asked or None)
+    return AccountScope(installations if len(installations) > 1 else [], asked or None, visible_accounts())
 
 
 def account_callback_url(account: str, installations: list[Installation]) -> str:
@@ -82,6 +93,7 @@ def _installation_or_404(account: str) -> Installation:
 
 
 @bp.route("/accounts/<path:account>/retire", methods=["GET", "POST"])
+@account_from_path("account")
 def retire(account: str) -> ResponseReturnValue:
     """GET: what retiring means, and the button. POST: retire (closed for new checkouts)."""
     installation = _installation_or_404(account)
@@ -93,11 +105,16 @@ def retire(account: str) -> ResponseReturnValue:
             if not row.retired and row.merchant_account_id != installation.merchant_account_id
         ]
         default = state.installation()
+        visible = visible_accounts()
+        next_default = others[-1] if others else None
         return render_template(
             "gateway/admin/retire.html",
             installation=installation,
             open_checkouts=open_checkouts(installation.merchant_account_id),
-            next_default=others[-1] if others else None,
+            next_default=next_default,
+            # An account the person may not see is not named (only that there is one).
+            next_default_named=next_default is not None
+            and (visible is None or next_default.merchant_account_id in visible),
             is_default=default is not None and default.id == installation.id,
             action_form=ActionForm(),
         )
@@ -121,6 +138,7 @@ def retire(account: str) -> ResponseReturnValue:
 
 
 @bp.post("/accounts/<path:account>/reopen")
+@account_from_path("account")
 def reopen(account: str) -> ResponseReturnValue:
     """Take new checkouts on a retired account again."""
     installation = _installation_or_404(account)

@@ -3,8 +3,9 @@
 The app's admin guard (``@gateway.admin_guard``; without one every screen answers 403), a valid CSRF token on
 every POST (whether or not the app uses ``CSRFProtect``), headers that forbid framing and caching, the
 database-outage page, and the template helpers (labels, ``money``, ``when`` in ``GATEWAY_TIMEZONE``).
-:func:`viewed_account` tells a guard which merchant account a request looks at. Imports nothing of the
-package's screens.
+One merchant account per request (``access``): each view declares the account it acts on, the guard is
+told it (:func:`viewed_account`), and a request for an account the person may not see is a 404. Imports
+nothing of the package's screens.
 """
 
 from __future__ import annotations
@@ -13,10 +14,9 @@ import logging
 from datetime import datetime
 from typing import Any
 
-from flask import Blueprint, abort, current_app, g, has_request_context, request
+from flask import Blueprint, abort, current_app, g, redirect, request, url_for
 from flask.typing import ResponseReturnValue
 from flask_wtf.csrf import CSRFError, validate_csrf
-from sqlalchemy import select
 from werkzeug.wrappers import Response
 from wtforms import ValidationError as FormValidationError
 
@@ -30,8 +30,17 @@ from flask_gateway.labels import (
     source_label,
     status_label,
 )
-from flask_gateway.models import CallbackLog, GatewayCheckout, OutboxEvent
 from flask_gateway.state import get_state
+from flask_gateway.web.admin.access import (
+    AccountSource,
+    acts_on_one_account,
+    ask_guard,
+    declaration,
+    default_installation,
+    nav_account,
+    viewed_account,
+    visible_accounts,
+)
 from flask_gateway.web.forms import format_money
 from flask_gateway.web.pages import answer_outages, deny_framing
 
@@ -51,80 +60,6 @@ _log = logging.getLogger("flask_gateway.admin")
 answer_outages(bp, pages=lambda: True)
 
 
-# --- which merchant account a request looks at -------------------------------------------------------
-
-#: Row ids are 32-bit integers on PostgreSQL: a larger one names no row (and must not reach a query).
-_MAX_ID = 2**31 - 1
-#: ``g`` key of the answer, computed once per request (the guard and the view both ask).
-_VIEWED = "_gateway_viewed_account"
-_UNSET = object()
-
-
-def viewed_account() -> str | None:
-    """The merchant account id the current admin request looks at, for the app's admin guard.
-
-    The account of the checkout, callback or outbox event the URL names (whatever the query string says);
-    else the account of an account's own URL (retire, reopen); else the ``account`` query parameter (the
-    account switcher of the lists and of the settings screen); else, on the settings screen, the account it
-    edits (the default account). None for the views of every account (the status page, the lists without
-    ``?account=``, the install screen), for a row that does not exist or belongs to no checkout, and outside
-    an admin request. A guard that lets a brand manager see only their brand::
-
-        @gateway.admin_guard
-        def brand_manager_or_owner():
-            if current_user.is_owner:
-                return True
-            if request.endpoint == "gateway_admin.static":  # the screens' stylesheet
-                return True
-            return viewed_account() == current_user.brand_account  # None (every account): refused
-
-    The value of ``?account=`` is returned as given (it may name no installed account: that page is a 404).
-    """
-    if not has_request_context() or not (request.blueprint or "").startswith("gateway_admin"):
-        return None
-    known = g.get(_VIEWED, _UNSET)
-    if known is _UNSET:
-        known = _find_viewed_account()
-        setattr(g, _VIEWED, known)
-    return known if isinstance(known, str) else None
-
-
-def _find_viewed_account() -> str | None:
-    args = request.view_args or {}
-    rows = {"checkout_id": GatewayCheckout.id, "log_id": CallbackLog.id, "event_id": OutboxEvent.id}
-    named = next((name for name in rows if name in args), None)
-    if named is not None:
-        key = args[named]
-        if not isinstance(key, int) or not 0 < key <= _MAX_ID:
-            return None
-        query = select(GatewayCheckout.merchant_account_id)
-        if named == "log_id":
-            query = query.join(CallbackLog, CallbackLog.checkout_id == GatewayCheckout.id)
-        elif named == "event_id":
-            query = query.join(OutboxEvent, OutboxEvent.checkout_id == GatewayCheckout.id)
-        found: str | None = get_state().session.scalar(query.where(rows[named] == key))
-        return found
-    if isinstance(args.get("account"), str):
-        return str(args["account"])
-    asked = request.args.get("account", "")
-    if asked:
-        return asked
-    if request.endpoint == "gateway_admin.settings_screen":
-        return _settings_account()
-    return None
-
-
-def _settings_account() -> str | None:
-    """The account the settings screen edits without ``?account=``: the default account (the newest one
-    still open), or with every account retired the newest one; None before any installation."""
-    state = get_state()
-    installation = state.installation()
-    if installation is None:
-        installations = state.installations()
-        installation = installations[-1] if installations else None
-    return None if installation is None else installation.merchant_account_id
-
-
 # --- every request: the guard, CSRF, framing headers -------------------------------------------------
 
 
@@ -141,7 +76,15 @@ def _admit() -> ResponseReturnValue | None:
             description="The gateway's admin screens are closed: this app has not registered an admin "
             "guard (see the Flask-Gateway docs, docs/extension.md).",
         )
-    verdict = guard()
+    source = declaration(request.endpoint)
+    if source is None:  # fail closed: a view that does not say which account it acts on
+        _log.error(
+            "gateway admin refused: the admin view %s does not declare the merchant account it acts on "
+            "(flask_gateway.web.admin.access)",
+            request.endpoint,
+        )
+        abort(403, description="This admin screen does not say which merchant account it acts on.")
+    verdict = ask_guard(guard, viewed_account())
     if isinstance(verdict, Response):
         return verdict  # e.g. a redirect to the app's login page
     if verdict is not True:
@@ -152,7 +95,34 @@ def _admit() -> ResponseReturnValue | None:
             )
         abort(403, description="You are not allowed to use the gateway's admin screens.")
     _check_csrf()
-    return None
+    return _keep_to_visible(source)
+
+
+def _keep_to_visible(source: AccountSource) -> ResponseReturnValue | None:
+    """A request for one account the person may not see is answered as one for an account or row that
+    does not exist (404), never naming it. The settings screen without ``?account=`` (the default account)
+    goes to the newest account the person may see instead."""
+    visible = visible_accounts()
+    if visible is None or not acts_on_one_account(source):
+        return None
+    account = viewed_account()
+    if account is not None and account in visible:
+        return None
+    if source.kind == "row":
+        what = {"checkout_id": "checkout", "log_id": "callback", "event_id": "outbox event"}[source.name]
+        abort(404, description=f"There is no {what} #{(request.view_args or {}).get(source.name)}.")
+    if source.kind == "query" and source.default_account and not request.args.get("account"):
+        mine = default_installation()
+        if mine is not None and request.method == "GET":
+            values: dict[str, Any] = {**(request.view_args or {}), **request.args.to_dict()}
+            values["account"] = mine.merchant_account_id
+            return redirect(url_for(str(request.endpoint), **values))
+    yours = ", ".join(sorted(visible)) or "none"
+    return abort(
+        404,
+        description="That merchant account is not installed here, or is not one you may see "
+        f"(yours: {yours}).",
+    )
 
 
 def _check_csrf() -> None:
@@ -212,4 +182,9 @@ def _helpers() -> dict[str, Any]:
     def money(cents: int | None) -> str:
         return format_money(cents, symbol)
 
-    return {"money": money, "when": _when, "gateway_config": get_state().config}
+    return {
+        "money": money,
+        "when": _when,
+        "gateway_config": get_state().config,
+        "gateway_nav_account": nav_account,
+    }

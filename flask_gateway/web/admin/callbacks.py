@@ -14,6 +14,7 @@ from flask_gateway.labels import callback_outcome_label
 from flask_gateway.models import CallbackLog, CallbackOutcome, GatewayCheckout
 from flask_gateway.operations.health import REFUSED
 from flask_gateway.state import get_state
+from flask_gateway.web.admin.access import account_from_query, account_from_row
 from flask_gateway.web.admin.accounts import account_scope
 from flask_gateway.web.admin.blueprint import bp
 from flask_gateway.web.admin.inputs import MAX_ID, PER_PAGE, _page
@@ -24,6 +25,7 @@ CALLBACK_OUTCOMES: Final = tuple(o.value for o in CallbackOutcome)
 
 
 @bp.get("/callbacks")
+@account_from_query()
 def callbacks() -> ResponseReturnValue:
     """Every callback that reached the shop, newest first, including the refused ones (no checkout)."""
     state = get_state()
@@ -38,10 +40,10 @@ def callbacks() -> ResponseReturnValue:
         query = query.where(CallbackLog.outcome == outcome)
     if refused:
         query = query.where(REFUSED)
-    if scope.account:  # a callback's account is its checkout's (a refused one may name no checkout)
+    if scope.shown is not None:  # a callback's account is its checkout's (a refused one may name none)
         query = query.where(
             CallbackLog.checkout_id.in_(
-                select(GatewayCheckout.id).where(GatewayCheckout.merchant_account_id == scope.account)
+                select(GatewayCheckout.id).where(GatewayCheckout.merchant_account_id.in_(sorted(scope.shown)))
             )
         )
     pagination = state.db.paginate(query, page=page, per_page=PER_PAGE, error_out=False)
@@ -77,6 +79,7 @@ def _checkouts_of(logs: list[CallbackLog]) -> dict[int, tuple[str, str]]:
 
 
 @bp.post("/callbacks/<int:log_id>/replay")
+@account_from_row("log_id")
 def replay_callback_now(log_id: int) -> ResponseReturnValue:
     """Process a stored (verified) callback again, through the callback's own path (confirmed, applied)."""
     back = redirect(url_for(".callbacks"))

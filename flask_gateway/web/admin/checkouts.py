@@ -18,6 +18,7 @@ from flask_gateway.payments.checkouts import cancel_checkout as cancel_checkout_
 from flask_gateway.payments.polling import refresh
 from flask_gateway.payments.refunds import refund
 from flask_gateway.state import get_state
+from flask_gateway.web.admin.access import account_from_query, account_from_row, visible_installations
 from flask_gateway.web.admin.accounts import account_scope
 from flask_gateway.web.admin.blueprint import bp
 from flask_gateway.web.admin.inputs import MAX_ID, PER_PAGE, STATUSES, _cents, _page
@@ -31,6 +32,7 @@ _log = logging.getLogger("flask_gateway.admin")
 
 
 @bp.get("/checkouts")
+@account_from_query()
 def checkouts() -> ResponseReturnValue:
     state = get_state()
     scope = account_scope()
@@ -42,8 +44,8 @@ def checkouts() -> ResponseReturnValue:
     page = _page()
     per_page = min(max(request.args.get("per_page", PER_PAGE, type=int) or PER_PAGE, 1), 100)
     query = select(GatewayCheckout).order_by(GatewayCheckout.id.desc())
-    if scope.account:
-        query = query.where(GatewayCheckout.merchant_account_id == scope.account)
+    if scope.shown is not None:  # its account, or the accounts the person may see
+        query = query.where(GatewayCheckout.merchant_account_id.in_(sorted(scope.shown)))
     if status:
         query = query.where(GatewayCheckout.status == status)
     if flagged:
@@ -83,6 +85,7 @@ def _checkout_or_404(checkout_id: int) -> GatewayCheckout:
 
 
 @bp.get("/checkouts/<int:checkout_id>")
+@account_from_row("checkout_id")
 def checkout_detail(checkout_id: int) -> ResponseReturnValue:
     return _render_detail(_checkout_or_404(checkout_id))
 
@@ -112,7 +115,7 @@ def _render_detail(
         .all()
     )
     remaining = _remaining(checkout)
-    installations = get_state().installations()
+    installations = visible_installations()  # the switcher: the accounts the person may see
     several = len(installations) > 1
     html = render_template(
         "gateway/admin/checkout.html",
@@ -147,6 +150,7 @@ def _back(checkout_id: int) -> ResponseReturnValue:
 
 
 @bp.post("/checkouts/<int:checkout_id>/refresh")
+@account_from_row("checkout_id")
 def refresh_checkout(checkout_id: int) -> ResponseReturnValue:
     checkout = _checkout_or_404(checkout_id)
     try:
@@ -165,6 +169,7 @@ def refresh_checkout(checkout_id: int) -> ResponseReturnValue:
 
 
 @bp.post("/checkouts/<int:checkout_id>/cancel")
+@account_from_row("checkout_id")
 def cancel_checkout(checkout_id: int) -> ResponseReturnValue:
     checkout = _checkout_or_404(checkout_id)
     try:
@@ -179,6 +184,7 @@ def cancel_checkout(checkout_id: int) -> ResponseReturnValue:
 
 
 @bp.post("/checkouts/<int:checkout_id>/refund")
+@account_from_row("checkout_id")
 def refund_checkout(checkout_id: int) -> ResponseReturnValue:
     """Two steps: the amount is shown for confirmation; only the confirmed submit calls the gateway."""
     checkout = _checkout_or_404(checkout_id)

@@ -8,6 +8,10 @@ query runs only when a page that includes the banner is rendered (``gateway_drif
 helper), once per request; a database that cannot answer it (the table missing: the migrations not run)
 shows no banner rather than breaking the page. Acknowledging is a POST with the CSRF token, like every
 admin form; it names the incidents shown, so one found after the page was drawn stays open.
+
+One account per request (``access``): a page about one account shows that account's incidents, a page of
+every account those of the accounts the person may see; acknowledging (``?account=ID``, else every account
+the person may see) acknowledges only those.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from flask_gateway.core.outages import describe_database_error, is_database_outa
 from flask_gateway.models import SettingsIncident
 from flask_gateway.operations.drift import ATTACK, REPAIR_FAILED, acknowledge_incidents, open_incidents
 from flask_gateway.state import get_state
+from flask_gateway.web.admin.access import account_from_query, request_accounts
 from flask_gateway.web.admin.blueprint import bp
 from flask_gateway.web.forms import ActionForm
 
@@ -69,7 +74,8 @@ def _banner() -> Banner:
     if isinstance(known, Banner):
         return known
     try:
-        banner = Banner(open_incidents())
+        accounts = request_accounts()  # the page's account, or those the person may see (None: every one)
+        banner = Banner(open_incidents(accounts=accounts) if accounts is None or accounts else [])
     except SQLAlchemyError as error:
         get_state().session.rollback()
         log = _log.debug if is_database_outage(error) else _log.warning
@@ -92,16 +98,18 @@ def _drift_banner_helpers() -> dict[str, Any]:
 
 
 @bp.post("/settings-incidents/acknowledge")
+@account_from_query()
 def acknowledge_settings_incidents() -> ResponseReturnValue:
-    """A person has read the banner: the incidents it showed (``incident`` fields) are acknowledged, by the
-    name given (else the address the request came from), and the page is shown again."""
+    """A person has read the banner: the incidents it showed (``incident`` fields) of the request's accounts
+    are acknowledged, by the name given (else the address the request came from), and the page is shown
+    again."""
     ids = [int(value) for value in request.form.getlist("incident") if value.isdigit() and len(value) < 10]
     name = " ".join(request.form.get("by", "").split())[:NAME_LENGTH]
     by = name or f"an admin at {request.remote_addr or 'an unknown address'}"
     if not ids:
         flash("Nothing to acknowledge: the banner named no incident.", "error")
     else:
-        count = acknowledge_incidents(by, ids)
+        count = acknowledge_incidents(by, ids, accounts=request_accounts())
         if count:
             flash(
                 f"Acknowledged {count} settings incident(s). A setting left alone as under attack is put "

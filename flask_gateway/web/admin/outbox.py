@@ -6,19 +6,32 @@ check and the framing headers of ``views.admin.blueprint`` run for it too. ``/ga
 - "Paid, not yet fulfilled": ``payment_confirmed`` events not delivered (waiting for a retry, or dead);
 - every event waiting or dead (or delivered, on request) with its attempts and last error;
 - "Deliver again" per event (``outbox.redeliver``) and "Deliver what is due now" (``outbox.deliver_due``).
+
+One account per request (``access``): ``?account=ID`` shows and delivers that account's events only (its
+checkouts'); without it, those of the accounts the person may see (every account's for the owner).
 """
 
 from __future__ import annotations
 
-from typing import Final
+from collections.abc import Collection
+from typing import Any, Final
 
 from flask import Blueprint, flash, redirect, render_template, request, url_for
 from flask.typing import ResponseReturnValue
-from sqlalchemy import func, select
+from sqlalchemy import ColumnElement, func, or_, select
 
+from flask_gateway.core.timestamps import utcnow
 from flask_gateway.models import GatewayCheckout, OutboxEvent, OutboxState
-from flask_gateway.payments.outbox import backlog, deliver_due, redeliver
+from flask_gateway.payments.outbox import DeliveryReport, backlog, deliver_due, redeliver
 from flask_gateway.state import get_state
+from flask_gateway.web.admin.access import (
+    account_from_query,
+    account_from_row,
+    keep_declarations,
+    nav_account,
+    request_accounts,
+)
+from flask_gateway.web.admin.accounts import account_scope
 from flask_gateway.web.forms import ActionForm
 
 __all__ = ["EVENT_LABELS", "bp"]
@@ -45,10 +58,25 @@ _SHOWN: Final = {
 }
 
 
+def _of(accounts: Collection[str] | None) -> tuple[ColumnElement[bool], ...]:
+    """The events of ``accounts``' checkouts (None: every event)."""
+    if accounts is None:
+        return ()
+    return (
+        OutboxEvent.checkout_id.in_(
+            select(GatewayCheckout.id).where(GatewayCheckout.merchant_account_id.in_(sorted(accounts)))
+        ),
+    )
+
+
 @bp.get("/")
+@account_from_query()
 def index() -> ResponseReturnValue:
     state = get_state()
     session = state.session
+    scope = account_scope()  # ?account= checked (404 for one not installed), the switcher's accounts
+    accounts = request_accounts()
+    mine = _of(accounts)
     shown = request.args.get("show", "open")
     if shown not in _SHOWN:
         shown = "open"
@@ -56,31 +84,39 @@ def index() -> ResponseReturnValue:
     counts = dict(
         session.execute(
             select(OutboxEvent.state, func.count())
-            .where(OutboxEvent.state != OutboxState.DELIVERED)
+            .where(OutboxEvent.state != OutboxState.DELIVERED, *mine)
             .group_by(OutboxEvent.state)
         ).all()
     )
     unfulfilled = session.scalar(
         select(func.count())
         .select_from(OutboxEvent)
-        .where(OutboxEvent.kind == "payment_confirmed", OutboxEvent.state != OutboxState.DELIVERED)
+        .where(OutboxEvent.kind == "payment_confirmed", OutboxEvent.state != OutboxState.DELIVERED, *mine)
     )
     retrying = session.scalar(
         select(func.count())
         .select_from(OutboxEvent)
-        .where(OutboxEvent.state == OutboxState.PENDING, OutboxEvent.attempts > 0)
+        .where(OutboxEvent.state == OutboxState.PENDING, OutboxEvent.attempts > 0, *mine)
     )
-    waiting, oldest = backlog()
+    if accounts is None:
+        waiting, oldest = backlog()
+    else:
+        waiting, oldest = session.execute(
+            select(func.count(), func.min(OutboxEvent.created_at)).where(
+                OutboxEvent.state == OutboxState.PENDING, *mine
+            )
+        ).one()
     query = (
         select(OutboxEvent, GatewayCheckout.order_reference)
         .join(GatewayCheckout, GatewayCheckout.id == OutboxEvent.checkout_id)
-        .where(OutboxEvent.state.in_(_SHOWN[shown]))
+        .where(OutboxEvent.state.in_(_SHOWN[shown]), *mine)
         .order_by(OutboxEvent.id.desc())
     )
     total = session.scalar(select(func.count()).select_from(query.subquery())) or 0
     rows = session.execute(query.limit(PER_PAGE).offset((page - 1) * PER_PAGE)).all()
     return render_template(
         "gateway/admin/outbox.html",
+        **scope.template_values(),
         rows=rows,
         total=total,
         page=page,
@@ -89,35 +125,82 @@ def index() -> ResponseReturnValue:
         unfulfilled=unfulfilled or 0,
         retrying=retrying or 0,
         dead=counts.get(OutboxState.DEAD.value, 0),
-        waiting=waiting,
+        waiting=waiting or 0,
         oldest=oldest,
         labels=EVENT_LABELS,
         action_form=ActionForm(),
     )
 
 
+def _back() -> ResponseReturnValue:
+    """The outbox screen again, of the account the request was about (several accounts)."""
+    return redirect(url_for(".index", account=nav_account()))
+
+
 @bp.post("/deliver-due")
+@account_from_query()
 def deliver_due_now() -> ResponseReturnValue:
-    report = deliver_due()
+    accounts = request_accounts()
+    report = deliver_due() if accounts is None else _deliver_due_of(accounts)
     flash(
         f"Delivered what was due: {report}.",
         "error" if report.failed else "success",
     )
-    return redirect(url_for(".index"))
+    return _back()
+
+
+def _deliver_due_of(accounts: Collection[str], limit: int = 100) -> DeliveryReport:
+    """Deliver the due events of ``accounts``' checkouts only (up to ``limit``), one by one, each taken
+    as "deliver again" takes it (an event another process is delivering right now is left to it)."""
+    session = get_state().session
+    now = utcnow()
+    due = list(
+        session.scalars(
+            select(OutboxEvent.id)
+            .where(
+                OutboxEvent.state == OutboxState.PENDING,
+                OutboxEvent.next_attempt_at <= now,
+                or_(OutboxEvent.claimed_until.is_(None), OutboxEvent.claimed_until < now),
+                *_of(accounts),
+            )
+            .order_by(OutboxEvent.next_attempt_at, OutboxEvent.id)
+            .limit(limit)
+        )
+    )
+    session.commit()
+    report = DeliveryReport()
+    for event_id in due:
+        try:
+            one = redeliver(event_id)
+        except LookupError:  # delivered or taken meanwhile
+            continue
+        _add(report, one)
+    return report
+
+
+def _add(report: DeliveryReport, one: Any) -> None:
+    report.delivered += one.delivered
+    report.failed += one.failed
+    report.dead += one.dead
+    report.errors.extend(one.errors)
 
 
 @bp.post("/<int:event_id>/deliver")
+@account_from_row("event_id")
 def deliver_again(event_id: int) -> ResponseReturnValue:
     if event_id > MAX_ID:
         flash(f"There is no outbox event {event_id}.", "error")
-        return redirect(url_for(".index"))
+        return _back()
     try:
         report = redeliver(event_id)
     except LookupError as error:
         flash(f"{str(error).capitalize()}.", "error")
-        return redirect(url_for(".index"))
+        return _back()
     if report.failed:
         flash(f"Event #{event_id} was delivered again, and a receiver failed: {report.errors[0][1]}", "error")
     else:
         flash(f"Event #{event_id} delivered.", "success")
-    return redirect(url_for(".index"))
+    return _back()
+
+
+keep_declarations(bp)

@@ -23,6 +23,12 @@ from flask_gateway.operations.checks import install_warnings, setup_warnings
 from flask_gateway.payments.installation import InstallSettings, adopt_signing_key, install, update_settings
 from flask_gateway.state import get_state
 from flask_gateway.urls import callback_url
+from flask_gateway.web.admin.access import (
+    account_from_form,
+    account_from_query,
+    default_installation,
+    visible_installations,
+)
 from flask_gateway.web.admin.accounts import accepted_warnings, account_callback_url
 from flask_gateway.web.admin.blueprint import bp, viewed_account
 from flask_gateway.web.admin.inputs import _cents
@@ -65,11 +71,14 @@ def _install_form(installations: list[Installation]) -> InstallForm:
 
 
 @bp.route("/install", methods=["GET", "POST"])
+@account_from_form("merchant_account_id")
 def install_screen() -> ResponseReturnValue:
     state = get_state()
-    installation = state.installation()
     installations = state.installations()
     installed = {row.merchant_account_id: row for row in installations}
+    shown = visible_installations()  # the accounts the person may see: listed, and the form's prefill
+    installation = default_installation(shown)
+    installation = None if installation is None or installation.retired else installation
     form = _install_form(installations)
     if request.method == "GET":
         # Another account beside those installed: its id is not known yet, nor so its callback address.
@@ -127,7 +136,11 @@ def install_screen() -> ResponseReturnValue:
                     "characters are ever shown.",
                     "success",
                 )
-                others = [name for name in installed if name != settings.merchant_account_id]
+                others = [
+                    row.merchant_account_id
+                    for row in shown
+                    if row.merchant_account_id != settings.merchant_account_id
+                ]
                 if others:
                     flash(
                         f"Merchant account {settings.merchant_account_id} is installed beside "
@@ -141,7 +154,7 @@ def install_screen() -> ResponseReturnValue:
         "gateway/admin/install.html",
         form=form,
         installation=installation,
-        installations=installations,
+        installations=shown,
         # Another account's own callback address, as the form explains it.
         further_callback=f"{callback_url()}/<merchant account id>" if installations else None,
         warnings=warnings,
@@ -165,10 +178,11 @@ def _refused_credentials(error: AuthenticationError, *, adopting: bool) -> str:
 
 
 @bp.route("/settings", methods=["GET", "POST"])
+@account_from_query(default_account=True)
 def settings_screen() -> ResponseReturnValue:
     """One account's settings: ``?account=ID``, else the default account (the newest one still open)."""
     state = get_state()
-    installations = state.installations()
+    installations = visible_installations()
     account = viewed_account()  # ?account=, else the default account: what the admin guard was told
     installation = next((row for row in installations if row.merchant_account_id == account), None)
     if installation is None:

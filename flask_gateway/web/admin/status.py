@@ -1,6 +1,9 @@
 """The status page (``/``): installation, masked secrets, counts, setup warnings, drift, callback health,
 background work; and "check the settings now". With several merchant accounts (or a retired one), each
-account: open or retired, its settings, what is left on it, and its retire or reopen button."""
+account: open or retired, its settings, what is left on it, and its retire or reopen button.
+
+A page of every account (``?account=`` changes nothing): for a person who may see only some accounts
+(``access.visible_accounts``), those accounts only, as if the shop had no other."""
 
 from __future__ import annotations
 
@@ -15,13 +18,20 @@ from sqlalchemy.exc import SQLAlchemyError
 from flask_gateway.core.outages import describe_database_error, is_database_outage
 from flask_gateway.errors import SecretUnreadable, UnknownAccountError
 from flask_gateway.models import GatewayCheckout, Installation
-from flask_gateway.operations.checks import setup_warnings
+from flask_gateway.operations.checks import SetupWarning, setup_warnings
 from flask_gateway.operations.drift import DriftReport, check_settings, last_report
 from flask_gateway.operations.health import check_callback_health, describe_age
 from flask_gateway.payments.accounts import open_checkouts
 from flask_gateway.payments.heartbeats import JobStatus, job_status
 from flask_gateway.secrets import mask
 from flask_gateway.state import GatewayState, get_state
+from flask_gateway.web.admin.access import (
+    account_from_query,
+    default_installation,
+    every_account,
+    visible_accounts,
+    visible_installations,
+)
 from flask_gateway.web.admin.accounts import accepted_warnings
 from flask_gateway.web.admin.blueprint import bp
 from flask_gateway.web.admin.inputs import STATUSES
@@ -32,20 +42,29 @@ _log = logging.getLogger("flask_gateway.admin")
 
 
 @bp.get("/")
+@every_account
 def index() -> ResponseReturnValue:
     state = get_state()
-    # First: it ends its read transaction (and may warn that callbacks went silent: callbacks_silent).
-    health = check_callback_health()
-    installation = state.installation()
-    installations = state.installations()
+    visible = visible_accounts()  # None: every account
+    if visible is None:
+        # First: it ends its read transaction (and may warn that callbacks went silent: callbacks_silent).
+        healths = [check_callback_health()]
+        installations = state.installations()
+        installation = state.installation()
+    else:  # only the accounts this person may see, each one's figures apart
+        installations = visible_installations()
+        healths = [check_callback_health(account=row.merchant_account_id) for row in installations]
+        installation = default_installation(installations)
+        installation = None if installation is None or installation.retired else installation
     several = len(installations) > 1 or any(row.retired for row in installations)
+    mine = () if visible is None else (GatewayCheckout.merchant_account_id.in_(sorted(visible)),)
     counts = dict(
         state.session.execute(
-            select(GatewayCheckout.status, func.count()).group_by(GatewayCheckout.status)
+            select(GatewayCheckout.status, func.count()).where(*mine).group_by(GatewayCheckout.status)
         ).all()
     )
     flagged = state.session.scalar(
-        select(func.count()).select_from(GatewayCheckout).where(GatewayCheckout.flagged.is_(True))
+        select(func.count()).select_from(GatewayCheckout).where(GatewayCheckout.flagged.is_(True), *mine)
     )
     return render_template(
         "gateway/admin/index.html",
@@ -57,15 +76,25 @@ def index() -> ResponseReturnValue:
         + [(status, count) for status, count in counts.items() if status not in STATUSES],
         flagged=flagged or 0,
         secrets=_masked_secrets(state, installation),
-        warnings=accepted_warnings(
-            setup_warnings(), installation.merchant_account_id if installation is not None else None
-        ),
+        warnings=_warnings(installation, every=visible is None),
         drift=last_report(installation) if installation else None,
-        health=health,
+        health=healths[0] if healths else None,
+        healths=healths,
+        # A person who may not see every account: the page's forms and links name the account shown.
+        shown_account=installation.merchant_account_id if visible is not None and installation else None,
         describe_age=describe_age,
         background=_background_work(),
         action_form=ActionForm(),
     )
+
+
+def _warnings(installation: Installation | None, *, every: bool) -> list[SetupWarning]:
+    account = installation.merchant_account_id if installation is not None else None
+    if every:
+        return accepted_warnings(setup_warnings(), account)
+    if account is None:
+        return setup_warnings(callback="")  # none of this person's accounts is open: the shop's own only
+    return accepted_warnings(setup_warnings(account=account), account)
 
 
 @dataclass(frozen=True)
@@ -107,6 +136,7 @@ def _background_work() -> list[JobStatus] | None:
 
 
 @bp.post("/check-settings")
+@account_from_query(default_account=True)
 def check_settings_now() -> ResponseReturnValue:
     """Compare the gateway's settings with the shop's now (``?account=ID``: that account's, else the default
     account's); the status page shows the answer."""
