@@ -39,8 +39,8 @@ __all__ = ["Gateway"]
 # blueprint runs its parent's hooks). Nested once per process, before any app registers the admin.
 admin.bp.register_blueprint(admin_outbox.bp, url_prefix="/outbox")
 
+#: A guard (with or without ``account``), and the admin's accounts callable.
 GuardT = TypeVar("GuardT", bound=Callable[..., Any])
-AccountsT = TypeVar("AccountsT", bound=Callable[[], Any])
 ResolverT = TypeVar("ResolverT", bound=Callable[[Any], "str | None"])
 
 
@@ -70,7 +70,7 @@ class Gateway:
         self._guard.check = guard
         return guard
 
-    def admin_accounts(self, accounts: AccountsT) -> AccountsT:
+    def admin_accounts(self, accounts: GuardT) -> GuardT:
         """Register the callback that says which merchant accounts the person signed in may see.
 
         Called once per admin request, after the admin guard admitted it: return a set of merchant account

@@ -481,22 +481,25 @@ def test_the_signals_say_which_account_they_are_about(two_accounts: TwoAccounts)
     ]
 
 
-def test_the_documented_brand_manager_guard_sees_only_its_brand(two_accounts: TwoAccounts) -> None:
-    """The section's second block, the guard with ``viewed_account()``: a manager of the first account sees
-    its checkout's page, not the second account's, nor the views of every account."""
+def test_the_documented_brand_manager_sees_only_its_brand(two_accounts: TwoAccounts) -> None:
+    """The section's block with ``@gateway.admin_accounts``: a manager of the first account sees its
+    checkout's page, not the second account's (404, as for none), and the list of every account shows only
+    the first account's checkouts; the owner sees both."""
     blocks = re.findall(r"```python\n(.*?)```", _section("Several merchant accounts"), flags=re.DOTALL)
-    guard_code = next(block for block in blocks if "viewed_account" in block)
+    guard_code = next(block for block in blocks if "admin_accounts" in block)
     shop = two_accounts.shop
     with shop.app_context():
         mine = create_checkout(order("A-7"), account=ACCOUNT).id
         theirs = create_checkout(order("B-7"), account=SECOND).id
-    manager = SimpleNamespace(is_owner=False, brand_account=ACCOUNT)
+    manager = SimpleNamespace(is_authenticated=True, is_owner=False, brand_account=ACCOUNT)
     namespace: dict[str, Any] = {"gateway": two_accounts.harness.gateway, "current_user": manager}
     exec(compile(guard_code, "docs/extension.md", "exec"), namespace)  # noqa: S102 - our own documentation
     client = shop.test_client()
     assert client.get(f"/gateway/admin/checkouts/{mine}").status_code == 200
-    assert client.get(f"/gateway/admin/checkouts/{theirs}").status_code == 403
-    assert client.get(f"/gateway/admin/checkouts?account={ACCOUNT}").status_code == 200
-    assert client.get("/gateway/admin/checkouts").status_code == 403  # every account's view
+    assert client.get(f"/gateway/admin/checkouts/{theirs}").status_code == 404
+    assert client.get(f"/gateway/admin/checkouts?account={SECOND}").status_code == 404
+    listed = client.get("/gateway/admin/checkouts").get_data(as_text=True)  # every account: theirs only
+    assert "A-7" in listed and "B-7" not in listed
     manager.is_owner = True
     assert client.get(f"/gateway/admin/checkouts/{theirs}").status_code == 200
+    assert "B-7" in client.get("/gateway/admin/checkouts").get_data(as_text=True)
