@@ -74,7 +74,7 @@ def test_the_key_is_never_an_option_and_an_unknown_account_is_one_line(
 ) -> None:
     monkeypatch.setenv("GATEWAY_INSTALL_API_KEY", NEW_KEY)
     as_option = run_gateway(two.shop, "set-api-key", "--account", ACCOUNT, "--api-key", NEW_KEY)
-    assert as_option.exit_code == 2 and "No such option" in as_option.output
+    assert as_option.exit_code == 2 and "No such option" in as_option.stderr
 
     unknown = run_gateway(two.shop, "set-api-key", "--account", "nope")
     assert unknown.exit_code == 1
