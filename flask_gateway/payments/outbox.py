@@ -42,7 +42,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -51,7 +51,7 @@ from typing import Any, Final, cast
 
 from blinker import Signal
 from flask import current_app
-from sqlalchemy import Table, bindparam, or_, select, update
+from sqlalchemy import ColumnElement, Table, bindparam, or_, select, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
@@ -74,6 +74,7 @@ __all__ = [
     "backlog",
     "deliver_due",
     "deliver_now",
+    "of_accounts",
     "redeliver",
 ]
 
@@ -218,21 +219,41 @@ def _still_ours(items: list[Queued]) -> list[Queued]:
 
 
 @leaves_no_transaction
-def deliver_due(limit: int = 100) -> DeliveryReport:
-    """Deliver up to ``limit`` events that are due (pending, their time come, not taken by another).
+def deliver_due(limit: int = 100, *, accounts: Collection[str] | None = None) -> DeliveryReport:
+    """Deliver up to ``limit`` events that are due (pending, their time come, not taken by another); with
+    ``accounts``, only the events of those accounts' checkouts (a person limited to them: not a run of the
+    ``deliver`` job, whose heartbeat speaks for every account).
 
     One claim per event, right before its delivery: a lease taken for a whole batch could run out while
     earlier receivers of the batch run, and another worker then deliver the same event at the same time.
     """
     report = DeliveryReport()
+    if accounts is not None:
+        _deliver_claimed(limit, accounts, report)
+        return report
     with record_run("deliver") as run:  # the heartbeat (flask_gateway.payments.heartbeats)
-        for _ in range(limit):
-            claimed = _claim(1)
-            if not claimed:
-                break
-            _deliver_one(claimed[0], report)
+        _deliver_claimed(limit, None, report)
         run.done(str(report), failed=bool(report.errors))
     return report
+
+
+def _deliver_claimed(limit: int, accounts: Collection[str] | None, report: DeliveryReport) -> None:
+    for _ in range(limit):
+        claimed = _claim(1, accounts)
+        if not claimed:
+            break
+        _deliver_one(claimed[0], report)
+
+
+def of_accounts(accounts: Collection[str] | None) -> tuple[ColumnElement[bool], ...]:
+    """The conditions that keep to the events of ``accounts``' checkouts (None: every event)."""
+    if accounts is None:
+        return ()
+    return (
+        OutboxEvent.checkout_id.in_(
+            select(GatewayCheckout.id).where(GatewayCheckout.merchant_account_id.in_(sorted(accounts)))
+        ),
+    )
 
 
 @leaves_no_transaction
@@ -268,8 +289,9 @@ def backlog() -> tuple[int, datetime | None]:
 # --- delivering ------------------------------------------------------------------------------------------
 
 
-def _claim(limit: int) -> list[int]:
-    """Take up to ``limit`` due events in one short transaction (leased; skipped when another holds them)."""
+def _claim(limit: int, accounts: Collection[str] | None = None) -> list[int]:
+    """Take up to ``limit`` due events (of ``accounts``' checkouts, None: any) in one short transaction
+    (leased; skipped when another holds them)."""
     session = get_state().session
     now = utcnow()
     try:
@@ -280,6 +302,7 @@ def _claim(limit: int) -> list[int]:
                     OutboxEvent.state == OutboxState.PENDING,
                     OutboxEvent.next_attempt_at <= now,
                     or_(OutboxEvent.claimed_until.is_(None), OutboxEvent.claimed_until < now),
+                    *of_accounts(accounts),
                 )
                 .order_by(OutboxEvent.next_attempt_at, OutboxEvent.id)
                 .limit(limit)

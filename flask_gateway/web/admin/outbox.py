@@ -13,16 +13,14 @@ checkouts'); without it, those of the accounts the person may see (every account
 
 from __future__ import annotations
 
-from collections.abc import Collection
-from typing import Any, Final
+from typing import Final
 
 from flask import Blueprint, flash, redirect, render_template, request, url_for
 from flask.typing import ResponseReturnValue
-from sqlalchemy import ColumnElement, func, or_, select
+from sqlalchemy import func, select
 
-from flask_gateway.core.timestamps import utcnow
 from flask_gateway.models import GatewayCheckout, OutboxEvent, OutboxState
-from flask_gateway.payments.outbox import DeliveryReport, backlog, deliver_due, redeliver
+from flask_gateway.payments.outbox import backlog, deliver_due, of_accounts, redeliver
 from flask_gateway.state import get_state
 from flask_gateway.web.admin.access import (
     account_from_query,
@@ -58,17 +56,6 @@ _SHOWN: Final = {
 }
 
 
-def _of(accounts: Collection[str] | None) -> tuple[ColumnElement[bool], ...]:
-    """The events of ``accounts``' checkouts (None: every event)."""
-    if accounts is None:
-        return ()
-    return (
-        OutboxEvent.checkout_id.in_(
-            select(GatewayCheckout.id).where(GatewayCheckout.merchant_account_id.in_(sorted(accounts)))
-        ),
-    )
-
-
 @bp.get("/")
 @account_from_query()
 def index() -> ResponseReturnValue:
@@ -76,7 +63,7 @@ def index() -> ResponseReturnValue:
     session = state.session
     scope = account_scope()  # ?account= checked (404 for one not installed), the switcher's accounts
     accounts = request_accounts()
-    mine = _of(accounts)
+    mine = of_accounts(accounts)
     shown = request.args.get("show", "open")
     if shown not in _SHOWN:
         shown = "open"
@@ -141,48 +128,12 @@ def _back() -> ResponseReturnValue:
 @account_from_query()
 def deliver_due_now() -> ResponseReturnValue:
     accounts = request_accounts()
-    report = deliver_due() if accounts is None else _deliver_due_of(accounts)
+    report = deliver_due(accounts=accounts)
     flash(
         f"Delivered what was due: {report}.",
         "error" if report.failed else "success",
     )
     return _back()
-
-
-def _deliver_due_of(accounts: Collection[str], limit: int = 100) -> DeliveryReport:
-    """Deliver the due events of ``accounts``' checkouts only (up to ``limit``), one by one, each taken
-    as "deliver again" takes it (an event another process is delivering right now is left to it)."""
-    session = get_state().session
-    now = utcnow()
-    due = list(
-        session.scalars(
-            select(OutboxEvent.id)
-            .where(
-                OutboxEvent.state == OutboxState.PENDING,
-                OutboxEvent.next_attempt_at <= now,
-                or_(OutboxEvent.claimed_until.is_(None), OutboxEvent.claimed_until < now),
-                *_of(accounts),
-            )
-            .order_by(OutboxEvent.next_attempt_at, OutboxEvent.id)
-            .limit(limit)
-        )
-    )
-    session.commit()
-    report = DeliveryReport()
-    for event_id in due:
-        try:
-            one = redeliver(event_id)
-        except LookupError:  # delivered or taken meanwhile
-            continue
-        _add(report, one)
-    return report
-
-
-def _add(report: DeliveryReport, one: Any) -> None:
-    report.delivered += one.delivered
-    report.failed += one.failed
-    report.dead += one.dead
-    report.errors.extend(one.errors)
 
 
 @bp.post("/<int:event_id>/deliver")
