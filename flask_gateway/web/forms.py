@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 
 from flask_wtf import FlaskForm
 from wtforms import BooleanField, IntegerField, PasswordField, StringField
-from wtforms.validators import InputRequired, Length, NumberRange, Optional, ValidationError
+from wtforms.validators import DataRequired, InputRequired, Length, NumberRange, Optional, ValidationError
 
 from flask_gateway.core.money import MAX_CENTS, format_money, format_plain, parse_amount
 from flask_gateway.core.wire import EMAIL_PATTERN
@@ -22,6 +22,7 @@ __all__ = [
     "MAX_CENTS",
     "ActionForm",
     "AmountField",
+    "ApiKeyForm",
     "InstallForm",
     "RefundForm",
     "SettingsForm",
@@ -108,6 +109,16 @@ class InstallForm(SettingsForm):
     #: After "already installed": the signing key the owner received at the first installation.
     signing_key = PasswordField("Signing key you already have", validators=[Optional(), Length(max=255)])
     confirm_local = BooleanField("I understand: install with this address anyway")
+
+
+class ApiKeyForm(_Form):
+    """A new API key for an installed account (the account manager issued one): proved, then stored."""
+
+    api_key = PasswordField(
+        "New API key",
+        filters=[_strip],
+        validators=[DataRequired(message="Enter the new API key."), Length(max=255)],
+    )
 
 
 class RefundForm(_Form):

@@ -1,6 +1,6 @@
 """The install screen (a new installation, another merchant account beside those installed, or adopting the
 signing key of an existing one) and the settings screen of one account (callback URL, failure e-mail,
-amount bounds: sent to the gateway)."""
+amount bounds: sent to the gateway; and a new API key, proved before it is stored)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,14 @@ from flask_gateway.core.errors import (
 from flask_gateway.errors import SecretUnreadable
 from flask_gateway.models import Installation
 from flask_gateway.operations.checks import install_warnings, setup_warnings
-from flask_gateway.payments.installation import InstallSettings, adopt_signing_key, install, update_settings
+from flask_gateway.payments.installation import (
+    InstallSettings,
+    adopt_signing_key,
+    install,
+    set_api_key,
+    update_settings,
+)
+from flask_gateway.secrets import mask
 from flask_gateway.state import get_state
 from flask_gateway.urls import callback_url
 from flask_gateway.web.admin.access import (
@@ -33,7 +40,7 @@ from flask_gateway.web.admin.accounts import accepted_warnings, account_callback
 from flask_gateway.web.admin.blueprint import bp, viewed_account
 from flask_gateway.web.admin.inputs import _cents
 from flask_gateway.web.admin.problems import _problem
-from flask_gateway.web.forms import InstallForm, SettingsForm
+from flask_gateway.web.forms import ApiKeyForm, InstallForm, SettingsForm
 
 _log = logging.getLogger("flask_gateway.admin")
 
@@ -177,20 +184,53 @@ def _refused_credentials(error: AuthenticationError, *, adopting: bool) -> str:
     )
 
 
+def _viewed_installation() -> tuple[Installation | None, list[Installation]]:
+    """The settings screens' account (``?account=ID``, else the default account) among those the person
+    may see; None when nothing is installed (404 for an account that is not one of them)."""
+    state = get_state()
+    installations = visible_installations()
+    account = viewed_account()  # ?account=, else the default account: what the admin guard was told
+    installation = next((row for row in installations if row.merchant_account_id == account), None)
+    if installation is None and account is not None:
+        abort(404, description=str(state.unknown_account(account)))
+    return installation, installations
+
+
+def _settings_page(
+    installation: Installation,
+    installations: list[Installation],
+    form: SettingsForm,
+    key_form: ApiKeyForm,
+) -> ResponseReturnValue:
+    several = len(installations) > 1
+    try:
+        stored_key = mask(get_state().box.decrypt(installation.api_key_encrypted))
+    except SecretUnreadable:  # a new key is the way out: storing one needs no old one
+        stored_key = "unreadable with the configured keys"
+    return render_template(
+        "gateway/admin/settings.html",
+        form=form,
+        key_form=key_form,
+        stored_key=stored_key,
+        installation=installation,
+        # Several accounts: the switcher, and the forms post to this account's screen.
+        accounts=installations if several else [],
+        account=installation.merchant_account_id if several else None,
+        warnings=accepted_warnings(
+            setup_warnings(form.callback_url.data), installation.merchant_account_id if several else None
+        ),
+    )
+
+
 @bp.route("/settings", methods=["GET", "POST"])
 @account_from_query(default_account=True)
 def settings_screen() -> ResponseReturnValue:
     """One account's settings: ``?account=ID``, else the default account (the newest one still open)."""
     state = get_state()
-    installations = visible_installations()
-    account = viewed_account()  # ?account=, else the default account: what the admin guard was told
-    installation = next((row for row in installations if row.merchant_account_id == account), None)
+    installation, installations = _viewed_installation()
     if installation is None:
-        if account is not None:
-            abort(404, description=str(state.unknown_account(account)))
         flash("Install the gateway first: the settings belong to an installation.", "error")
         return redirect(url_for(".install_screen"))
-    several = len(installations) > 1
     form = SettingsForm()
     if request.method == "GET":
         _fill_settings(form, installation, installation.callback_url)
@@ -219,14 +259,47 @@ def settings_screen() -> ResponseReturnValue:
                 "Settings saved on the gateway. The signing key it returned is stored encrypted.", "success"
             )
             return redirect(url_for(".index"))
-    return render_template(
-        "gateway/admin/settings.html",
-        form=form,
-        installation=installation,
-        # Several accounts: the switcher, and the form posts to this account's screen.
-        accounts=installations if several else [],
-        account=installation.merchant_account_id if several else None,
-        warnings=accepted_warnings(
-            setup_warnings(form.callback_url.data), installation.merchant_account_id if several else None
-        ),
-    )
+    return _settings_page(installation, installations, form, ApiKeyForm(formdata=None))
+
+
+@bp.route("/settings/api-key", methods=["POST"])
+@account_from_query(default_account=True)
+def change_api_key() -> ResponseReturnValue:
+    """A new API key for the screen's account: proved with one authenticated, read-only call (the v1
+    configuration) before it is stored; the stored key is kept when the gateway refuses it or does not
+    answer. The key is never shown again, nor logged: the answer names its last 4 characters."""
+    state = get_state()
+    installation, installations = _viewed_installation()
+    if installation is None:
+        flash("Install the gateway first: the API key belongs to an installation.", "error")
+        return redirect(url_for(".install_screen"))
+    account = installation.merchant_account_id
+    key_form = ApiKeyForm()
+    if key_form.validate_on_submit():
+        key = key_form.api_key.data
+        state.session.commit()  # no transaction (SQLite: no write lock) while the gateway answers
+        try:
+            set_api_key(account, key)
+        except AuthenticationError as error:
+            state.session.rollback()
+            key_form.api_key.errors.append(
+                f"The gateway refused this API key ({_problem(error)}): the stored key is unchanged. Check "
+                f"it against what the account manager issued for the {state.config.environment} environment."
+            )
+        except (GatewayError, SecretUnreadable, ValueError) as error:
+            state.session.rollback()
+            key_form.api_key.errors.append(
+                f"The new API key could not be proved ({_problem(error)}): the stored key is unchanged. "
+                "Try again once the gateway answers."
+            )
+        else:
+            _log.info("new API key stored for merchant account %s (settings screen)", account)
+            flash(
+                f"Stored the new API key of {account} ({mask(key)}), encrypted: the gateway accepted "
+                "it. The old one is no longer used here.",
+                "success",
+            )
+            return redirect(url_for(".settings_screen", account=account))
+    form = SettingsForm(formdata=None)
+    _fill_settings(form, installation, installation.callback_url)
+    return _settings_page(installation, installations, form, key_form)

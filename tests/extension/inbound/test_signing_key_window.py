@@ -99,6 +99,16 @@ def test_a_callback_signed_with_the_replaced_key_is_accepted_confirmed_and_named
     assert last_log(h)[:3] == ("accepted", 200, "current")
     assert snapshot(h, second_id)["status"] == "PAID"
 
+    # The owner's screens say which key verified each: the callback log and each checkout's page.
+    h.gateway.admin_guard(lambda: True)
+    client = h.client
+    log_page = client.get("/gateway/admin/callbacks").get_data(as_text=True)
+    assert log_page.count('<span data-verified-with="previous">verified with the previous key</span>') == 1
+    old_page = client.get(f"/gateway/admin/checkouts/{checkout_id}").get_data(as_text=True)
+    new_page = client.get(f"/gateway/admin/checkouts/{second_id}").get_data(as_text=True)
+    assert "verified with the previous key" in old_page
+    assert "verified with the previous key" not in new_page and ">verified</td>" in new_page
+
 
 def test_after_the_window_the_replaced_key_is_refused_and_the_refusal_says_why(installed: Harness) -> None:
     h = installed

@@ -633,6 +633,85 @@ def test_settings_update(admin):
     assert "R 5.00" in status and "R 2 500.25" in status
 
 
+NEW_API_KEY = "the-new-api-key-issued-7f3a"
+
+
+def stored_api_key(harness: Harness) -> str:
+    with harness.shop.app_context():
+        state = get_state()
+        return state.box.decrypt(state.require_installation(ACCOUNT).api_key_encrypted)
+
+
+def post_api_key(admin: Harness, key: str, client: Any = None) -> Any:
+    client = client or admin.client
+    page = client.get(f"{ADMIN}/settings")
+    return client.post(f"{ADMIN}/settings/api-key", data={"csrf_token": token_of(page), "api_key": key})
+
+
+def test_the_settings_screen_takes_a_new_api_key_once_the_gateway_accepts_it(admin, caplog):
+    caplog.set_level(logging.DEBUG)
+    admin.install()
+    page = visible(text(admin.client.get(f"{ADMIN}/settings")))
+    assert "A new API key" in page and f"The stored key: {mask(API_KEY)}" in page
+    answer = admin.emulator.control(
+        "accounts", {"merchantAccountId": ACCOUNT, "merchantAccountApiKey": NEW_API_KEY}
+    )
+    assert answer.status_code == 200  # the account manager issued a new key
+
+    client = admin.client
+    response = post_api_key(admin, f"  {NEW_API_KEY} ", client)
+
+    assert response.status_code == 302 and response.headers["Location"].endswith(
+        f"{ADMIN}/settings?account={ACCOUNT}"
+    )
+    assert stored_api_key(admin) == NEW_API_KEY
+    shown = visible(text(client.get(response.headers["Location"])))
+    assert f"Stored the new API key of {ACCOUNT} (****7f3a), encrypted" in shown
+    assert f"The stored key: {mask(NEW_API_KEY)}" in shown
+    with admin.shop.app_context():  # the shop's v1 calls go on with it
+        assert get_state().v1_client(account=ACCOUNT).configuration().data.minimum_amount is not None
+    assert NEW_API_KEY not in caplog.text + "".join(repr(r.args) for r in caplog.records)
+
+
+@pytest.mark.parametrize(
+    ("fault", "message"),
+    [
+        (None, "The gateway refused this API key"),
+        (
+            {"operation": "v1_configuration", "kind": "status", "status": 503, "count": 1},
+            "could not be proved",
+        ),
+    ],
+    ids=["refused", "unanswered"],
+)
+def test_a_new_api_key_the_gateway_does_not_accept_leaves_the_stored_one(admin, fault, message):
+    admin.install()
+    key = "a-key-nobody-issued-0000"
+    if fault is not None:  # the key is right, but the gateway does not answer the proof
+        admin.emulator.control(
+            "accounts", {"merchantAccountId": ACCOUNT, "merchantAccountApiKey": NEW_API_KEY}
+        )
+        assert admin.emulator.control("faults", fault).status_code == 201
+        key = NEW_API_KEY
+
+    response = post_api_key(admin, key)
+
+    assert response.status_code == 200
+    body = text(response)
+    assert message in visible(body) and "the stored key is unchanged" in visible(body)
+    assert key not in body  # a password field: the typed key is not sent back
+    assert 'aria-invalid="true"' in body
+    assert stored_api_key(admin) == API_KEY
+
+
+def test_an_empty_new_api_key_is_refused_before_the_gateway_is_called(admin):
+    admin.install()
+    response = post_api_key(admin, "   ")
+    assert response.status_code == 200
+    assert "Enter the new API key." in text(response)
+    assert stored_api_key(admin) == API_KEY
+
+
 def test_settings_errors_from_the_gateway_are_flashed(admin):
     admin.install()
     with admin.shop.app_context():  # the gateway no longer accepts the stored key

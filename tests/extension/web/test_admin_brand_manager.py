@@ -511,6 +511,7 @@ DECLARED = {
     "gateway_admin.install_screen": "a POST's form field merchant_account_id, else every account",
     "gateway_admin.settings_screen": "?account=, else the default account",
     "gateway_admin.check_settings_now": "?account=, else the default account",
+    "gateway_admin.change_api_key": "?account=, else the default account",
     "gateway_admin.checkouts": "?account=, else every account",
     "gateway_admin.checkout_detail": "the account of the checkout in the URL (checkout_id)",
     "gateway_admin.refresh_checkout": "the account of the checkout in the URL (checkout_id)",
