@@ -40,6 +40,7 @@ from flask_gateway.web.admin.accounts import accepted_warnings, account_callback
 from flask_gateway.web.admin.blueprint import bp, viewed_account
 from flask_gateway.web.admin.inputs import _cents
 from flask_gateway.web.admin.problems import _problem
+from flask_gateway.web.admin.status import _masked_secrets
 from flask_gateway.web.forms import ApiKeyForm, InstallForm, SettingsForm
 
 _log = logging.getLogger("flask_gateway.admin")
@@ -203,10 +204,10 @@ def _settings_page(
     key_form: ApiKeyForm,
 ) -> ResponseReturnValue:
     several = len(installations) > 1
-    try:
-        stored_key = mask(get_state().box.decrypt(installation.api_key_encrypted))
-    except SecretUnreadable:  # a new key is the way out: storing one needs no old one
-        stored_key = "unreadable with the configured keys"
+    # An unreadable key is no obstacle: storing a new one needs no old one.
+    stored_key = _masked_secrets(get_state(), installation).get(
+        "api_key", "unreadable with the configured keys"
+    )
     return render_template(
         "gateway/admin/settings.html",
         form=form,
@@ -286,7 +287,7 @@ def change_api_key() -> ResponseReturnValue:
                 f"The gateway refused this API key ({_problem(error)}): the stored key is unchanged. Check "
                 f"it against what the account manager issued for the {state.config.environment} environment."
             )
-        except (GatewayError, SecretUnreadable, ValueError) as error:
+        except GatewayError as error:
             state.session.rollback()
             key_form.api_key.errors.append(
                 f"The new API key could not be proved ({_problem(error)}): the stored key is unchanged. "
