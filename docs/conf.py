@@ -199,9 +199,12 @@ def _attribute_comment(module_name: str, name: str, seen: frozenset[str] = froze
             found = _attribute_comment(node.module, name, seen | {module_name})
             if found:
                 return found
-    lazy = getattr(importlib.import_module(module_name), "_MODULE_OF", {})
-    if name in lazy:
-        return _attribute_comment(lazy[name], name, seen | {module_name})
+    # A package whose names are served lazily from its stub's table (flask_gateway/__init__.pyi).
+    stub = Path(importlib.import_module(module_name).__file__ or "").with_suffix(".pyi")
+    if stub.name == "__init__.pyi" and stub.is_file():
+        for node in ast.parse(stub.read_text()).body:
+            if isinstance(node, ast.ImportFrom) and any(alias.name == name for alias in node.names):
+                return _attribute_comment(f"{module_name}.{node.module}", name, seen | {module_name})
     return None
 
 
