@@ -47,14 +47,15 @@ def _dist_info(wheel: Path) -> str:
 
 
 def _package_files() -> set[str]:
-    """The files of ``flask_gateway`` a wheel must hold: its modules, ``py.typed``, and everything under a
-    ``templates`` or ``static`` folder, as the checkout has them."""
+    """The files of ``flask_gateway`` a wheel must hold: its modules, their stubs (``__init__.pyi`` is the
+    front door's table, read at import), ``py.typed``, and everything under a ``templates`` or ``static``
+    folder, as the checkout has them."""
     wanted = set()
     for path in source_files():
         parts = path.parts
         if parts[0] != PACKAGE:
             continue
-        if path.suffix == ".py" or path.name == "py.typed" or DATA_FOLDERS & set(parts[1:-1]):
+        if path.suffix in (".py", ".pyi") or path.name == "py.typed" or DATA_FOLDERS & set(parts[1:-1]):
             wanted.add(path.as_posix())
     return wanted
 
@@ -101,7 +102,7 @@ def test_the_wheel_holds_flask_gateway_and_its_dist_info_only(flask_gateway_whee
 def test_the_wheel_holds_every_module_template_and_static_file_of_the_package(flask_gateway_wheel: Path):
     in_wheel = {name for name in _wheel_names(flask_gateway_wheel) if name.startswith(f"{PACKAGE}/")}
     expected = _package_files()
-    assert f"{PACKAGE}/py.typed" in expected
+    assert f"{PACKAGE}/py.typed" in expected and f"{PACKAGE}/__init__.pyi" in expected
     assert any("/templates/" in name for name in expected) and any("/static/" in name for name in expected)
     assert sorted(expected - in_wheel) == [], "missing from the wheel"
     assert sorted(in_wheel - expected) == [], "in the wheel but not a module, template or static file"
