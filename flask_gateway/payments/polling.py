@@ -1,11 +1,8 @@
 """Asking the gateway (getstatus) and applying its answer through the state machine.
 
-An answer asked for after the shop had recorded the payment (the checkout was paid, or refunded, when
-the question was sent) cannot be stale about that payment. If it names a status before any payment
-(open, cancelled, expired), the gateway contradicts the shop's record: the status does not move back
-(``transitions.apply`` refuses it), and the checkout is flagged for a person (``checkout_flagged``, once).
-Only the poll knows the answer came after the payment: an observation on its own (a late callback, an
-answer to a question sent before the payment) may be stale, so ``apply`` does not flag backward moves.
+The answer's observation carries the status the shop had recorded when it asked (``Observation.known``):
+an answer below a payment recorded before the question contradicts it, and the rules
+(``payments.decision``) flag the checkout; any other backward move may be a stale answer, not flagged.
 """
 
 from __future__ import annotations
@@ -13,22 +10,18 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING
 
-from flask_gateway import signals
 from flask_gateway.core.sql import commit_keeping_loaded
 from flask_gateway.core.timestamps import utcnow
-from flask_gateway.core.wire import CheckoutStatus
 from flask_gateway.models import GatewayCheckout
 from flask_gateway.payments.transitions import (
-    RANK,
     Observation,
     Transition,
     Unchanged,
     apply,
     apply_unchanged,
     lock,
-    rank,
     send_pending,
 )
 from flask_gateway.state import get_state, leaves_no_transaction
@@ -37,9 +30,6 @@ if TYPE_CHECKING:
     from flask_gateway.core.wire import CheckoutStatusPayload
 
 __all__ = ["Polled", "record_answer", "record_unchanged_answers", "refresh"]
-
-#: The rank of the paid statuses (``transitions.RANK``): the shop's record at or above it has the payment.
-_PAID_RANK: Final = RANK[CheckoutStatus.PAID]
 
 
 @leaves_no_transaction
@@ -82,17 +72,10 @@ def record_answer(payload: CheckoutStatusPayload, checkout_id: int, known: str, 
     (its events are in the outbox with the change) and then sends them (``transitions.send_pending``).
     Reconciliation applies the answers its threads gathered this way, several per transaction."""
     session = get_state().session
-    observed, contradiction = _observation(payload, known, source)
     locked = lock(session, checkout_id)  # apply() reuses this lock (and row) in the same transaction
     refunded_before, flagged_before = locked.refunded_cents, locked.flagged
-    transition = apply(session, checkout_id, observed, commit=False)
-    polled = transition.checkout
-    polled.last_polled_at = utcnow()
-    if contradiction is not None and not transition.applied:
-        if not polled.flagged:  # the event is written with the flag, delivered after the commit (outbox)
-            transition.queue(signals.checkout_flagged, reason=contradiction, source=source)
-        polled.flagged, polled.flag_reason = True, contradiction
-        transition.flagged, transition.reason = True, contradiction
+    transition = apply(session, checkout_id, _observation(payload, known, source), commit=False)
+    transition.checkout.last_polled_at = utcnow()
     return Polled(transition, refunded_before, flagged_before)
 
 
@@ -114,7 +97,7 @@ def record_unchanged_answers(
     """
     twice = Counter(checkout_id for checkout_id, _known, _payload in answers)
     observations = {
-        checkout_id: _observation(payload, known, source)[0]
+        checkout_id: _observation(payload, known, source)
         for checkout_id, known, payload in answers
         if str(payload.checkoutPaymentStatus) == known and twice[checkout_id] == 1
     }
@@ -123,30 +106,16 @@ def record_unchanged_answers(
     )
 
 
-def _observation(payload: CheckoutStatusPayload, known: str, source: str) -> tuple[Observation, str | None]:
-    """The observation of a getstatus answer, and why it contradicts the payment the shop had recorded
-    (``known``) before asking, or None."""
+def _observation(payload: CheckoutStatusPayload, known: str, source: str) -> Observation:
+    """The observation of a getstatus answer asked while the shop had recorded ``known``."""
     status = str(payload.checkoutPaymentStatus)
-    contradiction = _contradiction(known, status)
-    detail = f"getstatus: {status}" + (f"; {contradiction}" if contradiction else "")
-    observed = Observation(
+    return Observation(
         status=status,
         source=source,
         total_cents=payload.checkoutTotalCents,
         paid_at=payload.paidAt,
         expires_at=payload.expiresAt,
         reported_at=payload.updatedAt,
-        detail=detail,
-    )
-    return observed, contradiction
-
-
-def _contradiction(known: str, answered: str) -> str | None:
-    """Why the answer contradicts a payment the shop had recorded before asking, or None."""
-    before, after = rank(known), rank(answered)
-    if before is None or after is None or before < _PAID_RANK or after >= _PAID_RANK:
-        return None
-    return (
-        f"the gateway answers {answered} for a checkout the shop had recorded as {known} before asking: "
-        "a paid checkout does not go back; review the order and the gateway's records"
+        known=known,
+        detail=f"getstatus: {status}",
     )

@@ -1,22 +1,12 @@
-"""The ONE place a checkout's status changes on the merchant side.
+"""The ONE place a checkout's status changes on the merchant side: the rules' decision, written under the
+row lock.
 
 Every path that learns a status (callback, return page, v1 URL, getstatus poll, reconciliation, admin
-action) builds an ``Observation`` and calls ``apply``. It locks the row, refuses backward moves, checks
-amount and account, records an event, commits, and only then sends each signal, once: the row's
+action) builds an ``Observation`` and calls :func:`apply`: it locks the row, asks
+:func:`flask_gateway.payments.decision.decide` (every rule of the state machine), writes the decision (the
+columns, the event, the outbox rows, the refunds), commits, and only then delivers the events. The row's
 ``payment_confirmed_at`` (set under the lock) decides which transaction confirmed the payment.
-
-Refund statuses learnt from the gateway (a poll, a confirmed callback; not the shop's own ``refund``)
-are recorded under the same lock: ``FULLY_REFUNDED`` records what was not refunded here yet (settling the
-shop's own pending refunds when they account for it exactly, else as a ``RefundRecord`` of a refund made
-at the gateway, timed by the answer's ``updatedAt``) and sends ``refund_succeeded``; ``PARTIALLY_REFUNDED``
-with nothing refunded here settles the one pending refund, or flags the checkout (the status answer does
-not carry the amount). Only ``PAID`` and ``PAID_PENDING_CALLBACK`` confirm a payment: a checkout whose
-first news of a payment is a refund status was refunded before the shop knew of it, so it is never
-confirmed for fulfilment; it is flagged for a person (``checkout_flagged``).
-
-Many observations that change nothing (a reconciliation's answers while the shoppers have not paid yet):
-``apply_unchanged`` records what ``apply`` would for each (the event, the answer's expiry, the poll's time)
-with a few statements for all of them, and leaves every other observation to ``apply``.
+:func:`apply_unchanged` records many observations the rules say change nothing in a few statements.
 """
 
 from __future__ import annotations
@@ -33,22 +23,31 @@ from sqlalchemy.orm import Session, object_session
 from sqlalchemy.orm.attributes import set_committed_value
 from sqlalchemy.orm.util import identity_key
 
-from flask_gateway import signals
 from flask_gateway.core.sql import commit_keeping_loaded, storable_text
 from flask_gateway.core.timestamps import utcnow
-from flask_gateway.core.wire import OPEN_STATUSES, PAID_STATUSES, PAYMENT_STATUSES, CheckoutStatus
 from flask_gateway.models import (
     STATUS_LENGTH,
     CheckoutEvent,
     GatewayCheckout,
-    LocalStatus,
     RefundRecord,
     RefundState,
 )
 from flask_gateway.payments import outbox
+from flask_gateway.payments.decision import (
+    NO_CHANGE,
+    RANK,
+    Current,
+    Decision,
+    Observation,
+    Refund,
+    decide,
+    moves,
+    rank,
+)
 from flask_gateway.payments.outbox import Queued
 
 __all__ = [
+    "NO_CHANGE",
     "RANK",
     "Observation",
     "Transition",
@@ -58,58 +57,12 @@ __all__ = [
     "lock",
     "lock_by_token",
     "rank",
+    "send_pending",
     "would_apply",
 ]
 
-S = CheckoutStatus
-
-#: Progress order. A move to a higher rank is forward; within a rank only the listed moves are allowed.
-RANK: Final[dict[str, int]] = {
-    LocalStatus.CREATING: 0,
-    S.PENDING_ORDER: 1,
-    S.PENDING_PAYMENT: 1,
-    S.CANCELLED_BY_CONSUMER: 1,
-    S.CANCELLED_BY_MERCHANT: 2,
-    S.EXPIRED: 2,
-    LocalStatus.FAILED: 2,
-    S.PAID_PENDING_CALLBACK: 3,
-    S.PAID: 3,
-    S.PARTIALLY_REFUNDED: 4,
-    S.FULLY_REFUNDED: 5,
-}
-_SAME_RANK_MOVES: Final = {
-    # Among the open statuses every move is allowed: the consumer starts paying (PENDING_PAYMENT),
-    # cancels, and an update reopens a consumer-cancelled checkout; polls may see any of them in any order.
-    *((before.value, after.value) for before in OPEN_STATUSES for after in OPEN_STATUSES if before != after),
-    (S.PAID_PENDING_CALLBACK.value, S.PAID.value),
-}
-_PAYMENT: Final = PAYMENT_STATUSES
-_REFUNDED: Final = frozenset({S.PARTIALLY_REFUNDED.value, S.FULLY_REFUNDED.value})
-
-
-def rank(status: str) -> int | None:
-    return RANK.get(status)
-
-
-@dataclass(frozen=True)
-class Observation:
-    """What one source says about a checkout."""
-
-    status: str
-    #: callback, return, v1, poll, reconcile, admin, create, update, cancel, refund
-    source: str
-    #: The checkout total the source reports (checked against ours before a payment is accepted).
-    total_cents: int | None = None
-    merchant_account_id: str | None = None
-    paid_at: datetime | None = None
-    #: The token the source reports; set on the record when it has none yet (create).
-    token: str | None = None
-    expires_at: datetime | None = None
-    payment_url: str | None = None
-    refunded_cents: int | None = None
-    #: When the source says the status last changed (getstatus ``updatedAt``): the time of a refund seen.
-    reported_at: datetime | None = None
-    detail: str = ""
+#: Whether a checkout in ``before`` would move to ``after`` (the rules' forward-only move).
+would_apply: Final = moves
 
 
 @dataclass
@@ -179,79 +132,40 @@ def lock_by_token(session: Session, token: str) -> GatewayCheckout | None:
     return checkout
 
 
-def _mismatch(checkout: GatewayCheckout, observation: Observation) -> str | None:
-    return _mismatch_of(checkout.merchant_account_id, checkout.total_cents, observation)
-
-
-def _mismatch_of(account: str, total_cents: int, observation: Observation) -> str | None:
-    """Why ``observation`` does not belong to a checkout of ``account`` for ``total_cents``, or None."""
-    if observation.merchant_account_id is not None and observation.merchant_account_id != account:
-        return (
-            f"merchant account {observation.merchant_account_id!r} does not match the checkout's {account!r}"
-        )
-    if (
-        observation.status in PAID_STATUSES
-        and observation.total_cents is not None
-        and observation.total_cents != total_cents
-    ):
-        return f"total {observation.total_cents} cents does not match the checkout's {total_cents}"
-    return None
-
-
-def _allowed(before: str, after: str) -> bool:
-    if before == after:
-        return False
-    old, new = rank(before), rank(after)
-    if new is None:  # a status this version does not know: recorded, never applied
-        return False
-    if old is None:
-        return True
-    if new > old:
-        return before != LocalStatus.FAILED
-    return new == old and (before, after) in _SAME_RANK_MOVES
-
-
-def would_apply(before: str, after: str) -> bool:
-    """Whether a checkout in ``before`` would move to ``after`` (the forward-only rule of ``apply``)."""
-    return _allowed(before, after)
+def _current(checkout: GatewayCheckout, *, refunds: bool = False) -> Current:
+    """The checkout as the rules read it; its pending refunds read (a statement) only with ``refunds``."""
+    pending = (
+        tuple(Refund(r.amount_cents, r.id) for r in checkout.refunds if r.state == RefundState.PENDING)
+        if refunds
+        else None
+    )
+    return Current(
+        status=checkout.status,
+        merchant_account_id=checkout.merchant_account_id,
+        total_cents=checkout.total_cents,
+        token=checkout.token,
+        payment_url=checkout.payment_url,
+        expires_at=checkout.expires_at,
+        refunded_cents=checkout.refunded_cents,
+        paid_at=checkout.paid_at,
+        payment_confirmed=checkout.payment_confirmed_at is not None,
+        flagged=checkout.flagged,
+        pending_refunds=pending,
+    )
 
 
 def apply(session: Session, checkout_id: int, observation: Observation, *, commit: bool = True) -> Transition:
-    """Apply what ``observation`` says to checkout ``checkout_id``; see the module docstring."""
+    """Apply what ``observation`` says to checkout ``checkout_id`` under its row lock.
+
+    ``commit``: commit and deliver the events; without it the caller commits and then calls
+    :func:`send_pending`.
+    """
     checkout = lock(session, checkout_id)
     now = utcnow()
-    before = checkout.status
-    transition = Transition(checkout=checkout, before=before, after=before, applied=False)
-    problem = _mismatch(checkout, observation)
-    if problem is not None:
-        _flag(checkout, transition, problem, observation.source)
-        transition.flagged, transition.reason = True, problem
-        _record(checkout, now, observation, before, applied=False, detail=f"REFUSED: {problem}")
-    else:
-        if observation.token and not checkout.token:
-            checkout.token = observation.token
-        if observation.payment_url:
-            checkout.payment_url = observation.payment_url
-        if observation.expires_at is not None:
-            checkout.expires_at = observation.expires_at
-        refunded_more = (
-            observation.refunded_cents is not None and observation.refunded_cents > checkout.refunded_cents
-        )
-        if refunded_more:
-            checkout.refunded_cents = observation.refunded_cents or 0
-        if _allowed(before, observation.status):
-            checkout.status = observation.status
-            checkout.updated_at = now
-            transition.after, transition.applied = observation.status, True
-            _effects(checkout, transition, observation, now)
-        elif refunded_more:
-            # A second partial refund: the status stays, the refunded amount is the change.
-            checkout.updated_at = now
-            transition.applied = True
-            transition.reason = f"refunded {checkout.refunded_cents} cents in all"
-        else:
-            transition.reason = NO_CHANGE if before == observation.status else f"{before} does not move back"
-        _record(checkout, now, observation, before, applied=transition.applied, detail=transition.reason)
+    decision = decide(_current(checkout), observation, now)
+    if decision.needs_refunds:
+        decision = decide(_current(checkout, refunds=True), observation, now)
+    transition = _write(session, checkout, observation, decision, now)
     if commit:
         # Kept loaded: the signals' receivers (the shop's code) read the checkout without reloading it,
         # so they open no transaction of the extension's (on SQLite one would hold the write lock).
@@ -260,8 +174,66 @@ def apply(session: Session, checkout_id: int, observation: Observation, *, commi
     return transition
 
 
-#: The detail ``apply`` records for an observation of the status the checkout already has.
-NO_CHANGE: Final = "no change"
+def _write(
+    session: Session, checkout: GatewayCheckout, observation: Observation, decision: Decision, now: datetime
+) -> Transition:
+    """Write ``decision`` on the locked ``checkout``: its columns, refunds, outbox rows and event."""
+    transition = Transition(
+        checkout=checkout,
+        before=decision.before,
+        after=decision.after,
+        applied=decision.applied,
+        flagged=decision.refused,
+        reason=decision.reason,
+    )
+    for name, value in decision.changes.items():
+        setattr(checkout, name, value)
+    records = _settle(session, checkout, decision)
+    for notice in decision.notices:
+        kwargs = dict(notice.arguments)
+        if notice.refund is not None:
+            kwargs = {"refund": records[decision.refunds.index(notice.refund)], **kwargs}
+        transition.queue(outbox.KINDS[notice.kind], **kwargs)
+    detail = decision.detail
+    if records:
+        amounts = ", ".join(f"{r.amount_cents} cents (refund #{r.id})" for r in records)
+        detail = transition.reason = f"refund seen at the gateway recorded: {amounts}"
+    # Through the event's side of the relationship: the checkout's event list is not loaded to add one
+    # (appending to ``checkout.events`` would read every earlier event of the checkout first).
+    session.add(
+        CheckoutEvent(
+            checkout=checkout, **_event(now, observation, decision.before, decision.applied, detail)
+        )
+    )
+    return transition
+
+
+def _settle(session: Session, checkout: GatewayCheckout, decision: Decision) -> list[RefundRecord]:
+    """The refund records ``decision`` settles (a refund made at the gateway written first), succeeded."""
+    if not decision.refunds:
+        return []
+    by_id = {record.id: record for record in checkout.refunds}
+    records = []
+    for refund in decision.refunds:
+        if refund.id is None:
+            record = RefundRecord(
+                request_id=f"gateway-{uuid.uuid4()}",
+                amount_cents=refund.amount_cents,
+                reason=refund.reason,
+                state=RefundState.PENDING.value,
+                created_at=decision.refunds_at,
+            )
+            checkout.refunds.append(record)
+            session.flush()
+        else:
+            record = by_id[refund.id]
+        record.state = RefundState.SUCCEEDED.value
+        record.completed_at = decision.refunds_at
+        record.error = None
+        records.append(record)
+    return records
+
+
 _CHECKOUTS: Final = cast(Table, GatewayCheckout.__table__)
 _EVENTS: Final = cast(Table, CheckoutEvent.__table__)
 
@@ -285,23 +257,15 @@ def apply_unchanged(
     stamp: Mapping[str, Any] | None = None,
     unless: Callable[[Unchanged], bool] | None = None,
 ) -> dict[int, Unchanged]:
-    """``apply`` (``commit=False``) of the observations (by checkout id) that change nothing, in a few
-    statements for all of them; the others are left to ``apply``.
+    """``apply`` (``commit=False``) of the observations (checkout id -> observation) the rules say change
+    nothing (:attr:`Decision.unchanged`), in a few statements for all of them; the others are left to
+    ``apply``.
 
-    An observation changes nothing when it says the status the row has (within the statuses this version
-    knows), belongs to the row (account, and total for a paid status: no mismatch to flag), and carries no
-    token, payment URL or refunded amount the row does not have. For those, what ``apply`` records:
-    the event (``applied`` false, detail "no change"), ``expires_at`` where the observation says another
-    one, and the ``stamp`` columns (``last_polled_at`` for a poll), written with one ``SELECT ... FOR
-    UPDATE`` of the rows (by id, in id order), one ``UPDATE`` of ``stamp`` (``WHERE id IN``), one for the
-    ``expires_at`` that moved (when any did) and one ``INSERT`` of the events: no entity loaded, no signal,
-    nothing in the outbox (``apply`` queues none for them either).
-
-    ``unless(row)``: a row the caller wants through ``apply`` after all (e.g. a checkout that must now
-    expire), asked before anything is written. Returns the rows recorded here; the caller applies the
-    other observations with ``apply`` in the same transaction (their rows stay locked; ``apply`` locks and
-    reads them again). Rows of the session's identity map are kept in step (the values written, as
-    committed ones), so an entity read earlier does not show the old ``stamp``.
+    Written: one ``SELECT ... FOR UPDATE`` of the rows (in id order), one ``UPDATE`` of the ``stamp``
+    columns, one of the ``expires_at`` that moved (when any did), one ``INSERT`` of the events; no entity
+    loaded, no outbox row. ``unless(row)``: a row the caller wants through ``apply`` after all, asked
+    before anything is written. Returns the rows recorded here; their entities in the session's identity
+    map are kept in step.
     """
     if not observations:
         return {}
@@ -316,6 +280,8 @@ def apply_unchanged(
             c.payment_url,
             c.expires_at,
             c.refunded_cents,
+            c.paid_at,
+            c.payment_confirmed_at,
             c.flagged,
         )
         .where(c.id.in_(sorted(observations)))
@@ -328,23 +294,29 @@ def apply_unchanged(
     events: list[dict[str, Any]] = []
     for row in rows:
         observed = observations[row.id]
-        if not (
-            row.status == observed.status
-            and observed.status in RANK
-            and _mismatch_of(row.merchant_account_id, row.total_cents, observed) is None
-            and not (observed.token and not row.token)
-            and (not observed.payment_url or observed.payment_url == row.payment_url)
-            and (observed.refunded_cents is None or observed.refunded_cents <= row.refunded_cents)
-        ):
+        current = Current(
+            status=row.status,
+            merchant_account_id=row.merchant_account_id,
+            total_cents=row.total_cents,
+            token=row.token,
+            payment_url=row.payment_url,
+            expires_at=row.expires_at,
+            refunded_cents=row.refunded_cents,
+            paid_at=row.paid_at,
+            payment_confirmed=row.payment_confirmed_at is not None,
+            flagged=row.flagged,
+        )
+        decision = decide(current, observed, now)
+        if not decision.unchanged:
             continue
-        expires_at = row.expires_at if observed.expires_at is None else observed.expires_at
+        expires_at = decision.changes.get("expires_at", row.expires_at)
         unchanged = Unchanged(row.id, row.status, expires_at, row.refunded_cents, row.flagged)
         if unless is not None and unless(unchanged):
             continue
         found[row.id] = unchanged
-        if expires_at != row.expires_at:
+        if "expires_at" in decision.changes:
             moved.append({"b_id": row.id, "b_expires_at": expires_at})
-        events.append({"checkout_id": row.id, **_event(now, observed, row.status, False, NO_CHANGE)})
+        events.append({"checkout_id": row.id, **_event(now, observed, row.status, False, decision.detail)})
     if not found:
         return found
     if stamp:
@@ -370,123 +342,10 @@ def send_pending(transition: Transition) -> None:
     outbox.deliver_now(pending)
 
 
-def _flag(checkout: GatewayCheckout, transition: Transition, reason: str, source: str) -> None:
-    """Flag the checkout for a person; ``checkout_flagged`` is sent (after the commit) when it was not yet."""
-    if not checkout.flagged:
-        transition.queue(signals.checkout_flagged, reason=reason, source=source)
-    checkout.flagged = True
-    checkout.flag_reason = reason
-
-
-def _effects(
-    checkout: GatewayCheckout, transition: Transition, observation: Observation, now: datetime
-) -> None:
-    after = observation.status
-
-    if after in _PAYMENT and checkout.payment_confirmed_at is None:
-        checkout.payment_confirmed_at = now
-        checkout.paid_at = observation.paid_at or now
-        checkout.paid_cents = checkout.total_cents
-        transition.queue(signals.payment_confirmed, source=observation.source)
-        if rank(transition.before) == RANK[S.CANCELLED_BY_MERCHANT]:
-            transition.queue(signals.payment_after_close, before=transition.before, source=observation.source)
-            _flag(
-                checkout,
-                transition,
-                f"paid after the shop saw it {transition.before}: review the order",
-                observation.source,
-            )
-    elif after in _REFUNDED and observation.source != "refund":
-        if checkout.payment_confirmed_at is None:
-            # Money was taken and (some or all of it) given back before the shop heard of the payment:
-            # whoever refunded it, the order must not be fulfilled without a person looking at it.
-            checkout.paid_at = observation.paid_at or checkout.paid_at
-            checkout.paid_cents = checkout.total_cents
-            _flag(
-                checkout,
-                transition,
-                f"the gateway reports {after} before the shop knew of the payment: never confirmed for "
-                "fulfilment; review the order and the gateway's records",
-                observation.source,
-            )
-        _record_gateway_refund(checkout, transition, observation, now)
-    elif after in (S.CANCELLED_BY_CONSUMER, S.CANCELLED_BY_MERCHANT):
-        transition.queue(signals.checkout_cancelled, status=after, source=observation.source)
-    elif after == S.EXPIRED:
-        transition.queue(signals.checkout_expired, source=observation.source)
-
-
-def _record_gateway_refund(
-    checkout: GatewayCheckout, transition: Transition, observation: Observation, now: datetime
-) -> None:
-    """Record a refund status the gateway reports that the shop's own refunds do not account for."""
-    session = object_session(checkout)
-    if session is None:  # pragma: no cover - apply() always works on a row it loaded
-        raise RuntimeError("the checkout is not in a session")
-    pending = [r for r in checkout.refunds if r.state == RefundState.PENDING]
-    at = observation.reported_at or now
-    settled: list[RefundRecord] = []
-    if observation.status == S.FULLY_REFUNDED:
-        missing = checkout.total_cents - checkout.refunded_cents
-        if missing <= 0:
-            return
-        if pending and sum(r.amount_cents for r in pending) == missing:
-            settled = pending  # the answers to the shop's own refunds were lost; the gateway made them
-        else:
-            record = RefundRecord(
-                request_id=f"gateway-{uuid.uuid4()}",
-                amount_cents=missing,
-                reason=f"refunded at the gateway, not through the shop (seen by {observation.source})",
-                state=RefundState.PENDING.value,
-                created_at=at,
-            )
-            checkout.refunds.append(record)
-            session.flush()
-            settled = [record]
-    elif checkout.refunded_cents == 0:  # PARTIALLY_REFUNDED: the answer does not carry the amount
-        if len(pending) == 1:
-            settled = pending
-        else:
-            _flag(
-                checkout,
-                transition,
-                "the gateway reports a partial refund the shop did not record (the status answer does not "
-                "carry its amount): check the refund on the gateway",
-                observation.source,
-            )
-            return
-    for record in settled:
-        record.state = RefundState.SUCCEEDED.value
-        record.completed_at = at
-        record.error = None
-        checkout.refunded_cents += record.amount_cents
-        transition.queue(signals.refund_succeeded, refund=record, amount_cents=record.amount_cents)
-    if settled:
-        amounts = ", ".join(f"{r.amount_cents} cents (refund #{r.id})" for r in settled)
-        transition.reason = f"refund seen at the gateway recorded: {amounts}"
-
-
-def _record(
-    checkout: GatewayCheckout,
-    now: datetime,
-    observation: Observation,
-    before: str,
-    *,
-    applied: bool,
-    detail: str,
-) -> None:
-    # Through the event's side of the relationship: the checkout's event list is not loaded to add one
-    # (appending to ``checkout.events`` would read every earlier event of the checkout first).
-    session = object_session(checkout)
-    if session is None:  # pragma: no cover - apply() always works on a row it loaded
-        raise RuntimeError("the checkout is not in a session")
-    session.add(CheckoutEvent(checkout=checkout, **_event(now, observation, before, applied, detail)))
-
-
 def _event(
     now: datetime, observation: Observation, before: str, applied: bool, detail: str
 ) -> dict[str, Any]:
-    """The columns of the event recording ``observation`` (but its checkout), for ``_record`` and
+    """The columns of the event recording ``observation`` (but its checkout), for ``apply`` and
     ``apply_unchanged`` alike."""
     # The gateway may report a status this version does not know: it is recorded as it came, within the
     # column (PostgreSQL refuses a longer value, or U+0000, where SQLite would keep it).

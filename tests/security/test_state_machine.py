@@ -7,7 +7,7 @@ polls (``refresh``) or a shopper comes back on the return page (getstatus), the 
 (part or all) from the admin actions. After every step:
 
 - at most one fulfilment: ``payment_confirmed`` fired at most once for the order;
-- the local status never moves backwards (``transitions.RANK``; within a rank only the allowed moves);
+- the local status never moves backwards (``decision.RANK``; within a rank only the allowed moves);
 - refunded total (local, and the succeeded refund records) never above the paid total, nor above what
   the gateway refunded;
 - the local status equals the gateway's or lags behind it, never contradicts it: never a higher rank
@@ -47,8 +47,8 @@ from flask_gateway.core.errors import GatewayError
 from flask_gateway.core.signing import sign
 from flask_gateway.core.wire import PAID_STATUSES
 from flask_gateway.models import CallbackLog, GatewayCheckout, RefundState
+from flask_gateway.payments.decision import RANK, SAME_RANK_MOVES
 from flask_gateway.payments.polling import refresh
-from flask_gateway.payments.transitions import _SAME_RANK_MOVES, RANK
 from flask_gateway.state import get_state
 from tests.conftest import Databases, dispose_engines
 from tests.extension.conftest import ACCOUNT, Harness, build_harness
@@ -68,7 +68,7 @@ def _forward_or_same(before: str, after: str) -> bool:
         return True
     old, new = RANK.get(before), RANK.get(after)
     assert old is not None and new is not None, (before, after)
-    return new > old or (before, after) in _SAME_RANK_MOVES
+    return new > old or (before, after) in SAME_RANK_MOVES
 
 
 class CheckoutLife(RuleBasedStateMachine):
