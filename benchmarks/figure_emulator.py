@@ -28,7 +28,6 @@ from harness import (
     add_load_options,
     alternate,
     line,
-    report,
     results,
     round_ratios,
     signed_line,
@@ -114,19 +113,15 @@ def figure_emulator(args: argparse.Namespace, folder: Path, backend: str, databa
         out[f"yardstick_{operation}"] = base
         out[operation] = throughput_line("4", f"emulator {operation} vs yardstick, {backend}", base, ours)
         out[f"{operation}_vs_bare"] = _reference(f"emulator {operation} vs bare JSON, {backend}", bare, ours)
-    if backend == "sqlite":
+    if backend == "sqlite":  # for reference: the tail target (issue 30) was retired with the queue (issue 38)
         create = figures["create"]
         spread = create["p99_ms"] / create["p50_ms"] if create["p50_ms"] else float("inf")
-        report(
-            "4",
-            f"emulator create p99/p50, {backend}",
-            f"p50 {create['p50_ms']} ms",
-            f"p99 {create['p99_ms']} ms",
-            spread,
-            "<= 5",
-            spread <= 5,
+        print(
+            f"[4] emulator create p99/p50, {backend}: p50 {create['p50_ms']} ms, p99 {create['p99_ms']} ms, "
+            f"{spread:.1f}x (reference, no target)",
+            flush=True,
         )
-        out["create_p99_over_p50"] = {"ratio": round(spread, 2), "target": "<= 5", "met": spread <= 5}
+        out["create_p99_over_p50"] = {"ratio": round(spread, 2)}
     results["figures"][f"4_emulator_{backend}"] = out
 
 
