@@ -5,7 +5,8 @@
 ``figure_callback``: on PostgreSQL, the rows loaded with ``COPY``. ``figure_callback_sqlite``: the shop on
 a SQLite file (WAL with ``synchronous=NORMAL`` on every connection, as the example shop asks with
 ``GATEWAY_SQLITE_WAL``: ``sqlite_app``) and the emulator on a file of its own, the rows loaded with
-``executemany`` in big transactions; it also prints the callback's p99 / p50 (target <= 5x, issue 30).
+``executemany`` in big transactions; it also prints the callback's p99 / p50, for reference (issue 38
+retired its target).
 ``bench.py --only 3`` runs both; the SQLite one alone, with no PostgreSQL::
 
     .venv/bin/python benchmarks/figure_callback.py --rows 20000 --duration 6
@@ -32,7 +33,6 @@ from harness import (
     add_load_options,
     alternate,
     line,
-    report,
     results,
     throughput_line,
 )
@@ -382,18 +382,14 @@ def _figure(
         paid_rows=paid_rows,
         callback_log=dict(logs),
     )
-    if backend == "sqlite":
+    if backend == "sqlite":  # for reference: the tail target (issue 30) was retired with the queue (issue 38)
         spread = ours["p99_ms"] / ours["p50_ms"] if ours["p50_ms"] else float("inf")
-        report(
-            "3",
-            f"callback p99/p50, {name}",
-            f"p50 {ours['p50_ms']} ms",
-            f"p99 {ours['p99_ms']} ms",
-            spread,
-            "<= 5",
-            spread <= 5,
+        print(
+            f"[3] callback p99/p50, {name}: p50 {ours['p50_ms']} ms, p99 {ours['p99_ms']} ms, "
+            f"{spread:.1f}x (reference, no target)",
+            flush=True,
         )
-        figure["p99_over_p50"] = {"ratio": round(spread, 2), "target": "<= 5", "met": spread <= 5}
+        figure["p99_over_p50"] = {"ratio": round(spread, 2)}
     results["figures"]["3_callback" if backend == "postgresql" else f"3_callback_{backend}"] = figure
 
 

@@ -358,12 +358,7 @@ class SchemaTemplates:
                 connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             finally:
                 connection.close()
-            # The writers' lock file (``core.sqlite_queue``) stays beside a database by design; it holds no data.
-            leftovers = [
-                p.name
-                for p in template.parent.glob(f"{template.name}-*")
-                if not p.name.endswith("-writer.lock")
-            ]
+            leftovers = [p.name for p in template.parent.glob(f"{template.name}-*")]
             assert not leftovers, f"the template {template} is still in use: {leftovers}"
             self._sqlite[schema.key] = template
         shutil.copyfile(template, target)

@@ -7,11 +7,11 @@
   own ``UTCDateTime`` columns (``Migrate(app, db, render_item=alembic_render_item)``; docs/migrations.md).
 - ``storable_text`` makes outside text fit a text column on every backend (PostgreSQL refuses U+0000 and
   enforces ``VARCHAR`` lengths; SQLite takes anything).
-- ``configure_sqlite`` makes SQLite safe under a threaded server: WAL (synchronous=NORMAL), a busy timeout,
-  and ``BEGIN IMMEDIATE`` so a transaction that reads then writes holds the write lock from its start
-  (SQLite's stand-in for the row locks PostgreSQL takes with ``SELECT ... FOR UPDATE``); the threads of a
-  process that write to one file take turns in order before it (``core.sqlite_queue``; with
-  ``FLASK_GATEWAY_SQLITE_QUEUE=lock`` the processes too, through a lock file next to it).
+- ``configure_sqlite`` makes SQLite safe under threads and processes writing one file, SQLAlchemy's
+  documented pysqlite recipe: the driver's own ``BEGIN`` off, ``BEGIN IMMEDIATE`` from the engine's
+  "begin" event, so a transaction that reads then writes holds the write lock from its start (SQLite's
+  stand-in for the row locks PostgreSQL takes with ``SELECT ... FOR UPDATE``), and a busy timeout long
+  enough that a writer waits for the one before it rather than failing; WAL (synchronous=NORMAL).
 - ``sqlite_read_transactions`` lets read-only work (a status poll) begin its transactions DEFERRED: readers
   then never wait for, nor hold up, the write lock. Code inside that may write after all calls
   ``begin_writing`` first, which ends the read transaction so that the next one begins IMMEDIATE.
@@ -29,8 +29,6 @@ from sqlalchemy import DateTime, MetaData, Table, event, inspect
 from sqlalchemy.engine import Connection, Dialect, Engine
 from sqlalchemy.orm import Session
 from sqlalchemy.types import TypeDecorator, TypeEngine
-
-from flask_gateway.core import sqlite_queue
 
 __all__ = [
     "EMULATOR_TABLE_PREFIX",
@@ -150,37 +148,39 @@ def sqlite_in_memory(engine: Engine) -> bool:
     return database in ("", ":memory:") or "mode=memory" in str(engine.url)
 
 
-def configure_sqlite(
-    engine: Engine, *, busy_timeout_ms: int = 30_000, wal: bool = True, write_queue: bool | None = None
-) -> None:
-    """A busy timeout and ``BEGIN IMMEDIATE`` (and WAL with ``wal``) for a SQLite engine; no-op for other
-    backends. WAL is a setting of the database file: every connection to it then uses WAL, not only this
-    engine's.
+#: How long a SQLite writer of the extension or the emulator waits for the write lock before "database is
+#: locked" (ms). Their write transactions take milliseconds (none is held across a call to the gateway or
+#: the shop), the longest a second or so on a loaded machine (``create_all`` of every table at a first
+#: start). 30 s lets a writer wait behind many of them in a row (SQLite's busy handler is not first come,
+#: first served), and is short enough that a lock nobody gives back (an open ``sqlite3`` shell) ends in an
+#: error a person sees rather than a hang.
+BUSY_TIMEOUT_MS: Final = 30_000
 
-    With ``write_queue`` (the default unless ``FLASK_GATEWAY_SQLITE_QUEUE=0``) the threads of this process
-    that write to the same database file take turns in order before ``BEGIN IMMEDIATE``, rather than
-    retrying in SQLite's busy handler (``core.sqlite_queue``; ``FLASK_GATEWAY_SQLITE_QUEUE=lock`` also
-    orders the processes' writers, through a lock file next to the database)."""
+
+def configure_sqlite(engine: Engine, *, busy_timeout_ms: int = BUSY_TIMEOUT_MS, wal: bool = True) -> None:
+    """SQLAlchemy's pysqlite recipe on ``engine`` (the extension's own or the emulator's, never the shop's):
+    each transaction begins ``BEGIN IMMEDIATE`` (``BEGIN``, no write lock, inside
+    ``sqlite_read_transactions``), and each connection waits up to ``busy_timeout_ms`` for the write lock
+    before SQLite raises "database is locked" (``OperationalError``); with ``wal`` the file is put in WAL
+    mode (``synchronous=NORMAL``; a setting of the file, so every connection to it uses WAL). Also
+    ``foreign_keys=ON``. Connections already open are closed. A no-op on other backends and the second
+    time."""
     if engine.dialect.name != "sqlite" or getattr(engine, "_flask_gateway_configured", False):
         return
-    mode = sqlite_queue.queue_mode()
-    if write_queue is False:
-        mode = sqlite_queue.OFF
-    elif write_queue and mode == sqlite_queue.OFF:
-        mode = sqlite_queue.DEFAULT_MODE
-    queue = None if mode == sqlite_queue.OFF else sqlite_queue.install(engine, mode)
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
         # Let SQLAlchemy's "begin" event issue BEGIN instead of the driver's implicit (deferred) one.
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
+        # First: the PRAGMAs below may wait for the file too (journal_mode=WAL on a file another
+        # process is creating).
+        cursor.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
         if wal:
             cursor.execute("PRAGMA journal_mode=WAL")
             # With WAL, NORMAL syncs at checkpoints rather than at every commit: the database cannot be
             # corrupted, and only a power cut (not a crash of the process) can lose the last commits.
             cursor.execute("PRAGMA synchronous=NORMAL")
-        cursor.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.close()
 
@@ -188,12 +188,7 @@ def configure_sqlite(
     def _on_begin(connection: Any) -> None:
         deferred = _DEFERRED_BEGIN.get()
         connection.info[_BEGAN_DEFERRED] = deferred
-        if deferred:
-            connection.exec_driver_sql("BEGIN")  # a reader: no write lock, no turn in the queue
-        elif queue is None:
-            connection.exec_driver_sql("BEGIN IMMEDIATE")
-        else:
-            sqlite_queue.begin_immediate(connection, queue, busy_timeout_ms, mode=mode)
+        connection.exec_driver_sql("BEGIN" if deferred else "BEGIN IMMEDIATE")
 
     engine._flask_gateway_configured = True  # type: ignore[attr-defined]
     engine.dispose()  # connections opened before the listeners existed lack the settings

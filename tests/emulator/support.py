@@ -167,8 +167,8 @@ class Gateway:
 @contextmanager
 def write_lock_asked(app: Flask, thread: threading.Thread) -> Iterator[threading.Event]:
     """SQLite: an event set when ``thread`` begins a writing transaction on ``app``'s database, that is
-    when it asks for the write lock (``BEGIN IMMEDIATE``, or its turn in the write queue before it), just
-    before it may have to wait for it. A read-only transaction (``BEGIN`` DEFERRED) does not count."""
+    when it asks for the write lock (``BEGIN IMMEDIATE``), just before it may have to wait for it. A
+    read-only transaction (``BEGIN`` DEFERRED) does not count."""
     asked = threading.Event()
     with app.app_context():
         engine = db.engine

@@ -111,9 +111,8 @@ def announce_waits(
     """While the block runs, a statement that waits ``after`` seconds is announced once (``echo``, by
     default one line on stderr)."""
     watch = _Watch(echo or (lambda line: click.echo(line, err=True)), after)
-    # A transaction's start too, before the engine's own "begin" listeners: on SQLite the writer first
-    # waits for the lock file other processes' writers share (``core.sqlite_queue``), before its BEGIN
-    # IMMEDIATE is a statement.
+    # A transaction's start too, before the engine's own "begin" listeners: on SQLite a writer waits in
+    # its ``BEGIN IMMEDIATE`` (``core.sql.configure_sqlite``), which the start of the transaction issues.
     listeners = [
         ("begin", watch.started),
         ("before_cursor_execute", watch.started),
