@@ -89,15 +89,15 @@ class Creation(ABC, Generic[BodyT, ClientT]):
 
     @abstractmethod
     def call(self, client: ClientT, checkout_id: int, body: BodyT) -> Observation:
-        """Send ``body`` and read the answer; a ``GatewayError`` is raised as it is (a lost answer logged)."""
+        """Send ``body``, read the answer; raises its ``GatewayError`` (logged unless a definite refusal)."""
 
     def send(
         self, state: GatewayState, installation: Installation, order: OrderDraft, checkout: GatewayCheckout
     ) -> Observation:
         """Build the request, commit the record (the ``requestId`` is safe before anything leaves), send it.
 
-        Raises ``ValueError`` for an order the API cannot take and ``InvalidOrderError`` (the record rolled
-        back, nothing sent), or the ``GatewayError`` of the call (the record committed ``CREATING``).
+        Raises ``ValueError`` or ``InvalidOrderError`` for an order the API cannot take (the record rolled
+        back, nothing sent), or the call's ``GatewayError`` (the record committed ``CREATING``).
         """
         session = state.session
         try:
@@ -227,8 +227,7 @@ def create(order: OrderDraft, installation: Installation) -> GatewayCheckout:
     state = get_state()
     session = state.session
     version = VERSIONS[state.config.api_version]
-    check_reference(order, version.reference_field(state.config))
-    checkout = _one_create_per_order(session, order, version, installation.merchant_account_id)
+    checkout = _one_create_per_order(session, order, version, installation.merchant_account_id, state.config)
     if checkout.status != LocalStatus.CREATING:
         commit_keeping_loaded(session)
         return checkout
@@ -253,15 +252,17 @@ def create(order: OrderDraft, installation: Installation) -> GatewayCheckout:
 
 
 def _one_create_per_order(
-    session: Session, order: OrderDraft, version: V2Creation | V1Creation, account: str
+    session: Session, order: OrderDraft, version: V2Creation | V1Creation, account: str, config: GatewayConfig
 ) -> GatewayCheckout:
     """The order's reusable checkout (``CREATING`` to send again, or still open), else a new ``CREATING``
-    record (flushed: its id goes into the signed redirect URLs).
+    record (flushed: its id goes into the signed redirect URLs). A reference the gateway would refuse is
+    refused first (``InvalidOrderError``), before anything is written.
 
     One create for an order runs at a time: until this transaction ends, a concurrent call (a double click
     on "Pay") waits, then finds this call's ``CREATING`` row and reuses it. PostgreSQL: a transaction-level
     advisory lock on (account, reference); SQLite needs none (``BEGIN IMMEDIATE`` runs one at a time).
     """
+    check_reference(order, version.reference_field(config))
     if session.connection().dialect.name == "postgresql":
         key = func.hashtext(f"{account}\n{order.reference}")
         session.execute(select(func.pg_advisory_xact_lock(_CREATE_LOCK_NAMESPACE, key)))
