@@ -2,7 +2,8 @@
 
 Every function works in the current app context, in the extension's own database session
 (``flask_gateway.state``): it commits what it writes and nothing of the shop's. Statuses change only through
-:func:`flask_gateway.payments.transitions.apply`.
+:func:`flask_gateway.payments.transitions.apply`. A checkout is created by
+:func:`flask_gateway.payments.creation.create`, for the merchant account chosen here.
 
 Money that moves is never left to chance: a checkout is saved (``CREATING``, with its ``requestId``) and
 committed before the first request. If the answer is lost (timeout, 5xx after the retries), the row stays
