@@ -264,6 +264,8 @@ def _one_create_per_order(
     """
     check_reference(order, version.reference_field(config))
     if session.connection().dialect.name == "postgresql":
+        # Rows that do not exist yet cannot be locked, and READ COMMITTED would let both calls see "no
+        # checkout yet": the lock is on the order's key instead.
         key = func.hashtext(f"{account}\n{order.reference}")
         session.execute(select(func.pg_advisory_xact_lock(_CREATE_LOCK_NAMESPACE, key)))
     snapshot = order_snapshot(order)
