@@ -10,7 +10,7 @@ from flask_gateway.models import Installation
 from flask_gateway.payments.accounts import choose_account
 from flask_gateway.state import leaves_no_transaction
 
-__all__ = ["PaymentLimits", "is_available", "payment_limits"]
+__all__ = ["PaymentLimits", "is_available", "offers", "payment_limits"]
 
 
 def _open_account(account: str | None, draft: Any) -> Installation | None:
@@ -27,12 +27,21 @@ def is_available(total_cents: int, *, account: str | None = None, draft: Any = N
     """True when ``total_cents`` is within the minimum and maximum of the account a new checkout would
     use (``account``, else the shop's resolver given ``draft``, else the default account); False when that
     account is not installed or retired."""
-    if isinstance(total_cents, bool) or not isinstance(total_cents, int):
+    if not _whole_cents(total_cents):
         return False
     installation = _open_account(account, draft)
-    if installation is None:
-        return False
-    return installation.minimum_cents <= total_cents <= installation.maximum_cents
+    return installation is not None and offers(installation, total_cents)
+
+
+def offers(installation: Installation, total_cents: int) -> bool:
+    """True when ``total_cents`` (whole cents) is within ``installation``'s minimum and maximum."""
+    return (
+        _whole_cents(total_cents) and installation.minimum_cents <= total_cents <= installation.maximum_cents
+    )
+
+
+def _whole_cents(total_cents: object) -> bool:
+    return isinstance(total_cents, int) and not isinstance(total_cents, bool)
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,8 @@
 
 Every function works in the current app context, in the extension's own database session
 (``flask_gateway.state``): it commits what it writes and nothing of the shop's. Statuses change only through
-:func:`flask_gateway.payments.transitions.apply`.
+:func:`flask_gateway.payments.transitions.apply`. A checkout is created by
+:func:`flask_gateway.payments.creation.create`, for the merchant account chosen here.
 
 Money that moves is never left to chance: a checkout is saved (``CREATING``, with its ``requestId``) and
 committed before the first request. If the answer is lost (timeout, 5xx after the retries), the row stays
@@ -18,25 +19,14 @@ a :class:`~flask_gateway.core.errors.GatewayError`, whose ``str()`` can be shown
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timedelta
-from typing import Final, Literal
+from datetime import datetime
+from typing import Literal
 
 from flask import redirect
 from pydantic import ValidationError
-from sqlalchemy import func, select
-from sqlalchemy.orm import Session
 from werkzeug.wrappers import Response
 
-from flask_gateway import signals
-from flask_gateway.core.client import GatewayClient, V1Client, new_request_id
-from flask_gateway.core.errors import (
-    CheckoutExpiredError,
-    ConflictError,
-    FirewallRejectedError,
-    GatewayError,
-    InvalidResponseError,
-    definite_refusal,
-)
+from flask_gateway.core.errors import CheckoutExpiredError, ConflictError, GatewayError
 from flask_gateway.core.http import describe_validation_error
 from flask_gateway.core.money import format_money
 from flask_gateway.core.sql import commit_keeping_loaded
@@ -45,95 +35,28 @@ from flask_gateway.core.wire import (
     CHANGEABLE_STATUSES,
     PAID_STATUSES,
     CheckoutStatus,
-    CreateCheckoutRequest,
     UpdateCheckoutRequest,
-    V1CheckoutRequest,
 )
 from flask_gateway.errors import (
     CheckoutStateError,
     CheckoutUnavailableError,
     NotInstalledError,
 )
-from flask_gateway.models import GatewayCheckout, LocalStatus
+from flask_gateway.models import GatewayCheckout, Installation
 from flask_gateway.payments.accounts import choose_account
-from flask_gateway.payments.availability import is_available, payment_limits
-from flask_gateway.payments.mapping import (
-    check_reference,
-    order_snapshot,
-    v1_checkout_request,
-    v2_create_request,
-    v2_order_details,
-)
+from flask_gateway.payments.availability import offers
+from flask_gateway.payments.creation import create
+from flask_gateway.payments.mapping import order_snapshot, v2_order_details
 from flask_gateway.payments.orders import OrderDraft
 from flask_gateway.payments.polling import refresh
 from flask_gateway.payments.transitions import Observation, apply, send_pending
-from flask_gateway.signals import sender
 from flask_gateway.state import get_state, leaves_no_transaction
 
-__all__ = ["REUSE_WINDOW", "cancel_checkout", "create_checkout", "start_checkout", "update_checkout"]
+__all__ = ["cancel_checkout", "create_checkout", "start_checkout", "update_checkout"]
 
 log = logging.getLogger("flask_gateway.checkouts")
 
 S = CheckoutStatus
-
-#: A ``CREATING`` checkout is retried with its ``requestId`` only within this window: the gateway keeps
-#: idempotency keys 24 hours, so after that a resend could create a second checkout.
-REUSE_WINDOW: Final = timedelta(hours=23)
-#: Pauses (seconds, about 8 in all) of a create that meets its own requestId in flight (409): a concurrent
-#: call for the same order sent it; once that request is done the gateway replays its answer.
-_IN_FLIGHT_WAITS: Final = (0.25, 0.5, 1.0, 2.0, 4.0)
-#: An open checkout is handed out again (double click on "Pay") only if it stays open this much longer.
-_REUSE_OPEN_MARGIN: Final = timedelta(minutes=5)
-
-
-#: The first key of the advisory locks taken by :func:`_one_create_per_order` (the second: the order's hash).
-_CREATE_LOCK_NAMESPACE: Final = 7_305_214
-
-
-def _one_create_per_order(session: Session, account: str, reference: str) -> None:
-    """Let one create for this order run at a time: until this transaction ends, a concurrent call (a double
-    click on "Pay") waits, then finds this call's ``CREATING`` row and reuses it (no second checkout).
-
-    PostgreSQL: a transaction-level advisory lock on (account, reference); rows that do not exist yet cannot
-    be locked, and READ COMMITTED would let both calls see "no checkout yet". SQLite needs none: its
-    ``BEGIN IMMEDIATE`` transactions already run one at a time.
-    """
-    connection = session.connection()
-    if connection.dialect.name == "postgresql":
-        key = func.hashtext(f"{account}\n{reference}")
-        session.execute(select(func.pg_advisory_xact_lock(_CREATE_LOCK_NAMESPACE, key)))
-
-
-def _reusable(session: Session, order: OrderDraft, version: str, account: str) -> GatewayCheckout | None:
-    """A checkout this very order already has: ``CREATING`` (v2, within the window) or still open."""
-    snapshot = order_snapshot(order)
-    now = utcnow()
-    candidates = session.scalars(
-        select(GatewayCheckout)
-        .where(
-            GatewayCheckout.order_reference == order.reference,
-            GatewayCheckout.api_version == version,
-            GatewayCheckout.merchant_account_id == account,
-            GatewayCheckout.total_cents == order.amount_cents,
-            GatewayCheckout.status.in_([LocalStatus.CREATING.value, S.PENDING_ORDER.value]),
-            GatewayCheckout.flagged.is_(False),
-        )
-        .order_by(GatewayCheckout.id.desc())
-    ).all()
-    for checkout in candidates:
-        if checkout.order != snapshot:
-            continue
-        if checkout.status == LocalStatus.CREATING:
-            # v1 has no idempotency key: resending could create a second order, so never reuse.
-            if version == "v2" and checkout.created_at > now - REUSE_WINDOW:
-                return checkout
-        elif (
-            checkout.payment_url
-            and checkout.expires_at is not None
-            and checkout.expires_at > now + _REUSE_OPEN_MARGIN
-        ):
-            return checkout
-    return None
 
 
 @leaves_no_transaction
@@ -163,147 +86,7 @@ def create_checkout(order: OrderDraft, *, account: str | None = None) -> Gateway
     ``NotInstalledError`` before installation, ``UnknownAccountError`` for an account that is not
     installed, ``CheckoutUnavailableError`` for a retired one.
     """
-    state = get_state()
-    session = state.session
-    installation = choose_account(order, account)
-    account = installation.merchant_account_id
-    version = state.config.api_version
-    check_reference(order, version)
-    _one_create_per_order(session, account, order.reference)
-    checkout = _reusable(session, order, version, account)
-    if checkout is not None and checkout.status != LocalStatus.CREATING:
-        commit_keeping_loaded(session)
-        return checkout
-    if checkout is None:
-        now = utcnow()
-        checkout = GatewayCheckout(
-            api_version=version,
-            order_reference=order.reference,
-            request_id=new_request_id(),
-            merchant_account_id=account,
-            status=LocalStatus.CREATING.value,
-            total_cents=order.amount_cents,
-            paid_cents=0,
-            refunded_cents=0,
-            order=order_snapshot(order),
-            created_at=now,
-            updated_at=now,
-            flagged=False,
-        )
-        session.add(checkout)
-        session.flush()  # the id goes into the signed redirect URLs
-    checkout_id, request_id = checkout.id, checkout.request_id
-    try:
-        body: CreateCheckoutRequest | V1CheckoutRequest = (
-            v2_create_request(order, checkout_id, request_id)
-            if version == "v2"
-            else v1_checkout_request(order, checkout_id)
-        )
-    except ValidationError as exc:
-        session.rollback()
-        raise ValueError(
-            f"order {order.reference!r} cannot be sent to the gateway: {describe_validation_error(exc)}"
-        ) from None
-    except BaseException:
-        session.rollback()
-        raise
-    # The client is built first (it reads the installation): no transaction, and on SQLite no write lock,
-    # stays open while the gateway answers.
-    if isinstance(body, CreateCheckoutRequest):
-        client = state.client(installation)
-        # The requestId is safe before anything leaves. Keeping what the session holds loaded: a checkout
-        # the shop was handed before (another order's, another account's) stays readable.
-        commit_keeping_loaded(session)
-        observation = _send_v2_create(client, checkout_id, body)
-    else:
-        v1_client = state.v1_client(installation)
-        commit_keeping_loaded(session)
-        observation = _send_v1_checkout(v1_client, checkout_id, body)
-    transition = apply(session, checkout_id, observation)
-    created = transition.checkout
-    if transition.flagged or created.payment_url is None:
-        raise InvalidResponseError(
-            f"the gateway's answer to create does not fit checkout #{checkout_id}: "
-            f"{transition.reason or 'no paymentUrl'}",
-            operation="create",
-        )
-    if transition.applied and transition.before == LocalStatus.CREATING:
-        signals.checkout_created.send(sender(), checkout=created, account=created.merchant_account_id)
-    return created
-
-
-def _refused(checkout_id: int, error: GatewayError, operation: str) -> None:
-    """Mark a checkout ``FAILED`` after a definite refusal of its creation."""
-    if isinstance(error, FirewallRejectedError):
-        # The key first: a one-line summary (pytest's, a log line) shows the start of the message.
-        error.message = (
-            "GATEWAY_PUBLIC_URL: the gateway's firewall refuses redirect URLs on localhost or an IP "
-            f"address; set it to the shop's public address ({error.message})"
-        )
-    state = get_state()
-    state.session.rollback()
-    apply(
-        state.session,
-        checkout_id,
-        Observation(status=LocalStatus.FAILED.value, source="create", detail=f"{operation} refused: {error}"),
-    )
-
-
-def _send_v2_create(client: GatewayClient, checkout_id: int, body: CreateCheckoutRequest) -> Observation:
-    waits = iter(_IN_FLIGHT_WAITS)
-    while True:
-        try:
-            answer = client.create_checkout(body)
-            break
-        except ConflictError as error:
-            # This requestId is still in flight: a concurrent call for the same order (a double click)
-            # sent it a moment ago. Its answer is stored by the gateway and replayed to us once it is done.
-            delay = next(waits, None)
-            if delay is None:
-                log.warning(
-                    "checkout #%s: create still in flight elsewhere, kept CREATING: %s", checkout_id, error
-                )
-                raise
-            log.info("checkout #%s: the same create is in flight; asking again in %s s", checkout_id, delay)
-            client.transport.sleep(delay)
-        except GatewayError as error:
-            if definite_refusal(error):
-                _refused(checkout_id, error, "create")
-            else:
-                log.warning("checkout #%s: create outcome unknown, kept CREATING: %s", checkout_id, error)
-            raise
-    data = answer.data
-    replay = " (idempotent replay)" if answer.idempotent_replay else ""
-    return Observation(
-        status=str(data.checkoutPaymentStatus),
-        source="create",
-        token=data.checkoutToken,
-        payment_url=data.paymentUrl,
-        expires_at=data.expiresAt,
-        total_cents=data.checkoutTotalCents,
-        merchant_account_id=data.merchantAccountId,
-        detail=f"created{replay}",
-    )
-
-
-def _send_v1_checkout(client: V1Client, checkout_id: int, body: V1CheckoutRequest) -> Observation:
-    try:
-        answer = client.checkout(body)
-    except GatewayError as error:
-        if definite_refusal(error):
-            _refused(checkout_id, error, "v1 checkout")
-        else:
-            log.warning("checkout #%s: v1 checkout outcome unknown, kept CREATING: %s", checkout_id, error)
-        raise
-    return Observation(
-        status=S.PENDING_ORDER.value,
-        source="create",
-        token=answer.data.token,
-        payment_url=answer.data.redirect_to,
-        expires_at=answer.data.expires_at,
-        total_cents=body.order.amount,
-        detail="created (v1)",
-    )
+    return create(order, choose_account(order, account))
 
 
 @leaves_no_transaction
@@ -315,32 +98,25 @@ def start_checkout(order: OrderDraft, *, account: str | None = None) -> Response
     total is outside its minimum and maximum (hide the option with :func:`is_available`), and
     ``UnknownAccountError`` for an account that is not installed.
     """
-    chosen = _chosen_account(order, account)
-    if chosen is None or not is_available(order.amount_cents, account=chosen):
+    try:
+        installation: Installation | None = choose_account(order, account)
+    except NotInstalledError:
+        installation = None
+    if installation is None or not offers(installation, order.amount_cents):
         symbol = get_state().config.currency_symbol
         total = format_money(order.amount_cents, symbol)
-        limits = payment_limits(account=chosen) if chosen is not None else None
         why = (
             "the gateway is not installed"
-            if limits is None
-            else f"it is offered from {format_money(limits.minimum_cents, symbol)} to "
-            f"{format_money(limits.maximum_cents, symbol)}"
+            if installation is None
+            else f"it is offered from {format_money(installation.minimum_cents, symbol)} to "
+            f"{format_money(installation.maximum_cents, symbol)}"
         )
         raise CheckoutUnavailableError(
             f"The payment option is not available for order {order.reference!r} ({total}): {why}. "
             "Check is_available(total) (and payment_limits() for the range) before offering it."
         )
-    checkout = create_checkout(order, account=chosen)
-    return redirect(checkout.payment_url or "", code=303)  # create_checkout guarantees the URL
-
-
-def _chosen_account(order: OrderDraft, account: str | None) -> str | None:
-    """The account id :func:`choose_account` picks (the resolver asked once), None when nothing is
-    installed; an unknown account (``UnknownAccountError``) or a retired one is raised as it is."""
-    try:
-        return choose_account(order, account).merchant_account_id
-    except NotInstalledError:
-        return None
+    checkout = create(order, installation)
+    return redirect(checkout.payment_url or "", code=303)  # create guarantees the URL
 
 
 # --- update and cancel -------------------------------------------------------------------------------

@@ -171,11 +171,10 @@ def v1_checkout_request(order: OrderDraft, checkout_id: int) -> V1CheckoutReques
     )
 
 
-def check_reference(order: OrderDraft, version: str) -> None:
+def check_reference(order: OrderDraft, field: str) -> None:
     """Refuse a reference the gateway would refuse, before the row is written: PostgreSQL refuses one over
-    the column's length, or with U+0000, outright (SQLite would store it and the request fail later)."""
-    names = get_state().config.wire_names
-    field = f"{names.order_details}.merchantOrderReference" if version == "v2" else "order.merchant_reference"
+    the column's length, or with U+0000, outright (SQLite would store it and the request fail later).
+    ``field`` names the reference as the API version's wire spells it; raises ``InvalidOrderError``."""
     problem = None
     if len(order.reference) > REFERENCE_LENGTH:
         problem = f"String should have at most {REFERENCE_LENGTH} characters"

@@ -11,6 +11,7 @@ from datetime import timedelta
 from urllib.parse import urlsplit
 
 import pytest
+from sqlalchemy import event
 
 from flask_gateway import (
     CheckoutStateError,
@@ -386,6 +387,29 @@ def test_start_checkout_refuses_when_not_available(harness):
     message = str(refused.value)
     assert "offered from R 1.00 to R 500.00" in message, message
     assert "cents" not in message
+
+
+def test_start_checkout_reads_the_account_once(installed):
+    """The account is chosen once: its installation is read once, in the create's own transaction."""
+    statements: list[str] = []
+
+    def seen(connection, cursor, statement, *rest):  # type: ignore[no-untyped-def]
+        statements.append(statement)
+
+    with installed.shop.test_request_context(base_url=SHOP_URL):
+        engine = get_state().engine
+        event.listen(engine, "before_cursor_execute", seen)
+        try:
+            assert start_checkout(sample_order()).status_code == 303
+        finally:
+            event.remove(engine, "before_cursor_execute", seen)
+    reads = [
+        s for s in statements if s.lstrip().upper().startswith("SELECT") and "gateway_installations" in s
+    ]
+    assert len(reads) == 1, statements
+    # SQLite counts its BEGIN IMMEDIATE: one before the request (the create's), one for the answer.
+    begins = [s for s in statements if s.lstrip().upper().startswith("BEGIN")]
+    assert len(begins) <= 2, statements
 
 
 def test_is_available_boundaries(harness):
