@@ -2,7 +2,9 @@
 
 They live on their own ``MetaData`` (``GatewayBase.metadata``). ``Gateway.init_app`` adds them to the app's
 Flask-SQLAlchemy metadata, so ``db.create_all()`` and Flask-Migrate's autogenerate see them like the app's
-own tables; ``flask gateway init-db`` creates just these.
+own tables; ``flask gateway init-db`` creates just these. Free text that came from outside (a callback's
+body, the gateway's error, a status as reported) is in ``StoredText`` columns: stored, and held by the
+objects, as every backend can keep it (``flask_gateway.core.sql``).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Any, ClassVar, Final
 from sqlalchemy import JSON, BigInteger, Boolean, Float, ForeignKey, Index, Integer, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-from flask_gateway.core.sql import UTCDateTime
+from flask_gateway.core.sql import StoredText, UTCDateTime, hold_as_stored
 
 __all__ = [
     "REFERENCE_LENGTH",
@@ -44,6 +46,10 @@ REFERENCE_LENGTH: Final = 255
 
 class GatewayBase(DeclarativeBase):
     type_annotation_map: ClassVar[dict[Any, Any]] = {datetime: UTCDateTime(), dict[str, Any]: JSON()}
+
+
+#: Free text from outside (``StoredText`` columns) is held as stored from assignment on.
+hold_as_stored(GatewayBase)
 
 
 class LocalStatus(enum.StrEnum):
@@ -163,9 +169,10 @@ class CheckoutEvent(GatewayBase):
     #: callback, return, v1, poll, reconcile, admin, create, update, cancel, refund
     source: Mapped[str] = mapped_column(String(20))
     from_status: Mapped[str | None] = mapped_column(String(STATUS_LENGTH))
-    to_status: Mapped[str | None] = mapped_column(String(STATUS_LENGTH))
+    #: As reported (a status this version does not know is recorded too, as the column holds it).
+    to_status: Mapped[str | None] = mapped_column(StoredText(STATUS_LENGTH))
     applied: Mapped[bool] = mapped_column(Boolean, default=True)
-    detail: Mapped[str] = mapped_column(Text, default="")
+    detail: Mapped[str] = mapped_column(StoredText(), default="")
 
     checkout: Mapped[GatewayCheckout] = relationship(back_populates="events")
 
@@ -189,7 +196,8 @@ class RefundRecord(GatewayBase):
     amount_cents: Mapped[int] = mapped_column(BigInteger)
     reason: Mapped[str] = mapped_column(Text, default="")
     state: Mapped[str] = mapped_column(String(20), default=RefundState.PENDING)
-    error: Mapped[str | None] = mapped_column(Text)
+    #: The gateway's error text, or why no answer came.
+    error: Mapped[str | None] = mapped_column(StoredText())
     created_at: Mapped[datetime]
     completed_at: Mapped[datetime | None]
 
@@ -238,12 +246,12 @@ class CallbackLog(GatewayBase):
     checkout_id: Mapped[int | None] = mapped_column(ForeignKey("gateway_checkouts.id", ondelete="SET NULL"))
     merchant_account_id: Mapped[str | None] = mapped_column(String(255))
     headers: Mapped[dict[str, Any]]
-    body: Mapped[str] = mapped_column(Text)
+    body: Mapped[str] = mapped_column(StoredText())
     verified: Mapped[bool] = mapped_column(Boolean, default=False)
     #: A ``CallbackOutcome`` value.
     outcome: Mapped[str] = mapped_column(String(40))
     http_status: Mapped[int]
-    detail: Mapped[str] = mapped_column(Text, default="")
+    detail: Mapped[str] = mapped_column(StoredText(), default="")
     #: The address the request came from (``request.remote_addr``: put ProxyFix in front behind a proxy).
     client_address: Mapped[str | None] = mapped_column(String(64))
     #: Which of the account's signing keys verified it (a ``VerifyingKey`` value). None: not verified.
@@ -293,7 +301,7 @@ class OutboxEvent(GatewayBase):
     claimed_until: Mapped[datetime | None]
     delivered_at: Mapped[datetime | None]
     #: What the last failed attempt raised (type and message).
-    last_error: Mapped[str | None] = mapped_column(Text)
+    last_error: Mapped[str | None] = mapped_column(StoredText())
 
     checkout: Mapped[GatewayCheckout] = relationship()
 
@@ -312,7 +320,7 @@ class JobRun(GatewayBase):
     #: ``ok`` or ``failed`` (it raised, or its report has errors); None before the first run finished.
     last_outcome: Mapped[str | None] = mapped_column(String(20))
     #: What the last finished run said, in one line.
-    last_summary: Mapped[str | None] = mapped_column(Text)
+    last_summary: Mapped[str | None] = mapped_column(StoredText())
     #: The machine and process of the last run (started or finished).
     host: Mapped[str | None] = mapped_column(String(255))
     pid: Mapped[int | None] = mapped_column(Integer)
@@ -340,8 +348,8 @@ class SettingsIncident(GatewayBase):
     #: (cents)``.
     setting: Mapped[str] = mapped_column(String(40))
     #: The gateway's value when found (someone else's: shown escaped, never trusted), and the shop's.
-    foreign_value: Mapped[str | None] = mapped_column(Text)
-    our_value: Mapped[str | None] = mapped_column(Text)
+    foreign_value: Mapped[str | None] = mapped_column(StoredText())
+    our_value: Mapped[str | None] = mapped_column(StoredText())
     #: ``repaired`` (the shop's value put back), ``repair-failed`` (the gateway refused or could not be
     #: reached: tried again at the next check), ``attack`` (diverted again after a repair: not repaired
     #: until a person acknowledges).
@@ -351,6 +359,6 @@ class SettingsIncident(GatewayBase):
     last_seen_at: Mapped[datetime]
     repaired_at: Mapped[datetime | None]
     #: Why the repair failed (the gateway's error, one line).
-    detail: Mapped[str | None] = mapped_column(Text)
+    detail: Mapped[str | None] = mapped_column(StoredText())
     acknowledged_at: Mapped[datetime | None]
-    acknowledged_by: Mapped[str | None] = mapped_column(String(255))
+    acknowledged_by: Mapped[str | None] = mapped_column(StoredText(255))

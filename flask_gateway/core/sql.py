@@ -5,8 +5,10 @@
   shop's) with the types the database stores: Alembic's autogenerate writes those as ``sa.DateTime(...)``,
   a migration script that runs with no import of ours. ``alembic_render_item`` does the same for a shop's
   own ``UTCDateTime`` columns (``Migrate(app, db, render_item=alembic_render_item)``; docs/migrations.md).
-- ``storable_text`` makes outside text fit a text column on every backend (PostgreSQL refuses U+0000 and
-  enforces ``VARCHAR`` lengths; SQLite takes anything).
+- ``StoredText`` is the column type of free text from outside (a callback's body, the gateway's error, a
+  status as reported): on every backend it stores what ``storable_text`` makes of a value (PostgreSQL
+  refuses U+0000 and enforces ``VARCHAR`` lengths; SQLite takes anything), and ``hold_as_stored`` makes a
+  model's attribute hold that value from assignment.
 - ``configure_sqlite`` makes SQLite safe under threads and processes writing one file, SQLAlchemy's
   documented pysqlite recipe: the driver's own ``BEGIN`` off, ``BEGIN IMMEDIATE`` from the engine's
   "begin" event, so a transaction that reads then writes holds the write lock from its start (SQLite's
@@ -25,13 +27,14 @@ from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import Any, Final, Literal
 
-from sqlalchemy import DateTime, MetaData, Table, event, inspect
+from sqlalchemy import DateTime, MetaData, String, Table, Text, event, inspect
 from sqlalchemy.engine import Connection, Dialect, Engine
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Mapper, Session
 from sqlalchemy.types import TypeDecorator, TypeEngine
 
 __all__ = [
     "EMULATOR_TABLE_PREFIX",
+    "StoredText",
     "UTCDateTime",
     "alembic_include_name",
     "alembic_render_item",
@@ -40,6 +43,7 @@ __all__ = [
     "configure_sqlite",
     "copy_tables_as_stored",
     "create_all_safely",
+    "hold_as_stored",
     "sqlite_in_memory",
     "sqlite_read_transactions",
     "statement_by_statement",
@@ -75,10 +79,78 @@ class UTCDateTime(TypeDecorator[datetime]):
         return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
 
 
+def storable_text(value: str, max_length: int | None = None) -> str:
+    """``value`` as a text column keeps it on every backend: U+0000 becomes U+FFFD, cut to ``max_length``."""
+    text = value.replace("\x00", "\ufffd")
+    return text if max_length is None else text[:max_length]
+
+
+class StoredText(TypeDecorator[str]):
+    """Free text from outside, as every backend stores it: a value written to the column is
+    ``storable_text(value, length)`` (U+0000 becomes U+FFFD, cut to ``length``), which PostgreSQL takes
+    where it would refuse the value itself and SQLite would keep it whole.
+
+    ``length``: None is a ``TEXT`` column (``Text()``), a number a ``VARCHAR(length)`` (``String(length)``):
+    the same DDL as those, so a column that becomes a ``StoredText`` needs no migration.
+
+    A value compared with the column in a query (``==``, ``in_``, ``LIKE``) has U+0000 replaced, so
+    PostgreSQL does not refuse the query, but is never cut: a value longer than the column matches no row
+    rather than the row of its first ``length`` characters. Still, never use it on a column that
+    identifies a row and is looked up (a token, a reference, an account id, a request id): there a value
+    no row can hold is refused or finds nothing before the query. ``hold_as_stored`` makes the models'
+    attributes hold the stored value from assignment on.
+    """
+
+    impl: TypeEngine[Any] | type[TypeEngine[Any]] = Text
+    cache_ok = True
+
+    def __init__(self, length: int | None = None) -> None:
+        super().__init__()
+        self.length = length
+        if length is not None:
+            self.impl = String(length)
+
+    def process_bind_param(self, value: str | None, dialect: Dialect) -> str | None:
+        return None if value is None else storable_text(value, self.length)
+
+    def coerce_compared_value(self, op: Any, value: Any) -> TypeEngine[Any]:
+        return _COMPARED_TEXT
+
+
+#: The type of a value compared with a ``StoredText`` column: U+0000 replaced, the length left whole.
+_COMPARED_TEXT: Final = StoredText()
+
+
+def hold_as_stored(base: type[Any]) -> None:
+    """Each ``StoredText`` attribute of the models of ``base`` (a declarative base, before its mappers are
+    configured) holds ``storable_text`` of what is assigned to it (constructor arguments included): the
+    object says what its row says before it is read again (a signal's receiver, the log line, a page
+    rendered after a commit that kept it loaded). Values written without the ORM attributes
+    (``insert().values(...)``, ``update().values(...)``) are made storable by the type alone."""
+
+    @event.listens_for(base, "mapper_configured", propagate=True)
+    def _configured(mapper: Mapper[Any], class_: type[Any]) -> None:
+        for prop in mapper.column_attrs:
+            type_ = prop.columns[0].type
+            if isinstance(type_, StoredText):
+                event.listen(prop.class_attribute, "set", _holder(type_.length), retval=True)
+
+
+def _holder(length: int | None) -> Any:
+    def _as_stored(_target: Any, value: Any, _old: Any, _initiator: Any) -> Any:
+        return storable_text(value, length) if isinstance(value, str) else value
+
+    return _as_stored
+
+
 def stored_type(type_: TypeEngine[Any]) -> TypeEngine[Any]:
     """The type as the database stores it: ``DateTime(timezone=True)`` for a ``UTCDateTime`` (its DDL on
-    every backend), any other type as it is."""
-    return DateTime(timezone=True) if isinstance(type_, UTCDateTime) else type_
+    every backend), ``Text()`` or ``String(length)`` for a ``StoredText``, any other type as it is."""
+    if isinstance(type_, UTCDateTime):
+        return DateTime(timezone=True)
+    if isinstance(type_, StoredText):
+        return Text() if type_.length is None else String(type_.length)
+    return type_
 
 
 def copy_tables_as_stored(source: MetaData, target: MetaData) -> list[Table]:
@@ -131,12 +203,6 @@ def alembic_include_name(name: str | None, type_: str, parent_names: Any) -> boo
     name is included, so it is harmless where no emulator is embedded.
     """
     return not (type_ == "table" and name is not None and name.startswith(EMULATOR_TABLE_PREFIX))
-
-
-def storable_text(value: str, max_length: int | None = None) -> str:
-    """``value`` as a text column keeps it on every backend: U+0000 becomes U+FFFD, cut to ``max_length``."""
-    text = value.replace("\x00", "\ufffd")
-    return text if max_length is None else text[:max_length]
 
 
 def sqlite_in_memory(engine: Engine) -> bool:

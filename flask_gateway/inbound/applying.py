@@ -11,7 +11,7 @@ import logging
 from dataclasses import dataclass
 from typing import Final
 
-from flask_gateway.core.sql import commit_keeping_loaded, storable_text
+from flask_gateway.core.sql import commit_keeping_loaded
 from flask_gateway.core.timestamps import utcnow
 from flask_gateway.core.wire import CheckoutStatus as S
 from flask_gateway.core.wire import CheckoutStatusPayload
@@ -72,8 +72,7 @@ def _process(
 ) -> CallbackResult:
     state = get_state()
     session = state.session
-    # Goes into the event and the log row as text: U+0000 (never in a real status) must not cost them.
-    status = storable_text(str(payload.checkoutPaymentStatus))
+    status = str(payload.checkoutPaymentStatus)
     confirming = state.config.confirm_callbacks
     acted_on = status in _APPLIED_FROM_CALLBACK or (confirming and status in _APPLIED_WHEN_CONFIRMED)
     found, before = checkout_found.id, checkout_found.status
@@ -96,7 +95,7 @@ def _process(
         )
     else:
         # Agreed (the same status, or both payment statuses): the claim's status; else the gateway's.
-        answered = storable_text(str(truth.checkoutPaymentStatus))
+        answered = str(truth.checkoutPaymentStatus)
         told = _recorded_status(status) if unconfirmed is None else answered
         # What happened, in the timeline's words: what the callback reported, and what was recorded when
         # that differs (the awaited callback's PAID_PENDING_CALLBACK is recorded PAID: our 200 makes it so).

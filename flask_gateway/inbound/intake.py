@@ -78,7 +78,7 @@ def _new_log(headers: Headers, body: bytes, client: str | None) -> CallbackLog:
         received_at=utcnow(),
         merchant_account_id=_claimed_account(headers),
         headers=loggable_headers(headers),
-        body=storable_text(body[:MAX_CALLBACK_BYTES].decode("utf-8", errors="replace")),
+        body=body[:MAX_CALLBACK_BYTES].decode("utf-8", errors="replace"),
         verified=True,
         outcome=CallbackOutcome.RECEIVED.value,
         http_status=0,
@@ -125,7 +125,7 @@ def _refuse_unverified(
             for name in _EXCERPT_HEADERS
             if (value := headers.get(name)) is not None
         },
-        body=storable_text(excerpt),
+        body=excerpt,
         verified=False,
         outcome=CallbackOutcome.DOCTOR_PROBE.value if probe else error.outcome,
         http_status=error.code or 400,

@@ -46,7 +46,7 @@ from typing import Any, Final
 from sqlalchemy import select, update
 
 from flask_gateway import signals
-from flask_gateway.core.sql import commit_keeping_loaded, sqlite_read_transactions, storable_text
+from flask_gateway.core.sql import commit_keeping_loaded, sqlite_read_transactions
 from flask_gateway.core.timestamps import utcnow
 from flask_gateway.core.wire import SettingsUpdateRequest
 from flask_gateway.core.wire.names import OPERATOR, WireNames
@@ -230,7 +230,7 @@ class _SettingsPatch(SettingsUpdateRequest):
 
 
 def _text(value: str | int | None) -> str | None:
-    return None if value is None else storable_text(str(value))
+    return None if value is None else str(value)
 
 
 def _latest(account: str, setting: str) -> SettingsIncident | None:
@@ -338,7 +338,7 @@ def _send_back(
         text = str(error).strip().splitlines()
         reason = f"{type(error).__name__}: {text[0][:300] if text else ''}"
         for _, incident in to_fix:
-            incident.outcome, incident.detail = REPAIR_FAILED, storable_text(reason)
+            incident.outcome, incident.detail = REPAIR_FAILED, reason
         report.repair_error = reason
         _log.warning(
             "gateway settings of merchant account %s: putting back %s failed (%s); the next check tries",
@@ -358,7 +358,7 @@ def _send_back(
             report.repaired.append(difference.setting)
         else:
             incident.outcome = REPAIR_FAILED
-            incident.detail = storable_text(f"the gateway answered {_shown(getattr(answer, wire))}")
+            incident.detail = f"the gateway answered {_shown(getattr(answer, wire))}"
             wrong.append(f"{difference.setting}: the gateway answered {_shown(getattr(answer, wire))}")
     if wrong:
         report.repair_error = "; ".join(wrong)
@@ -501,7 +501,7 @@ def acknowledge_incidents(
     if accounts is not None:
         query = query.where(SettingsIncident.merchant_account_id.in_(sorted(accounts)))
     result = state.session.execute(
-        query.values(acknowledged_at=utcnow(), acknowledged_by=storable_text(by, 255)),
+        query.values(acknowledged_at=utcnow(), acknowledged_by=by),
         execution_options={"synchronize_session": False},
     )
     state.session.commit()

@@ -184,7 +184,6 @@ def _where() -> dict[str, Any]:
 
 def _one_line(text: str) -> str:
     line = " | ".join(part.strip() for part in text.strip().splitlines() if part.strip())
-    line = line.replace("\x00", "\ufffd")
     return line if len(line) <= SUMMARY_LENGTH else line[: SUMMARY_LENGTH - 3] + "..."
 
 

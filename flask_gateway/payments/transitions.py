@@ -347,8 +347,8 @@ def _event(
 ) -> dict[str, Any]:
     """The columns of the event recording ``observation`` (but its checkout), for ``apply`` and
     ``apply_unchanged`` alike."""
-    # The gateway may report a status this version does not know: it is recorded as it came, within the
-    # column (PostgreSQL refuses a longer value, or U+0000, where SQLite would keep it).
+    # The gateway may report a status this version does not know: the column (``StoredText``) keeps what
+    # fits of it, and the detail says it as it came when that is not all of it.
     to_status = storable_text(observation.status, STATUS_LENGTH)
     reported = f"status as reported: {observation.status!r}" if to_status != observation.status else ""
     text = "; ".join(part for part in (observation.detail, detail, reported) if part)
@@ -358,5 +358,5 @@ def _event(
         "from_status": before,
         "to_status": to_status,
         "applied": applied,
-        "detail": storable_text(text),
+        "detail": text,
     }

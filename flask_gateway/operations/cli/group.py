@@ -299,9 +299,8 @@ def installed_account(account: str | None) -> str | None:
         return None
     state = get_state()
     # An id no account can have (U+0000, which PostgreSQL refuses even as a parameter; over 255 characters)
-    # is not looked up: it is simply not installed.
-    storable = "\x00" not in account and len(account) <= 255
-    if not storable or state.installation_key(account) is None:
+    # is not looked up (``installation_key``): it is simply not installed.
+    if state.installation_key(account) is None:
         error: UnknownAccountError = state.unknown_account(account.replace("\x00", "\ufffd"))
         state.session.rollback()
         raise click.ClickException(str(error))

@@ -86,7 +86,7 @@ def accepted_warnings(warnings: list[SetupWarning], account: str | None) -> list
 
 
 def _installation_or_404(account: str) -> Installation:
-    installation = get_state().installation(account) if "\x00" not in account else None
+    installation = get_state().installation(account)  # None too for an id no account can have
     if installation is None:
         abort(404, description=str(get_state().unknown_account(account)))
     return installation

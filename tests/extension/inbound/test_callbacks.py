@@ -443,6 +443,26 @@ def test_body_that_is_not_utf8_is_refused_and_logged_readably(installed: Harness
     assert callback_logs(installed)[0]["body"] == '{"a": "\ufffd\ufffd"}'
 
 
+@pytest.mark.backends
+def test_a_body_with_u0000_is_logged_as_every_backend_stores_it(installed: Harness, received) -> None:
+    """PostgreSQL refuses U+0000 in text: the log keeps it as U+FFFD, in its row and in the log object the
+    signal's receivers are given."""
+    bodies: list[str] = []
+
+    def receiver(sender: Any, log: Any, **kwargs: Any) -> None:
+        bodies.append(log.body)
+
+    signals.callback_rejected.connect(receiver)
+    try:
+        answer = post_callback(installed, b'{"a": "\x00"}', signature=sign(b"{}", signing_key(installed)))
+    finally:
+        signals.callback_rejected.disconnect(receiver)
+
+    _assert_refused(installed, answer, 401, "rejected-signature", received, verified=False)
+    assert callback_logs(installed)[0]["body"] == '{"a": "\ufffd"}'
+    assert bodies == ['{"a": "\ufffd"}']
+
+
 def test_oversize_body_is_413_and_not_read(installed: Harness, received) -> None:
     body = b"{" + b" " * inbound.MAX_CALLBACK_BYTES + b"}"
 

@@ -287,6 +287,17 @@ def test_a_run_inside_a_run_of_the_same_job_records_once(
         pass
 
 
+def test_a_summary_with_u0000_is_kept_in_one_line_as_every_backend_stores_it(
+    gateway_emulator: GatewayEmulator, gateway_app: Flask
+) -> None:
+    """A run's summary is text of the job's (an error's message): U+0000, which PostgreSQL refuses in text,
+    is kept as U+FFFD, on the one line of at most 500 characters."""
+    with gateway_app.app_context(), record_run("deliver") as run:
+        run.done("a\x00b\n" + "x" * 600)
+    summary = rows(gateway_app)["deliver"].last_summary
+    assert summary == ("a\ufffdb | " + "x" * 600)[:497] + "..."
+
+
 def test_a_heartbeat_that_cannot_be_written_never_fails_the_job_and_warns_once(
     gateway_emulator: GatewayEmulator, gateway_app: Flask, caplog: pytest.LogCaptureFixture
 ) -> None:

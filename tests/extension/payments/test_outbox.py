@@ -169,6 +169,27 @@ def test_a_receiver_that_raises_twice_fulfils_once_on_the_third_delivery(
     assert len(events(gateway_app)) == 1
 
 
+@pytest.mark.backends
+def test_a_receivers_error_with_u0000_is_kept_as_every_backend_stores_it(
+    gateway_emulator: GatewayEmulator, gateway_app: Flask, connected: list[tuple[Any, Any]]
+) -> None:
+    """The error of a receiver is the shop's text: U+0000 in it (which PostgreSQL refuses in text) is
+    kept as U+FFFD in its row (the receiver's failure is recorded, the event delivered again later)."""
+
+    def garbled(sender: Any, checkout: GatewayCheckout, **extra: Any) -> None:
+        raise ValueError("the stock service answered \x00\x00")
+
+    connect(connected, gateway_app, payment_confirmed, garbled)
+    checkout = new_checkout(gateway_app)
+    gateway_emulator.pay(checkout.token)
+
+    assert gateway_emulator.deliver() == 1
+    assert gateway_emulator.status(checkout.token) == "PAID"  # the callback was acknowledged
+    [event] = events(gateway_app)
+    assert (event.state, event.attempts) == (OutboxState.PENDING, 1)
+    assert event.last_error == "ValueError: the stock service answered \ufffd\ufffd"
+
+
 def test_deliver_every_delivers_what_falls_due_and_a_sigterm_lets_the_round_finish(
     gateway_emulator: GatewayEmulator, gateway_app: Flask, connected: list[tuple[Any, Any]], clock: Clock
 ) -> None:
