@@ -210,7 +210,7 @@ def redeliver(delivery_id: int) -> int | None:
     return _attempt_holding(delivery_id, lease)
 
 
-def _due(lease_now: datetime) -> tuple[ColumnElement[bool], ...]:
+def due(lease_now: datetime) -> tuple[ColumnElement[bool], ...]:
     """The conditions of a delivery whose attempt is due and that no worker holds."""
     return (
         Delivery.state == DeliveryState.PENDING.value,
@@ -229,7 +229,7 @@ def anything_due() -> bool:
                 select(
                     or_(
                         select(Checkout.id).where(*checkouts.expiry_due(clock.now())).exists(),
-                        select(Delivery.id).where(*_due(utcnow())).exists(),
+                        select(Delivery.id).where(*due(utcnow())).exists(),
                     )
                 )
             ).scalar()
@@ -243,7 +243,7 @@ def _claim_next(*, exclude: list[int]) -> tuple[int, datetime] | None:
     lease_now = utcnow()
     query = (
         select(Delivery)
-        .where(*_due(lease_now))
+        .where(*due(lease_now))
         .order_by(Delivery.next_attempt_at, Delivery.id)
         .limit(1)
         .with_for_update(skip_locked=True)

@@ -19,7 +19,7 @@ from flask_gateway.core.timestamps import utcnow
 from flask_gateway.models import GatewayCheckout
 from flask_gateway.operations.doctor.report import Finding, Options
 from flask_gateway.operations.doctor.wording import _admin
-from flask_gateway.operations.reconciliation import CLAIM_LEASE_SECONDS, _due
+from flask_gateway.operations.reconciliation import CLAIM_LEASE_SECONDS, due
 from flask_gateway.payments.heartbeats import (
     JobStatus,
     broker_unreachable,
@@ -81,11 +81,11 @@ def check_reconcile_schedule(_options: Options) -> list[Finding]:
         return [Finding(name, "unknown", "not installed: nothing to reconcile (see installation)")]
     now = utcnow()
     older_than = timedelta(seconds=state.config.reconcile_after_seconds)
-    # reconciliation's own definition of "due" (its private ``_due``, reused so that the two never
+    # reconciliation's own definition of "due" (``reconciliation.due``, reused so that the two never
     # disagree), an hour back: due for more than an hour and still not polled.
     overdue = or_(
         *(
-            _due(
+            due(
                 account,
                 now - older_than - RECONCILE_MARGIN,
                 now - max(older_than, timedelta(seconds=CLAIM_LEASE_SECONDS)) - RECONCILE_MARGIN,

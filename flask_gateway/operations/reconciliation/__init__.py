@@ -17,7 +17,7 @@ from flask_gateway.operations.reconciliation.claiming import (
     PAID_RECHECK_SECONDS,
     POLLED_STATUSES,
 )
-from flask_gateway.operations.reconciliation.claiming import _due as _due
+from flask_gateway.operations.reconciliation.claiming import due as due
 from flask_gateway.operations.reconciliation.pool import AHEAD_PER_THREAD as AHEAD_PER_THREAD
 from flask_gateway.operations.reconciliation.report import AccountReport, ReconcileError, ReconcileReport
 from flask_gateway.operations.reconciliation.run import reconcile

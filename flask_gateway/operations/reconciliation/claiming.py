@@ -71,7 +71,7 @@ def _of(accounts: str | Sequence[str]) -> ColumnElement[bool]:
     return GatewayCheckout.merchant_account_id.in_(list(accounts))
 
 
-def _due(accounts: str | Sequence[str], cutoff: datetime, lease_cutoff: datetime) -> ColumnElement[bool]:
+def due(accounts: str | Sequence[str], cutoff: datetime, lease_cutoff: datetime) -> ColumnElement[bool]:
     """The open checkouts of ``accounts`` to ask about: unchanged and unpolled since ``cutoff`` (and not
     claimed)."""
     return and_(

@@ -57,9 +57,9 @@ from flask_gateway.operations.reconciliation.claiming import (
     PAID_RECHECK_SECONDS,
     POLLED_STATUSES,
     _count_by_account,
-    _due,
     _of,
     _paid_due,
+    due,
 )
 from flask_gateway.operations.reconciliation.pool import Keys, Progress, _run_concurrently, _run_in_turn
 from flask_gateway.operations.reconciliation.report import AccountReport, ReconcileReport
@@ -187,9 +187,9 @@ def _reconcile_once(
         )
         or 0
     )
-    passes: list[tuple[ColumnElement[bool], bool]] = [(_due(accounts, cutoff, lease_cutoff), False)]
-    due = _counted(report, passes[0][0], paid=False)
-    report.due = min(due, limit) if limit is not None else due
+    passes: list[tuple[ColumnElement[bool], bool]] = [(due(accounts, cutoff, lease_cutoff), False)]
+    open_due = _counted(report, passes[0][0], paid=False)
+    report.due = min(open_due, limit) if limit is not None else open_due
     if report.paid_window_hours > 0:
         paid_where = _paid_due(
             accounts,

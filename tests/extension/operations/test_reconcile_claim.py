@@ -11,7 +11,7 @@ from sqlalchemy import insert, select, text
 
 from flask_gateway.core.timestamps import utcnow
 from flask_gateway.models import GatewayCheckout
-from flask_gateway.operations.reconciliation import BATCH_SIZE, POLLED_STATUSES, _due, claiming
+from flask_gateway.operations.reconciliation import BATCH_SIZE, POLLED_STATUSES, claiming, due
 from flask_gateway.state import get_state
 from tests.extension.conftest import ACCOUNT, Harness
 
@@ -60,7 +60,7 @@ def claim(harness: Harness, size: int, started: datetime) -> list[str]:
     claimed, in the order handed out."""
     with harness.shop.app_context():
         session = get_state().session
-        claimed = claiming._claim(_due([ACCOUNT], started, started), size, paid=False)
+        claimed = claiming._claim(due([ACCOUNT], started, started), size, paid=False)
         ids = [c.id for c in claimed]
         by_id = dict(
             session.execute(
@@ -110,7 +110,7 @@ def test_on_a_large_table_the_claim_reads_the_status_index_in_order(installed, d
         state = get_state()
         session = state.session
         now = utcnow()
-        query = claiming._oldest(_due([ACCOUNT], now, now), BATCH_SIZE, paid=False, dialect=databases.backend)
+        query = claiming._oldest(due([ACCOUNT], now, now), BATCH_SIZE, paid=False, dialect=databases.backend)
         compiled = query.compile(dialect=state.engine.dialect, compile_kwargs={"literal_binds": True})  # type: ignore[attr-defined]
         if databases.backend == "postgresql":
             session.execute(text("ANALYZE gateway_checkouts"))
