@@ -311,7 +311,11 @@ def test_installed_over_the_other_flask_gateway_this_project_works_until_the_oth
     assert "warning" not in said.lower() and "flask_gateway/" not in said, said
     site = _site_packages(python, tmp_path)
     init = (site / "flask_gateway" / "__init__.py").read_text()
-    assert "OTHER_PROJECT" not in init and "from flask_gateway._version import __version__" in init
+    # Ours, whole (the front door's table beside it: its names are loaded from __init__.pyi).
+    assert init == (ROOT / "flask_gateway" / "__init__.py").read_text() and "OTHER_PROJECT" not in init
+    assert (site / "flask_gateway" / "__init__.pyi").read_text() == (
+        ROOT / "flask_gateway" / "__init__.pyi"
+    ).read_text()
     assert (site / "flask_gateway" / "gateway_server.py").is_file()  # the other's, beside ours
 
     # Uninstalling the other project (say, the one installed by mistake) deletes the files it shared.
